@@ -1,0 +1,1 @@
+"""Device specs: one YAML file per device family (data only; read by perfcounter.devices)."""
