@@ -1,0 +1,383 @@
+"""A compact gpt-fast style decoder-only Transformer with a static KV cache.
+
+One model covers the Llama family and its relatives: RMSNorm, rotary position
+embeddings (with Llama-3 frequency scaling), grouped-query attention through
+`F.scaled_dot_product_attention`, a SwiGLU feed-forward or a top-k mixture of
+experts (Mixtral), optional q/k/v bias (Qwen2), tied input/output embeddings
+(SmolLM2, small Qwen2) and an optional sliding attention window (Mistral).
+
+Weights use gpt-fast's layout and names (fused `wqkv`, rotary dimensions
+interleaved in pairs), so gpt-fast `model.pth` checkpoints load unchanged;
+loading.py converts Hugging Face weights into it. The KV cache is a module
+with buffers `k_cache` / `v_cache` of shape [B, H_kv, max_seq, D], written in
+place with `index_copy_` at `input_pos`; attention always reads the whole
+static cache under a mask, as gpt-fast does.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def find_multiple(n: int, k: int) -> int:
+    return n if n % k == 0 else n + k - (n % k)
+
+
+class UnknownModelError(KeyError):
+    """A model name that is neither a preset nor one of its aliases."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass
+class ModelArgs:
+    block_size: int = 2048
+    vocab_size: int = 32000
+    n_layer: int = 32
+    n_head: int = 32
+    dim: int = 4096
+    intermediate_size: Optional[int] = None
+    n_local_heads: int = -1
+    head_dim: Optional[int] = None
+    rope_base: float = 10000
+    norm_eps: float = 1e-5
+    # beyond gpt-fast's Llama-2 fields; shown by repr only when set
+    rope_scaling: Optional[dict] = None  # Llama-3: factor, low/high_freq_factor, original_max_position_embeddings
+    attention_bias: bool = False  # bias on q, k, v (Qwen2)
+    tie_embeddings: bool = False  # output projection shares tok_embeddings.weight
+    sliding_window: Optional[int] = None  # attend to at most this many positions
+    num_experts: int = 0  # 0: dense SwiGLU feed-forward
+    num_activated_experts: int = 0
+
+    def __post_init__(self):
+        if self.n_local_heads == -1:
+            self.n_local_heads = self.n_head
+        if self.intermediate_size is None:
+            self.intermediate_size = find_multiple(int(2 * 4 * self.dim / 3), 256)
+        if self.head_dim is None:
+            self.head_dim = self.dim // self.n_head
+        if self.n_head % self.n_local_heads:
+            raise ValueError(f"n_head={self.n_head} is not a multiple of n_local_heads={self.n_local_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.num_experts and not 0 < self.num_activated_experts <= self.num_experts:
+            raise ValueError(f"num_activated_experts={self.num_activated_experts} must be in "
+                             f"1..num_experts={self.num_experts}")
+
+    def __repr__(self) -> str:
+        shown = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _EXTRA_FIELDS and value == f.default:
+                continue
+            shown.append(f"{f.name}={value!r}")
+        return f"ModelArgs({', '.join(shown)})"
+
+    @classmethod
+    def from_name(cls, name: str) -> "ModelArgs":
+        """The preset called `name` or one of its aliases (case-insensitive, exact)."""
+        key = str(name).strip().rstrip("/").lower()
+        if key not in _LOOKUP:
+            key = key.rsplit("/", 1)[-1]  # "meta-llama/Llama-2-7b-hf" or a checkpoint folder
+        if key not in _LOOKUP:
+            close = difflib.get_close_matches(key, list(_LOOKUP), n=3)
+            hint = f"did you mean {', '.join(sorted({_LOOKUP[c] for c in close}))}? " if close else ""
+            raise UnknownModelError(f"unknown model {name!r}; {hint}presets: {', '.join(PRESETS)}")
+        return cls(**PRESETS[_LOOKUP[key]])
+
+
+_EXTRA_FIELDS = ("rope_scaling", "attention_bias", "tie_embeddings", "sliding_window",
+                 "num_experts", "num_activated_experts")
+
+_LLAMA31_ROPE = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                     original_max_position_embeddings=8192)
+
+# Numbers from each model's published config.json on the Hugging Face Hub.
+PRESETS: dict[str, dict] = {
+    "llama-2-7b": dict(n_layer=32, n_head=32, dim=4096),
+    "llama-2-13b": dict(n_layer=40, n_head=40, dim=5120),
+    "llama-2-70b": dict(n_layer=80, n_head=64, dim=8192, n_local_heads=8, intermediate_size=28672),
+    "llama-3-8b": dict(block_size=8192, n_layer=32, n_head=32, n_local_heads=8, dim=4096,
+                       intermediate_size=14336, vocab_size=128256, rope_base=500000),
+    "llama-3-70b": dict(block_size=8192, n_layer=80, n_head=64, n_local_heads=8, dim=8192,
+                        intermediate_size=28672, vocab_size=128256, rope_base=500000),
+    "llama-3.1-8b": dict(block_size=131072, n_layer=32, n_head=32, n_local_heads=8, dim=4096,
+                         intermediate_size=14336, vocab_size=128256, rope_base=500000,
+                         rope_scaling=_LLAMA31_ROPE),
+    "llama-3.1-70b": dict(block_size=131072, n_layer=80, n_head=64, n_local_heads=8, dim=8192,
+                          intermediate_size=28672, vocab_size=128256, rope_base=500000,
+                          rope_scaling=_LLAMA31_ROPE),
+    "llama-3.1-405b": dict(block_size=131072, n_layer=126, n_head=128, n_local_heads=8, dim=16384,
+                           intermediate_size=53248, vocab_size=128256, rope_base=500000,
+                           rope_scaling=_LLAMA31_ROPE),
+    "llama-3.2-1b": dict(block_size=131072, n_layer=16, n_head=32, n_local_heads=8, dim=2048,
+                         intermediate_size=8192, vocab_size=128256, rope_base=500000,
+                         tie_embeddings=True, rope_scaling=dict(_LLAMA31_ROPE, factor=32.0)),
+    "mistral-7b": dict(block_size=32768, n_layer=32, n_head=32, n_local_heads=8, dim=4096,
+                       intermediate_size=14336, sliding_window=4096),
+    "mixtral-8x7b": dict(block_size=32768, n_layer=32, n_head=32, n_local_heads=8, dim=4096,
+                         intermediate_size=14336, rope_base=1000000, num_experts=8,
+                         num_activated_experts=2),
+    "qwen2.5-0.5b": dict(block_size=32768, vocab_size=151936, n_layer=24, n_head=14, n_local_heads=2,
+                         dim=896, intermediate_size=4864, rope_base=1000000, norm_eps=1e-6,
+                         attention_bias=True, tie_embeddings=True),
+    "qwen2.5-7b": dict(block_size=32768, vocab_size=152064, n_layer=28, n_head=28, n_local_heads=4,
+                       dim=3584, intermediate_size=18944, rope_base=1000000, norm_eps=1e-6,
+                       attention_bias=True),
+    "smollm2-135m": dict(block_size=8192, vocab_size=49152, n_layer=30, n_head=9, n_local_heads=3,
+                         dim=576, intermediate_size=1536, rope_base=100000, tie_embeddings=True),
+    "smollm2-360m": dict(block_size=8192, vocab_size=49152, n_layer=32, n_head=15, n_local_heads=5,
+                         dim=960, intermediate_size=2560, rope_base=100000, tie_embeddings=True),
+    "smollm2-1.7b": dict(block_size=8192, vocab_size=49152, n_layer=24, n_head=32, n_local_heads=32,
+                         dim=2048, intermediate_size=8192, rope_base=130000, tie_embeddings=True),
+}
+
+ALIASES: dict[str, tuple[str, ...]] = {
+    "llama-2-7b": ("7b", "llama2-7b", "llama-2-7b-hf", "llama-2-7b-chat-hf"),
+    "llama-2-13b": ("13b", "llama2-13b", "llama-2-13b-hf", "llama-2-13b-chat-hf"),
+    "llama-2-70b": ("70b", "llama2-70b", "llama-2-70b-hf", "llama-2-70b-chat-hf"),
+    "llama-3-8b": ("llama3-8b", "meta-llama-3-8b", "meta-llama-3-8b-instruct"),
+    "llama-3-70b": ("llama3-70b", "meta-llama-3-70b", "meta-llama-3-70b-instruct"),
+    "llama-3.1-8b": ("llama3.1-8b", "meta-llama-3.1-8b", "llama-3.1-8b-instruct",
+                     "meta-llama-3.1-8b-instruct"),
+    "llama-3.1-70b": ("llama3.1-70b", "meta-llama-3.1-70b", "llama-3.1-70b-instruct",
+                      "meta-llama-3.1-70b-instruct"),
+    "llama-3.1-405b": ("llama3.1-405b", "meta-llama-3.1-405b", "llama-3.1-405b-instruct",
+                       "meta-llama-3.1-405b-instruct"),
+    "llama-3.2-1b": ("llama3.2-1b", "llama-3.2-1b-instruct"),
+    "mistral-7b": ("mistral-7b-v0.1", "mistral-7b-instruct-v0.1"),
+    "mixtral-8x7b": ("mixtral-8x7b-v0.1", "mixtral-8x7b-instruct-v0.1"),
+    "qwen2.5-0.5b": ("qwen2.5-0.5b-instruct",),
+    "qwen2.5-7b": ("qwen2.5-7b-instruct",),
+    "smollm2-135m": ("smollm2-135m-instruct",),
+    "smollm2-360m": ("smollm2-360m-instruct",),
+    "smollm2-1.7b": ("smollm2-1.7b-instruct",),
+}
+_LOOKUP = {name: name for name in PRESETS}
+_LOOKUP.update({alias: name for name, aliases in ALIASES.items() for alias in aliases})
+assert set(ALIASES) <= set(PRESETS), "every alias list must name a preset"
+
+
+class KVCache(nn.Module):
+    def __init__(self, max_batch_size: int, max_seq_length: int, n_heads: int, head_dim: int,
+                 dtype: torch.dtype):
+        super().__init__()
+        shape = (max_batch_size, n_heads, max_seq_length, head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype), persistent=False)
+
+    def update(self, input_pos: Tensor, k_val: Tensor, v_val: Tensor) -> tuple[Tensor, Tensor]:
+        # input_pos: [S], k_val / v_val: [B, H_kv, S, D]
+        self.k_cache.index_copy_(2, input_pos, k_val)
+        self.v_cache.index_copy_(2, input_pos, v_val)
+        return self.k_cache, self.v_cache
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelArgs):
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.dim, eps=config.norm_eps)
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.max_batch_size = -1
+        self.max_seq_length = -1
+
+    @classmethod
+    def from_name(cls, name: str) -> "Transformer":
+        return cls(ModelArgs.from_name(name))
+
+    def setup_caches(self, max_batch_size: int, max_seq_length: int) -> None:
+        """Allocate KV caches, rotary table and mask for up to `max_seq_length` positions."""
+        if max_seq_length > self.config.block_size:
+            raise ValueError(f"max_seq_length={max_seq_length} exceeds the model's "
+                             f"block_size={self.config.block_size}")
+        self.max_batch_size, self.max_seq_length = max_batch_size, max_seq_length
+        weight = self.output.weight
+        cfg = self.config
+        for layer in self.layers:
+            layer.attention.kv_cache = KVCache(max_batch_size, max_seq_length, cfg.n_local_heads,
+                                               cfg.head_dim, weight.dtype).to(weight.device)
+        freqs = precompute_freqs_cis(max_seq_length, cfg.head_dim, cfg.rope_base, cfg.rope_scaling)
+        self.register_buffer("freqs_cis", freqs.to(weight.device), persistent=False)
+        mask = torch.ones(max_seq_length, max_seq_length, dtype=torch.bool).tril()
+        if cfg.sliding_window is not None:  # key k is visible from query q when q - k < window
+            mask = mask.triu(-(cfg.sliding_window - 1))
+        self.register_buffer("causal_mask", mask.to(weight.device), persistent=False)
+
+    def forward(self, idx: Tensor, input_pos: Tensor) -> Tensor:
+        # idx: [B, S] token ids, input_pos: [S] positions -> logits [B, S, vocab]
+        if self.max_seq_length < 0:
+            raise RuntimeError("call setup_caches(max_batch_size, max_seq_length) before forward")
+        mask = self.causal_mask[None, None, input_pos]  # [1, 1, S, max_seq]
+        freqs_cis = self.freqs_cis[input_pos]  # [S, D/2, 2]
+        x = self.tok_embeddings(idx)  # [B, S, dim]
+        for layer in self.layers:
+            x = layer(x, input_pos, freqs_cis, mask)
+        return self.output(self.norm(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config: ModelArgs):
+        super().__init__()
+        self.attention = Attention(config)
+        self.feed_forward = MOEFeedForward(config) if config.num_experts else FeedForward(config)
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+
+    def forward(self, x: Tensor, input_pos: Tensor, freqs_cis: Tensor, mask: Tensor) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), freqs_cis, mask, input_pos)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelArgs):
+        super().__init__()
+        self.n_head, self.n_local_heads = config.n_head, config.n_local_heads
+        self.head_dim = config.head_dim
+        q_size, kv_size = config.n_head * config.head_dim, config.n_local_heads * config.head_dim
+        self.sizes = [q_size, kv_size, kv_size]
+        self.wqkv = nn.Linear(config.dim, q_size + 2 * kv_size, bias=config.attention_bias)
+        self.wo = nn.Linear(q_size, config.dim, bias=False)
+        self.kv_cache: Optional[KVCache] = None
+        self._register_load_state_dict_pre_hook(self._fuse_qkv)
+
+    def _fuse_qkv(self, state_dict, prefix, *args):
+        """Accept separate wq / wk / wv tensors (older gpt-fast checkpoints)."""
+        for kind in ("weight", "bias"):
+            parts = [prefix + f"w{x}.{kind}" for x in "qkv"]
+            if all(p in state_dict for p in parts):
+                state_dict[prefix + f"wqkv.{kind}"] = torch.cat([state_dict.pop(p) for p in parts])
+
+    def forward(self, x: Tensor, freqs_cis: Tensor, mask: Tensor, input_pos: Tensor) -> Tensor:
+        bsz, seqlen, _ = x.shape
+        q, k, v = self.wqkv(x).split(self.sizes, dim=-1)
+        q = q.view(bsz, seqlen, self.n_head, self.head_dim)  # [B, S, H, D]
+        k = k.view(bsz, seqlen, self.n_local_heads, self.head_dim)
+        v = v.view(bsz, seqlen, self.n_local_heads, self.head_dim)
+        q, k = apply_rotary_emb(q, freqs_cis), apply_rotary_emb(k, freqs_cis)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, S, D]
+        if self.kv_cache is not None:
+            k, v = self.kv_cache.update(input_pos, k, v)  # [B, H_kv, max_seq, D]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0,
+                                           enable_gqa=self.n_head != self.n_local_heads)
+        y = y.transpose(1, 2).contiguous().view(bsz, seqlen, self.n_head * self.head_dim)
+        return self.wo(y)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: ModelArgs):
+        super().__init__()
+        self.w1 = nn.Linear(config.dim, config.intermediate_size, bias=False)
+        self.w3 = nn.Linear(config.dim, config.intermediate_size, bias=False)
+        self.w2 = nn.Linear(config.intermediate_size, config.dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class ConditionalFeedForward(nn.Module):
+    """One SwiGLU per expert, weights stacked: w1, w3 [E, I, dim], w2 [E, dim, I]."""
+
+    def __init__(self, config: ModelArgs):
+        super().__init__()
+        e, i, d = config.num_experts, config.intermediate_size, config.dim
+        self.w1 = nn.Parameter(torch.randn(e, i, d) * 0.02)
+        self.w2 = nn.Parameter(torch.randn(e, d, i) * 0.02)
+        self.w3 = nn.Parameter(torch.randn(e, i, d) * 0.02)
+
+    def forward(self, x: Tensor, expert_indices: Tensor) -> Tensor:
+        # x: [T, dim], expert_indices: [T, A] -> [T, A, dim]
+        # NB: gathers each (token, slot)'s expert weights, as gpt-fast does: exact
+        # for decode, an over-count of weight bytes when tokens share experts.
+        w1, w3, w2 = self.w1[expert_indices], self.w3[expert_indices], self.w2[expert_indices]
+        x1 = F.silu(torch.einsum("ti,taoi->tao", x, w1))
+        x3 = torch.einsum("ti,taoi->tao", x, w3)
+        return torch.einsum("tao,taio->tai", x1 * x3, w2)
+
+
+class MOEFeedForward(nn.Module):
+    def __init__(self, config: ModelArgs):
+        super().__init__()
+        self.gate = nn.Linear(config.dim, config.num_experts, bias=False)
+        self.cond_ffn = ConditionalFeedForward(config)
+        self.top_k = config.num_activated_experts
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])  # [T, dim]
+        probs = F.softmax(self.gate(x).float(), dim=-1)  # [T, E]
+        weights, indices = torch.topk(probs, self.top_k, dim=-1)  # [T, A]
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+        out = torch.einsum("tai,ta->ti", self.cond_ffn(x, indices), weights)
+        return out.view(shape)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        out = xf * torch.rsqrt(torch.mean(xf * xf, dim=-1, keepdim=True) + self.eps)
+        return out.type_as(x) * self.weight
+
+
+def apply_rope_scaling(freqs: Tensor, scaling: dict) -> Tensor:
+    """Llama-3.1 frequency scaling: slow long wavelengths by `factor`, keep short ones."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / freqs
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * freqs / factor + smooth * freqs
+    scaled = torch.where(wavelen > old_len / low, freqs / factor, blended)
+    return torch.where(wavelen < old_len / high, freqs, scaled)
+
+
+def precompute_freqs_cis(seq_len: int, n_elem: int, base: float = 10000,
+                         rope_scaling: Optional[dict] = None) -> Tensor:
+    """cos / sin of every position and rotary pair: [seq_len, n_elem / 2, 2], float32."""
+    freqs = 1.0 / (base ** (torch.arange(0, n_elem, 2, dtype=torch.float32)[: n_elem // 2] / n_elem))
+    if rope_scaling is not None:
+        freqs = apply_rope_scaling(freqs, rope_scaling)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), freqs)
+    return torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
+
+
+def apply_rotary_emb(x: Tensor, freqs_cis: Tensor) -> Tensor:
+    # x: [B, S, H, D] with pairs (x[2i], x[2i+1]) rotated by angle i; freqs_cis: [S, D/2, 2]
+    xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    fc = freqs_cis.view(1, xs.size(1), 1, xs.size(3), 2)
+    out = torch.stack([xs[..., 0] * fc[..., 0] - xs[..., 1] * fc[..., 1],
+                       xs[..., 1] * fc[..., 0] + xs[..., 0] * fc[..., 1]], dim=-1)
+    return out.flatten(3).type_as(x)
+
+
+def count_params(model: nn.Module) -> tuple[int, int]:
+    """(active, total) parameters: total counts shared tensors once; active leaves out
+    the embedding table (a row lookup) unless the output head shares it, and the
+    experts a token does not route to."""
+    total = sum(p.numel() for p in model.parameters())
+    active = total
+    config = getattr(model, "config", None)
+    embed = getattr(model, "tok_embeddings", None)
+    if isinstance(embed, nn.Embedding) and not getattr(config, "tie_embeddings", False):
+        active -= embed.weight.numel()
+    for module in model.modules():
+        if isinstance(module, ConditionalFeedForward):
+            experts = sum(p.numel() for p in module.parameters())
+            active -= experts - experts * config.num_activated_experts // config.num_experts
+    return active, total
