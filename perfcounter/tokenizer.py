@@ -1,0 +1,147 @@
+"""Tokenizers behind one small interface: encode(text) -> ids, decode(ids) -> text.
+
+Three kinds, found next to a checkpoint by `load_tokenizer(path)`:
+- SentencePiece `tokenizer.model` (Llama-2, Mistral): BOS prepended, as gpt-fast does;
+- Hugging Face `tokenizer.json` (Llama-3, Qwen2, SmolLM2) through the `tokenizers`
+  library: special tokens added by the file's own post-processor; BOS / EOS names
+  read from `tokenizer_config.json` when it is there;
+- the tokenizer inside a GGUF file, through transformers' AutoTokenizer.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+
+class TokenizerError(ValueError):
+    """A tokenizer file that is missing, unreadable or of an unknown kind."""
+
+
+class Tokenizer:
+    bos_id: Optional[int] = None
+    eos_id: Optional[int] = None
+    source: str = ""
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: Sequence[int]) -> str:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.source!r})"
+
+
+class SentencePieceTokenizer(Tokenizer):
+    def __init__(self, path: str | os.PathLike):
+        import sentencepiece as spm
+        self.source = str(path)
+        self.sp = spm.SentencePieceProcessor()
+        try:
+            self.sp.load(self.source)
+        except (OSError, RuntimeError) as e:
+            raise TokenizerError(f"{path}: not a readable SentencePiece model ({e})") from e
+        self.bos_id = self.sp.bos_id() if self.sp.bos_id() >= 0 else None
+        self.eos_id = self.sp.eos_id() if self.sp.eos_id() >= 0 else None
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.sp.encode(text)
+        return ([self.bos_id] if self.bos_id is not None else []) + ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.sp.decode(list(ids))
+
+
+class HFTokenizer(Tokenizer):
+    def __init__(self, path: str | os.PathLike):
+        from tokenizers import Tokenizer as _Tokenizer
+        self.source = str(path)
+        try:
+            self.tok = _Tokenizer.from_file(self.source)
+        except Exception as e:  # tokenizers raises a bare Exception on bad JSON
+            raise TokenizerError(f"{path}: not a readable Hugging Face tokenizer.json ({e})") from e
+        special = _special_tokens(Path(path).with_name("tokenizer_config.json"))
+        self.bos_id = self._id(special.get("bos_token"))
+        self.eos_id = self._id(special.get("eos_token"))
+
+    def _id(self, token) -> Optional[int]:
+        if isinstance(token, dict):  # {"content": "<s>", ...} in older configs
+            token = token.get("content")
+        return self.tok.token_to_id(token) if isinstance(token, str) else None
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=True).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=True)
+
+
+class TransformersTokenizer(Tokenizer):
+    """Any tokenizer transformers can load; here for the one inside a GGUF file."""
+
+    def __init__(self, tokenizer, source: str):
+        self.tok, self.source = tokenizer, source
+        self.bos_id, self.eos_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike) -> "TransformersTokenizer":
+        from perfcounter.loading import _offline_transformers
+        path = Path(path)
+        transformers = _offline_transformers()
+        try:
+            tok = transformers.AutoTokenizer.from_pretrained(
+                str(path.parent), gguf_file=path.name, local_files_only=True)
+        except Exception as e:
+            raise TokenizerError(f"{path}: could not read the GGUF file's tokenizer ({e})") from e
+        return cls(tok, str(path))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok(text)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    def save(self, out_dir: str | os.PathLike) -> None:
+        self.tok.save_pretrained(str(out_dir))
+
+
+def _special_tokens(config_path: Path) -> dict:
+    if not config_path.is_file():
+        return {}
+    try:
+        return json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise TokenizerError(f"{config_path}: not readable JSON ({e})") from e
+
+
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")
+
+
+def find_tokenizer(path: str | os.PathLike) -> Optional[Path]:
+    """The tokenizer file at `path` or in the folder of a checkpoint file; None if none."""
+    path = Path(path)
+    if path.is_file() and path.name in TOKENIZER_FILES:
+        return path
+    folder = path if path.is_dir() else path.parent
+    for name in TOKENIZER_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """A tokenizer from a file (tokenizer.model, tokenizer.json, *.gguf) or a folder holding one."""
+    path = Path(path)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise TokenizerError(f"{path}: no such GGUF file")
+        return TransformersTokenizer.from_gguf(path)
+    found = find_tokenizer(path)
+    if found is None:
+        raise TokenizerError(f"{path}: no tokenizer found; expected one of "
+                             f"{', '.join(TOKENIZER_FILES)} there or next to the checkpoint")
+    if found.name == "tokenizer.model":
+        return SentencePieceTokenizer(found)
+    return HFTokenizer(found)
