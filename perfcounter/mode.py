@@ -1,0 +1,636 @@
+"""PerformanceCounterMode: a TorchDispatchMode that counts every aten op.
+
+For each op it records FLOPs by kind (costs.py), bytes read and written by the
+role of each tensor (weight, KV cache, activation, input) and the module it ran
+under; on exit the counts become a `Trace` (trace.py). The hot path runs for
+every op (~2,000 per decode step), so everything that depends only on
+(op, shapes, dtypes, arguments) is computed once and cached in an `_Entry`;
+per call the mode only looks up tensor roles and counts.
+
+Roles are kept per storage: a parameter's storage is `weight`; a storage that
+an op produced in this phase is `activation`; one that existed before the
+phase is `input`, until a cache write (copy_, index_copy_, index_put_ into it)
+or attention reading it as keys/values marks it `kv_cache`; concatenating onto
+a KV cache (a growing cache) yields KV cache. Views share their base's storage
+and so its role, and move no bytes.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.module_tracker import ModuleTracker
+
+from perfcounter import costs
+from perfcounter.trace import KINDS, ROLES, OpRecord, Trace
+
+aten = torch.ops.aten
+Tensor = torch.Tensor
+
+# Storage roles. The first four index ROLES; the rest are activations that may
+# still become KV cache (made by a factory, or by concatenation).
+WEIGHT, KV, ACT, INPUT, FRESH, JOINED, SKIP = range(7)
+_ROLE_INDEX = (0, 1, 2, 3, 2, 2)
+
+# How an op is handled, decided once per OpOverload.
+_VIEW, _COUNT, _DECOMPOSE, _HOP = range(4)
+_OP_KIND: dict = {}
+_ENTRIES: dict = {}  # key -> _Entry, shared by all modes (costs depend on shapes only)
+_WARNED: set[str] = set()
+
+# Write-only destinations: the op overwrites them without reading them first.
+_WRITE_ONLY = {aten.copy_, aten.fill_, aten.zero_, aten.index_copy_, aten.index_put_,
+               aten.scatter_, aten.exponential_, aten.uniform_, aten.normal_, aten.random_,
+               aten.bernoulli_, aten.set_, aten.resize_}
+_CACHE_WRITES = {aten.copy_, aten.index_copy_, aten.index_put_, aten.slice_scatter,
+                 aten.scatter_}
+_JOINS = {aten.cat, aten.stack}
+_FACTORIES = {aten.zeros, aten.empty, aten.full, aten.ones, aten.empty_strided,
+              aten.new_zeros, aten.new_empty, aten.new_full, aten.new_ones,
+              aten.zeros_like, aten.empty_like, aten.full_like, aten.ones_like}
+_ATTENTION = {aten._scaled_dot_product_flash_attention_for_cpu,
+              aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_efficient_attention,
+              aten._scaled_dot_product_cudnn_attention, aten._flash_attention_forward,
+              aten._efficient_attention_forward}
+# Views whose schema does not say so.
+_EXTRA_VIEWS = {aten._unsafe_view, aten._reshape_alias, aten.detach_, aten.t_, aten.transpose_,
+                aten.squeeze_, aten.unsqueeze_, aten.as_strided_, aten.swapdims_, aten.swapaxes_}
+
+
+def _classify(func) -> int:
+    """Decide once per op how the mode treats it."""
+    if isinstance(func, torch._ops.HigherOrderOperator):
+        kind = _HOP
+    elif func._overloadpacket in costs.COSTS:
+        kind = _COUNT
+    elif _is_composite(func):
+        kind = _DECOMPOSE  # reaches us under inference_mode; count its parts instead
+    elif func._overloadpacket in _EXTRA_VIEWS or _is_view(func) or _is_metadata(func):
+        kind = _VIEW
+    else:
+        kind = _COUNT
+    _OP_KIND[func] = kind
+    return kind
+
+
+def _is_composite(func) -> bool:
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+    except RuntimeError:  # prim:: ops are not in the dispatcher's table
+        return False
+
+
+def _is_metadata(func) -> bool:
+    """Ops that return no tensor (size, stride, device, ...): they move no data."""
+    return all("Tensor" not in str(r.type) for r in func._schema.returns)
+
+
+def _is_view(func) -> bool:
+    rets = func._schema.returns
+    return bool(rets) and all(r.alias_info is not None and not r.alias_info.is_write for r in rets)
+
+
+class _Entry:
+    """What is constant across calls of one op with one argument signature."""
+
+    __slots__ = ("func", "name", "dtype", "shapes", "cost", "flops", "executed", "reads",
+                 "writes_in", "writes_out", "has_formula", "special", "out_role", "dups")
+
+    def __init__(self, func, args, kwargs, out, tensors):
+        self.func = func
+        self.name = str(func)
+        packet = getattr(func, "_overloadpacket", func)
+        formula = costs.COSTS.get(packet)
+        flat_args = _schema_args(func, args, kwargs, len(tensors))
+        out_tensors = _flat_tensors(out)
+        shaped = _shape_tree(args), {k: _shape_tree(v) for k, v in kwargs.items()}
+        out_shape = _shape_tree(out) if not isinstance(out, Tensor) else tuple(out.shape)
+        self.shapes = _signature(args, kwargs)
+        self.dtype = next((str(t.dtype).replace("torch.", "") for t in [*tensors, *out_tensors]
+                           if t.is_floating_point()), str(tensors[0].dtype).replace("torch.", "")
+                          if tensors else "")
+        cost = costs.ZERO
+        self.has_formula = formula is not None
+        if formula is not None:
+            try:
+                cost = formula(*shaped[0], out_shape=out_shape, **shaped[1])
+            except Exception as e:  # a formula that cannot price these arguments
+                self.has_formula = False
+                warnings.warn(f"perfcounter: cost formula for {self.name} failed on "
+                              f"{self.shapes}: {e!r}; counting its bytes only", stacklevel=3)
+        self.cost = cost
+        self.flops = cost.flops
+        self.executed = cost.executed if cost.executed is not None else cost.flops
+        # bytes: which tensors are read, which written in place, which outputs are new
+        reads, writes_in = [], []
+        for i, t in enumerate(tensors):
+            written, name = flat_args[i]
+            size = t.element_size()
+            whole = t.numel()
+            if written:
+                partial = cost.write_elems is not None
+                writes_in.append((i, (cost.write_elems if partial else whole) * size, partial))
+                if packet in _WRITE_ONLY or name == "out":
+                    continue
+            elems = cost.read_elems[i] if cost.read_elems and i < len(cost.read_elems) else None
+            gathered = elems is not None
+            reads.append((i, (whole if elems is None else elems) * size, size, gathered))
+        self.reads = tuple(reads)
+        self.writes_in = tuple(writes_in)
+        rets = getattr(func, "_schema", None)
+        aliased = [r.alias_info is not None for r in rets.returns] if rets is not None else []
+        writes_out = []
+        for j, o in enumerate(out_tensors):
+            if aliased and (aliased[0] if len(aliased) == 1 else j < len(aliased) and aliased[j]):
+                continue  # a view of an input, or the in-place target itself
+            n = o.numel() if cost.write_elems is None or writes_in else cost.write_elems
+            writes_out.append((j, n * o.element_size()))
+        self.writes_out = tuple(writes_out)
+        self.out_role = (FRESH if packet in _FACTORIES else JOINED if packet in _JOINS else ACT)
+        self.special = packet in _ATTENTION or packet in _CACHE_WRITES or packet in _JOINS
+        self.dups = tuple((a[0], b[0]) for k, a in enumerate(reads) for b in reads[k + 1:]
+                          if tensors[a[0]].shape == tensors[b[0]].shape
+                          and tensors[a[0]].dtype == tensors[b[0]].dtype)
+
+    @property
+    def packet(self):
+        return getattr(self.func, "_overloadpacket", self.func)
+
+
+def _flat_tensors(x) -> list:
+    if isinstance(x, Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _flat_tensors(v)]
+    return []
+
+
+def _shape_tree(x):
+    if isinstance(x, Tensor):
+        return tuple(x.shape)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_shape_tree(v) for v in x)
+    return x
+
+
+def _signature(args, kwargs) -> str:
+    """Readable argument signature: tensor shapes, then scalars that change the cost."""
+
+    def fmt(x):
+        if isinstance(x, Tensor):
+            return str(list(x.shape))
+        if isinstance(x, (list, tuple)):
+            return "[" + ", ".join(fmt(v) for v in x) + "]"
+        return repr(x)
+
+    parts = [fmt(a) for a in args]
+    parts += [f"{k}={fmt(v)}" for k, v in kwargs.items()]
+    return ", ".join(parts)
+
+
+def _schema_args(func, args, kwargs, n_tensors) -> list[tuple[bool, str]]:
+    """For each tensor in flattened argument order: (is written by the op, argument name)."""
+    schema = getattr(func, "_schema", None)
+    result = []
+    if schema is None:
+        return [(False, "")] * n_tensors
+    by_name = {a.name: a for a in schema.arguments}
+    pairs = list(zip(schema.arguments, args)) + [(by_name.get(k), v) for k, v in kwargs.items()]
+    for arg, value in pairs:
+        written = bool(arg is not None and arg.alias_info is not None and arg.alias_info.is_write)
+        name = arg.name if arg is not None else ""
+        result += [(written, name)] * len(_flat_tensors(value))
+    return result + [(False, "")] * (n_tensors - len(result))
+
+
+class _ModulePath(ModuleTracker):
+    """ModuleTracker that also knows the innermost module, truncated to `depth` parts.
+
+    Names are ModuleTracker's ("LlamaForCausalLM.model.layers.0.mlp"); "" outside any module.
+    """
+
+    def __init__(self, depth: int, on_new_module=None):
+        super().__init__()
+        self.depth = depth
+        self.on_new_module = on_new_module
+        self.stack: list[str] = []
+        self.current = ""
+        self._short: dict[str, str] = {}
+        self.seconds = 0.0
+
+    def _truncate(self, name: str) -> str:
+        short = self._short.get(name)
+        if short is None:
+            short = self._short[name] = ".".join(name.split(".")[: self.depth])
+        return short
+
+    def _fw_pre_hook(self, mod, input) -> None:
+        t0 = time.perf_counter()
+        name = self._get_mod_name(mod)
+        if self.on_new_module is not None:
+            self.on_new_module(mod)
+        self.stack.append(name)
+        self.current = self._truncate(name)
+        if torch.is_grad_enabled():
+            super()._fw_pre_hook(mod, input)  # backward tracking needs ModuleTracker's hooks
+        self.seconds += time.perf_counter() - t0
+
+    def _fw_post_hook(self, mod, input, output) -> None:
+        t0 = time.perf_counter()
+        name = self._get_mod_name(mod)
+        if self.stack and self.stack[-1] == name:
+            self.stack.pop()
+        elif name in self.stack:
+            self.stack.remove(name)
+        self.current = self._truncate(self.stack[-1]) if self.stack else ""
+        if torch.is_grad_enabled():
+            super()._fw_post_hook(mod, input, output)
+        self.seconds += time.perf_counter() - t0
+
+
+class PerformanceCounterMode(TorchDispatchMode):
+    """Counts FLOPs by kind and bytes by role for every aten op run inside it.
+
+    `with mode: model(x)`; then `mode.trace()` is that block's `Trace`. Entering
+    again starts a new count; weight and KV-cache roles are remembered across
+    blocks (a cache filled in prefill is read in decode). The torchao getters
+    (get_total_flops, get_flop_counts, ...) read the last block.
+    """
+
+    supports_higher_order_operators = True
+
+    def __init__(self, depth: int = 10, io_model: str = "per_op"):
+        super().__init__()
+        if not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be a positive int, got {depth!r}")
+        if io_model not in ("per_op", "compulsory"):
+            raise ValueError(f"io_model must be 'per_op' or 'compulsory', got {io_model!r}")
+        self.depth = depth
+        self.io_model = io_model
+        self._roles: dict[int, int] = {}  # storage -> role code
+        self._gen = 0  # allocation counter, in steps of 8 (see _new_code)
+        self._sizes: dict[int, int] = {}  # allocation -> storage bytes
+        self._kv_written: dict[int, int] = {}  # KV allocation -> bytes of valid positions
+        self._active = False
+        self._modules_seen: set[int] = set()
+        self._trace = Trace()
+        self._reset()
+
+    # -- lifecycle -------------------------------------------------------------------
+    def _reset(self) -> None:
+        self._counts: dict = {}  # (module, entry, roles) -> calls
+        self._views: dict = {}  # (module, func) -> calls
+        self._touched: set = set()  # (storage code, offset or -1, bytes, is_write)
+        self._kv_valid = 0
+        self._overhead = 0.0
+        self._tracker = _ModulePath(self.depth, self._register_module)
+        # only weights and KV caches keep their role from one block to the next
+        self._roles = {s: c for s, c in self._roles.items() if c & 7 <= KV}
+        live = {c >> 3 for c in self._roles.values()}
+        self._sizes = {g: n for g, n in self._sizes.items() if g in live}
+        self._kv_written = {g: n for g, n in self._kv_written.items() if g in live}
+
+    def __enter__(self):
+        if self._decomposing:  # re-entered to count a decomposition's parts
+            return super().__enter__()
+        if self._active:
+            raise RuntimeError("this PerformanceCounterMode is already counting; "
+                               "a mode cannot be nested inside itself")
+        self._reset()
+        self._active = True
+        self._flex_flag = _set_flex_eager(True)
+        self._tracker.__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._tracker.__exit__(None, None, None)
+            _set_flex_eager(self._flex_flag)
+            self._active = False
+            raise
+
+    def __exit__(self, *exc):
+        if self._decomposing:
+            return super().__exit__(*exc)
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._tracker.__exit__(*exc)
+            _set_flex_eager(self._flex_flag)
+            self._active = False
+            self._trace = self._finalize()
+
+    _decomposing = 0
+
+    def _decompose(self, func, args, kwargs):
+        """Run a CompositeImplicit op's decomposition under this mode, so its parts are counted."""
+        self._decomposing += 1
+        try:
+            with self:
+                return func.decompose(*args, **kwargs)
+        finally:
+            self._decomposing -= 1
+
+    # -- the hot path ----------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kind = _OP_KIND.get(func)
+        if kind is None:
+            kind = _classify(func)
+        if kwargs is None:
+            kwargs = {}
+        if kind == _DECOMPOSE:
+            out = self._decompose(func, args, kwargs)
+            if out is not NotImplemented:
+                return out
+            kind = _OP_KIND[func] = _COUNT
+        out = func(*args, **kwargs)
+        t0 = time.perf_counter()
+        if kind == _VIEW:
+            k = (self._tracker.current, func)
+            self._views[k] = self._views.get(k, 0) + 1
+        else:
+            self._record(func, args, kwargs, out)
+        self._overhead += time.perf_counter() - t0
+        return out
+
+    def _record(self, func, args, kwargs, out) -> None:
+        """The one place an op is recorded."""
+        tensors = []
+        key = [func]
+        for a in args:
+            if isinstance(a, Tensor):
+                tensors.append(a)
+                key.append(a.shape)
+                key.append(a.dtype)
+            elif type(a) is list or type(a) is tuple:
+                key.append(len(a))
+                for b in a:
+                    if isinstance(b, Tensor):
+                        tensors.append(b)
+                        key.append(b.shape)
+                        key.append(b.dtype)
+                    else:
+                        key.append(b)
+            else:
+                key.append(a)
+        if kwargs:
+            for name, a in kwargs.items():
+                key.append(name)
+                if isinstance(a, Tensor):
+                    tensors.append(a)
+                    key.append(a.shape)
+                    key.append(a.dtype)
+                else:
+                    key.append(a if type(a) is not list else tuple(a))
+        if isinstance(func, torch._ops.OpOverload) and torch.Tag.dynamic_output_shape in func.tags:
+            key.extend(t.shape for t in _flat_tensors(out))
+        try:
+            key = tuple(key)
+            entry = _ENTRIES.get(key)
+        except TypeError:  # an unhashable argument: describe this call afresh
+            key, entry = None, None
+        if entry is None:
+            entry = _Entry(func, args, kwargs, out, tensors)
+            if key is not None:
+                if len(_ENTRIES) > 200_000:
+                    _ENTRIES.clear()
+                _ENTRIES[key] = entry
+        if entry.special:
+            self._promote(entry, tensors)
+        roles = self._roles
+        touched = self._touched
+        sig = []
+        skip = ()
+        if entry.dups:
+            skip = {j for i, j in entry.dups if tensors[i] is tensors[j]}
+        for i, nbytes, size, gathered in entry.reads:
+            if i in skip:
+                sig.append(SKIP)
+                continue
+            t = tensors[i]
+            code = roles.get(t.untyped_storage()._cdata)
+            if code is None:
+                code = self._first_sight(t)
+            sig.append(code & 7)
+            touched.add((code, -1 if gathered else t.storage_offset() * size, nbytes, False))
+        for i, nbytes, scattered in entry.writes_in:
+            t = tensors[i]
+            code = roles.get(t.untyped_storage()._cdata)
+            if code is None:
+                code = self._first_sight(t)
+            sig.append(code & 7)
+            touched.add((code, -1 if scattered else t.storage_offset() * t.element_size(),
+                         nbytes, True))
+        if entry.writes_out:
+            outs = [out] if isinstance(out, Tensor) else _flat_tensors(out)
+            r = entry.out_role
+            if r == JOINED and KV in sig:
+                r = KV
+            for j, nbytes in entry.writes_out:
+                self._gen += 8
+                code = roles[outs[j].untyped_storage()._cdata] = self._gen | r
+                self._sizes[code >> 3] = nbytes
+                if r == KV:
+                    self._kv_written[code >> 3] = nbytes
+                sig.append(r)
+                touched.add((code, 0, nbytes, True))
+        k = (self._tracker.current, entry, tuple(sig))
+        self._counts[k] = self._counts.get(k, 0) + 1
+
+    # Storage codes: (allocation number << 3) | role. The allocation number tells
+    # apart storages that reuse a freed one's address; the role can change (an
+    # input buffer becomes KV cache) while the number stays.
+    def _new_code(self, st: int, role: int, nbytes: int) -> int:
+        self._gen += 8
+        code = self._roles[st] = self._gen | role
+        self._sizes[code >> 3] = nbytes
+        return code
+
+    def _register_module(self, mod) -> None:
+        """Mark a module's own parameters as weights the first time it runs (views of a
+        parameter, such as the transposed weight a linear layer multiplies by, are not
+        Parameters themselves)."""
+        if id(mod) in self._modules_seen:
+            return
+        self._modules_seen.add(id(mod))
+        for p in mod.parameters(recurse=False):
+            storage = p.untyped_storage()
+            code = self._roles.get(storage._cdata)
+            if code is None or code & 7 != WEIGHT:
+                self._new_code(storage._cdata, WEIGHT, storage.nbytes())
+
+    def _first_sight(self, t) -> int:
+        """Code of a storage seen for the first time in this block."""
+        base = t._base if t._base is not None else t
+        r = WEIGHT if isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter) else INPUT
+        storage = t.untyped_storage()
+        return self._new_code(storage._cdata, r, storage.nbytes())
+
+    def _code(self, t) -> int:
+        code = self._roles.get(t.untyped_storage()._cdata)
+        return self._first_sight(t) if code is None else code
+
+    def _promote(self, entry, tensors) -> None:
+        """KV-cache detection for cache writes and attention (rare ops, off the common path)."""
+        roles = self._roles
+        packet = entry.packet
+        if packet in _CACHE_WRITES:
+            for i, nbytes, _ in entry.writes_in:
+                code = self._code(tensors[i])
+                gen = code >> 3
+                if code & 7 in (INPUT, FRESH, KV):
+                    roles[tensors[i].untyped_storage()._cdata] = (code & ~7) | KV
+                    self._kv_written[gen] = min(self._kv_written.get(gen, 0) + nbytes,
+                                                self._sizes.get(gen, nbytes))
+        elif packet in _ATTENTION:
+            for i, nbytes, _, _ in entry.reads[1:3]:  # key, value
+                t = tensors[i]
+                code = self._code(t)
+                gen = code >> 3
+                if code & 7 in (INPUT, JOINED):
+                    code = roles[t.untyped_storage()._cdata] = (code & ~7) | KV
+                    self._kv_written[gen] = self._sizes.get(gen, nbytes)
+                if code & 7 == KV:
+                    size = self._sizes.get(gen) or nbytes
+                    valid = min(1.0, self._kv_written.get(gen, size) / size)
+                    self._kv_valid += int(nbytes * valid)
+
+    # -- results ---------------------------------------------------------------------
+    def _finalize(self) -> Trace:
+        """Turn the block's counts into a Trace (runs once, on exit)."""
+        records: dict[tuple, OpRecord] = {}
+        uncounted: dict[str, int] = {}
+        for (module, entry, sig), n in self._counts.items():
+            key = (entry.name, module, entry.dtype, entry.shapes)
+            rec = records.get(key)
+            if rec is None:
+                rec = records[key] = OpRecord(entry.name, module, entry.dtype, entry.shapes,
+                                              has_formula=entry.has_formula)
+            rec.calls += n
+            rec.flops += n * entry.flops
+            rec.executed_flops += n * entry.executed
+            for i, c in enumerate(entry.cost.kinds):
+                rec.kinds[i] += n * c
+            pos = 0
+            for _, nbytes, _, _ in entry.reads:
+                if sig[pos] != SKIP:
+                    rec.read[_ROLE_INDEX[sig[pos]]] += n * nbytes
+                pos += 1
+            for _, nbytes, _ in entry.writes_in:
+                rec.written[_ROLE_INDEX[sig[pos]]] += n * nbytes
+                pos += 1
+            for _, nbytes in entry.writes_out:
+                rec.written[_ROLE_INDEX[sig[pos]]] += n * nbytes
+                pos += 1
+            if not entry.has_formula:
+                uncounted[entry.name] = uncounted.get(entry.name, 0) + n
+        for (module, func), n in self._views.items():
+            key = (str(func), module, "", "")
+            rec = records.get(key) or records.setdefault(key, OpRecord(str(func), module, "", ""))
+            rec.calls += n
+        for name in uncounted:
+            if name not in _WARNED:
+                _WARNED.add(name)
+                warnings.warn(f"perfcounter: no cost formula for {name}; its bytes are counted, "
+                              f"its FLOPs are not (listed in uncounted_ops)", stacklevel=2)
+        read, written = self._compulsory()
+        return Trace(records=list(records.values()), compulsory_read=read,
+                     compulsory_written=written, kv_cache_valid_read=self._kv_valid,
+                     uncounted_ops=uncounted, steps=1,
+                     overhead_s=self._overhead + self._tracker.seconds)
+
+    def _compulsory(self) -> tuple[list[int], list[int]]:
+        """Bytes by role when each storage region is read at most once and written at most once.
+
+        Regions are [offset, offset + bytes) per storage, merged; gathers and
+        scatters (offset -1) add their bytes; a storage never counts more than its size."""
+        spans: dict[tuple[int, bool], list] = {}
+        role_of: dict[int, int] = {}
+        for code, off, nbytes, is_write in self._touched:
+            gen = code >> 3
+            spans.setdefault((gen, is_write), []).append((off, nbytes))
+            role = _ROLE_INDEX[code & 7]
+            if role_of.get(gen) != 1:  # KV cache wins: a buffer may be promoted mid-block
+                role_of[gen] = role
+        read, written = [0] * len(ROLES), [0] * len(ROLES)
+        for (gen, is_write), regions in spans.items():
+            total, end = 0, -1
+            for off, nbytes in sorted(r for r in regions if r[0] >= 0):
+                lo = max(off, end)
+                if off + nbytes > lo:
+                    total += off + nbytes - lo
+                end = max(end, off + nbytes)
+            total += sum(nbytes for off, nbytes in regions if off < 0)
+            size = self._sizes.get(gen)
+            if size:
+                total = min(total, size)
+            (written if is_write else read)[role_of[gen]] += total
+        return read, written
+
+    def trace(self) -> Trace:
+        """The Trace of the last completed `with` block."""
+        return self._trace
+
+    @property
+    def overhead_s(self) -> float:
+        """Seconds the last block spent in this mode's own bookkeeping."""
+        return self._trace.overhead_s
+
+    # -- torchao-compatible getters (last block) -------------------------------------
+    def _by_module(self, value) -> dict[str, dict]:
+        packets = {e.name: e.packet for e in _ENTRIES.values()}
+        out: dict[str, dict] = {"Global": {}}
+        for rec in self._trace.records:
+            v = value(rec)
+            if not v:
+                continue
+            op = packets.get(rec.op, rec.op)
+            parts = rec.module.split(".") if rec.module else []
+            for scope in ["Global"] + [".".join(parts[: i + 1]) for i in range(len(parts))]:
+                d = out.setdefault(scope, {})
+                d[op] = d.get(op, 0) + v
+        return out
+
+    def get_flop_counts(self) -> dict[str, dict]:
+        """{module path or "Global": {op packet: FLOPs}}, every parent included."""
+        return self._by_module(lambda r: r.flops)
+
+    def get_io_counts(self) -> dict[str, dict]:
+        """{module path or "Global": {op packet: bytes read + written}} (per_op model)."""
+        return self._by_module(lambda r: r.bytes)
+
+    def get_total_flops(self) -> int:
+        return self._trace.flops
+
+    def get_total_io(self) -> int:
+        """Bytes moved in the last block under this mode's io_model."""
+        t = self._trace
+        return t.compulsory_bytes if self.io_model == "compulsory" else t.per_op_bytes
+
+    def get_summary_flop_counts(self) -> dict:
+        return dict(self.get_flop_counts()["Global"])
+
+    def get_summary_io_counts(self) -> dict:
+        return dict(self.get_io_counts()["Global"])
+
+    @property
+    def uncounted_ops(self) -> dict[str, int]:
+        return dict(self._trace.uncounted_ops)
+
+    @property
+    def coverage(self) -> tuple[float, float]:
+        """(share of bytes, share of op calls) that had a cost formula."""
+        return self._trace.coverage
+
+
+def _set_flex_eager(value: bool) -> bool:
+    """flex_attention's eager path wraps itself in torch.compile, which refuses to run
+    under a dispatch mode; its documented debug switch runs it eagerly instead."""
+    try:
+        import torch.nn.attention.flex_attention as fa
+    except ImportError:
+        return False
+    old = getattr(fa, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", False)
+    fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = value
+    return old
