@@ -264,6 +264,11 @@ def build_model(args: ModelArgs, state: dict, source, device="cpu", dtype=None) 
     with torch.device("meta"):
         model = Transformer(args)
     state = dict(state)
+    for key in [k for k in state if k.endswith(".attention.wq.weight") or k.endswith(".attention.wq.bias")]:
+        prefix, kind = key.rsplit(".wq.", 1)  # older gpt-fast checkpoints keep wq / wk / wv apart
+        parts = [f"{prefix}.w{x}.{kind}" for x in "qkv"]
+        if all(p in state for p in parts):
+            state[f"{prefix}.wqkv.{kind}"] = torch.cat([state.pop(p) for p in parts])
     if args.tie_embeddings:
         state.pop("output.weight", None)
         if "tok_embeddings.weight" in state:
@@ -275,7 +280,7 @@ def build_model(args: ModelArgs, state: dict, source, device="cpu", dtype=None) 
     wrong = [f"{k}: file {have[k]} vs model {want[k]}" for k in sorted(want.keys() & have.keys())
              if want[k] != have[k]]
     if missing or unexpected or wrong:
-        parts = [f"{name} {items[:4]}{' …' if len(items) > 4 else ''}"
+        parts = [f"{len(items)} {name} {items[:4]}{' …' if len(items) > 4 else ''}"
                  for name, items in (("missing", missing), ("unexpected", unexpected),
                                      ("shape mismatch", wrong)) if items]
         raise CheckpointError(f"{source}: weights do not fit {args!r}: {'; '.join(parts)}")

@@ -251,14 +251,6 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(config.dim, q_size + 2 * kv_size, bias=config.attention_bias)
         self.wo = nn.Linear(q_size, config.dim, bias=False)
         self.kv_cache: Optional[KVCache] = None
-        self._register_load_state_dict_pre_hook(self._fuse_qkv)
-
-    def _fuse_qkv(self, state_dict, prefix, *args):
-        """Accept separate wq / wk / wv tensors (older gpt-fast checkpoints)."""
-        for kind in ("weight", "bias"):
-            parts = [prefix + f"w{x}.{kind}" for x in "qkv"]
-            if all(p in state_dict for p in parts):
-                state_dict[prefix + f"wqkv.{kind}"] = torch.cat([state_dict.pop(p) for p in parts])
 
     def forward(self, x: Tensor, freqs_cis: Tensor, mask: Tensor, input_pos: Tensor) -> Tensor:
         bsz, seqlen, _ = x.shape

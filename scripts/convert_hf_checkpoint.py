@@ -1,0 +1,52 @@
+"""Convert a Hugging Face model folder or a GGUF file into perfcounter's layout.
+
+    python scripts/convert_hf_checkpoint.py --checkpoint_dir path/to/Llama-2-7b-hf --out_dir ckpt/llama-2-7b
+    python scripts/convert_hf_checkpoint.py --checkpoint_dir path/to/model.Q4_1.gguf --out_dir ckpt/smollm2
+
+writes `model.safetensors` (gpt-fast names and layout, ModelArgs in its metadata),
+`config.json` (the ModelArgs) and the tokenizer (tokenizer.model or tokenizer.json
++ tokenizer_config.json), each file atomically. GGUF weights are dequantized by
+transformers. The result loads with `generate.py --checkpoint_path OUT_DIR`.
+gpt-fast `model.pth` checkpoints convert too (give --model or --config when no
+config.json lies beside them).
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without install
+
+import torch  # noqa: E402
+
+from perfcounter.loading import CheckpointError, convert_checkpoint  # noqa: E402
+from perfcounter.model import UnknownModelError  # noqa: E402
+from perfcounter.tokenizer import TokenizerError  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def main(*, checkpoint_dir: Path, out_dir: Path, dtype: str | None = None,
+         model_name: str | None = None, config: Path | None = None) -> Path:
+    t0 = time.perf_counter()
+    target = convert_checkpoint(checkpoint_dir, out_dir, dtype=DTYPES[dtype] if dtype else None,
+                                model_name=model_name, config_path=config)
+    print(f"Wrote {target} and its config / tokenizer in {time.perf_counter() - t0:.1f} s")
+    return target
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint_dir", type=Path, required=True,
+                        help="Hugging Face model folder, .gguf file, or gpt-fast model.pth")
+    parser.add_argument("--out_dir", type=Path, required=True, help="folder to write into")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                        help="store the weights in this dtype (default: as read)")
+    parser.add_argument("--model", dest="model_name", default=None,
+                        help="preset name giving the config of a model.pth")
+    parser.add_argument("--config", type=Path, default=None, help="config.json to use")
+    args = parser.parse_args()
+    try:
+        main(**vars(args))
+    except (CheckpointError, TokenizerError, UnknownModelError) as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
