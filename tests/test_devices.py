@@ -1,0 +1,388 @@
+"""Device registry: shipped YAML, spot values, lookups, bad input, CUDA autodetection."""
+import json
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from perfcounter import devices
+from perfcounter.device_schema import (FIGURES, load_device_specs, parse_device_specs,
+                                       write_device_specs)
+from perfcounter.devices import (CUDADeviceSpec, DeviceSpec, DeviceSpecError,
+                                 UnknownDeviceError, UnknownDtypeError, default_device_spec,
+                                 find_cuda_device_spec, get_device_spec, list_device_specs,
+                                 register_device_specs, shipped_spec_files)
+
+REFERENCE = Path("/work/shared/reference")
+
+
+@pytest.fixture(autouse=True)
+def isolated_registry(monkeypatch, tmp_path):
+    """No user files from other tests, no calibrated file from this machine."""
+    monkeypatch.setattr(devices, "_user_specs", [])
+    monkeypatch.setenv("PERFCOUNTER_HOME", str(tmp_path / "home"))
+
+
+# ---------------------------------------------------------------- shipped data
+
+def test_every_shipped_file_validates_and_every_figure_has_a_source():
+    files = shipped_spec_files()
+    assert {f.name for f in files} >= {"nvidia.yaml", "upmem.yaml", "cpu.yaml"}
+    specs = [s for f in files for s in load_device_specs(f)]
+    assert len(specs) >= 30
+    for spec in specs:
+        figures = {f for f in (t for t, _, _ in FIGURES.values())
+                   if getattr(spec, f) not in (None, {})}
+        assert figures >= {"bandwidth", "flops_by_dtype"}, spec.name
+        missing = figures - {k for k, v in spec.source.items() if v.strip()}
+        assert not missing, f"{spec.name}: no source for {missing}"
+
+
+def test_shipped_names_and_aliases_are_unique_across_files():
+    seen = {}
+    for f in shipped_spec_files():
+        for spec in load_device_specs(f):
+            for key in (spec.name, *spec.aliases):
+                assert key.lower() not in seen, f"{key} in {f.name} and {seen[key.lower()]}"
+                seen[key.lower()] = f.name
+
+
+def test_issue_device_list_is_covered():
+    wanted = ["a100-sxm4-40gb", "a100-sxm4-80gb", "h100-sxm", "h100-pcie", "h100-nvl", "h200",
+              "b200", "l4", "l40s", "rtx-3090", "rtx-4090", "v100-sxm2-16gb", "t4", "a10g",
+              "mi300x", "mi325x", "tpu-v5e", "m2-ultra", "m3-max", "m4-max",
+              "snapdragon-8-gen3", "dimensity-9300", "a17-pro", "epyc-9654", "xeon-8480",
+              "generic-cpu", "pim-ai-1chip", "pim-ai-4chip", "pim-ai-1dimm", "pim-ai-24dimm",
+              "sam-lpddr5pim", "cxl-pim-bc", "cxl-pim-nbc", "upmem-dgx100", "upmem-a17pro"]
+    assert set(wanted) <= set(list_device_specs())
+
+
+def test_spot_values_h100_sxm():
+    spec = get_device_spec("h100-sxm")
+    assert spec.bandwidth == 3.35e12  # 3,350 GB/s
+    assert spec.dtype == torch.bfloat16
+    assert spec.flops_per_s == pytest.approx(989e12, rel=1e-3)  # 1,979 sparse / 2 = 989.5
+    assert spec.vram == 80e9
+    # 989.5e12 / 3.35e12 = 295.37 FLOP/byte
+    assert spec.roofline_balancepoint == pytest.approx(295.37, abs=0.01)
+    assert spec.peak_flops(torch.float8_e4m3fn) == 1979e12  # 3,958 sparse / 2
+    assert spec.peak_flops(torch.float8_e5m2) == 1979e12  # every float8 shares one rate
+
+
+@pytest.mark.parametrize("name, bandwidth, bf16", [
+    ("a100-sxm4-80gb", 2039e9, 312e12), ("a100-sxm4-40gb", 1555e9, 312e12),
+    ("h100-pcie", 2000e9, 756.5e12), ("h200", 4800e9, 989.5e12), ("b200", 7700e9, 2250e12),
+    ("l4", 300e9, 121e12), ("rtx-3090", 936e9, 71e12), ("rtx-4090", 1008e9, 165.2e12),
+    ("mi300x", 5300e9, 1307.4e12), ("tpu-v5e", 819e9, 197e12),
+])
+def test_spot_values(name, bandwidth, bf16):
+    spec = get_device_spec(name)
+    assert spec.bandwidth == pytest.approx(bandwidth)
+    assert spec.peak_flops("bf16") == pytest.approx(bf16)
+
+
+def test_upmem_pim_profile_in_registry():
+    spec = get_device_spec("PIM-AI-4chip")  # UPMEM's layer-mapping spelling
+    assert spec is get_device_spec("PIM_AI_4chip") is get_device_spec("pim-ai-4chip")
+    assert spec.device_type == "pim"
+    assert spec.bandwidth == pytest.approx(409.6e9)  # 102.4 * 4 GB/s
+    assert spec.peak_flops(torch.bfloat16) == 20e12
+    assert spec.peak_flops("int4") == 128e12
+    assert spec.pj_per_flop(torch.bfloat16) == 0.4  # pj_per_tflop 0.4e+12 / 1e12
+    assert spec.pj_per_flop("int4") == 0.4
+    assert (spec.mem_pj_per_bit, spec.host_to_device_pj_per_bit) == (0.95, 80)
+    assert spec.host_to_device_bw == 12.8e9 and spec.device_to_host_bw == 51.2e9
+    assert (spec.softmax_ns_per_element, spec.silu_ns_per_element,
+            spec.rmsnorm_ns_per_element) == (0.1, 0.15, 0.275)
+    assert "UPMEM" in spec.source["mem_pj_per_bit"]
+
+
+@pytest.mark.skipif(not (REFERENCE / "upmem_sim_architectures.yaml").exists(),
+                    reason="UPMEM reference files are not in this checkout")
+def test_every_upmem_reference_entry_is_shipped_with_the_same_figures():
+    for file in ("upmem_sim_architectures.yaml", "upmem_extra_arch.yaml"):
+        for ref in load_device_specs(REFERENCE / file):
+            name = ref.name if ref.name.startswith(("pim-", "sam-", "cxl-")) else f"upmem-{ref.name}"
+            ours = get_device_spec(name)
+            for f in ("bandwidth", "flops_by_dtype", "pj_per_flop_by_dtype", "mem_pj_per_bit",
+                      "host_to_device_bw", "host_to_device_pj_per_bit", "device_to_host_bw",
+                      "device_to_host_pj_per_bit", "softmax_ns_per_element",
+                      "silu_ns_per_element", "rmsnorm_ns_per_element"):
+                assert getattr(ours, f) == getattr(ref, f), (name, f)
+
+
+def test_generic_cpu_says_its_figures_are_assumed():
+    spec = get_device_spec("generic-cpu")
+    assert "assumption" in spec.source["bandwidth"]
+    assert spec.bandwidth == 51.2e9  # 2 channels x 8 B x 3200 MT/s
+    assert spec.peak_flops(torch.float32) == pytest.approx(0.768e12)  # 8 x 3.0e9 x 32
+
+
+# ---------------------------------------------------------------- DeviceSpec
+
+def test_torchao_constructor_and_derived_fields():
+    spec = DeviceSpec(device_type="cpu", name="x", bandwidth=100e9, flops_per_s=1e12,
+                      dtype=torch.float32)
+    assert spec.flops_by_dtype == {torch.float32: 1e12}
+    assert spec.roofline_balancepoint == 10.0  # 1e12 / 100e9
+    assert spec.peak_flops("fp32") == 1e12
+    assert spec.pj_per_flop() is None
+    with pytest.warns(UserWarning, match="no peak FLOP/s figure for bfloat16"):
+        assert spec.peak_flops(torch.bfloat16) == 1e12  # documented fallback
+    with pytest.raises(UnknownDtypeError, match="bfloat16.*it has: float32"):
+        spec.peak_flops(torch.bfloat16, strict=True)
+    assert json.loads(json.dumps(spec.to_dict()))["flops_by_dtype"] == {"float32": 1e12}
+    hash(spec)
+
+
+def test_torchao_str_format():
+    spec = DeviceSpec(device_type="cuda", name="NVIDIA GeForce RTX 3090", bandwidth=936.1e9,
+                      flops_per_s=35.6e12, vram=25.4e9, dtype=torch.bfloat16)
+    assert str(spec) == ("DeviceSpec(device_type=cuda, name=NVIDIA GeForce RTX 3090, "
+                         "dtype=torch.bfloat16, bandwidth=936.1GB/s, flops=35.6TFLOPs, "
+                         "vram=25.4GB)")
+
+
+def test_with_dtype_moves_flops_and_balance_point():
+    spec = get_device_spec("h100", dtype=torch.float32)
+    assert spec.name == "h100-sxm"
+    assert spec.flops_per_s == 67e12
+    assert spec.roofline_balancepoint == pytest.approx(20.0)  # 67e12 / 3.35e12
+    assert get_device_spec("H100-SXM", dtype="fp8").flops_per_s == 1979e12
+
+
+def test_missing_dtype_falls_back_to_the_compute_dtype_with_a_warning():
+    v100 = get_device_spec("v100-sxm2-16gb")  # Volta has no bfloat16
+    with pytest.warns(UserWarning, match="using its float16 figure"):
+        assert v100.peak_flops(torch.bfloat16) == 125e12
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"bandwidth": -1.0}, "bandwidth must be a positive"),
+    ({"bandwidth": True}, "bandwidth must be a number"),
+    ({"mem_pj_per_bit": -0.5}, "mem_pj_per_bit must be a non-negative"),
+    ({"dtype": "float33"}, "unknown dtype 'float33'; did you mean float32"),
+])
+def test_constructor_rejects_bad_values(kwargs, match):
+    with pytest.raises(DeviceSpecError, match=match):
+        DeviceSpec(name="x", **kwargs)
+
+
+# ---------------------------------------------------------------- lookups and files
+
+def test_unknown_name_suggests_close_names():
+    with pytest.raises(UnknownDeviceError) as info:
+        get_device_spec("h10")
+    assert isinstance(info.value, KeyError) and isinstance(info.value, ValueError)
+    assert "unknown device 'h10'; did you mean h100-sxm" in str(info.value)
+
+
+def _write(tmp_path, text, name="spec.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+GOOD = """
+devices:
+  my-gpu:
+    device_type: cuda
+    bandwidth_GBs: 1000
+    tflops: {bfloat16: 100, float32: 10}
+    source: my lab's measurement
+"""
+
+
+@pytest.mark.parametrize("entry, expect", [
+    ("    bandwith_GBs: 1000\n", ["unknown field 'bandwith_GBs'", "did you mean 'bandwidth_GBs'"]),
+    ("    tdp_W: fast\n", ["field 'tdp_W'", "got 'fast'", "expected a positive number"]),
+    ("    mem_pj_per_bit: -3\n", ["field 'mem_pj_per_bit'", "got -3", "non-negative"]),
+    ("    tflops: {bfloat16: 0}\n", ["field 'tflops.bfloat16'", "got 0", "positive number"]),
+    ("    aliases: 7\n", ["field 'aliases'", "got 7", "list of non-empty strings"]),
+    ("    dtype: int8\n", ["field 'dtype'", "got 'int8'", "one of the tflops dtypes"]),
+])
+def test_bad_entry_errors_name_file_entry_field_value_and_expectation(tmp_path, entry, expect):
+    lines = GOOD.splitlines()
+    lines.insert(4, entry.rstrip("\n"))
+    if entry.startswith("    tflops"):
+        lines = [ln for ln in lines if not ln.startswith("    tflops: {bfloat16: 100")]
+    path = _write(tmp_path, "\n".join(lines))
+    with pytest.raises(DeviceSpecError) as info:
+        get_device_spec(path)
+    message = str(info.value)
+    for part in [str(path), "entry 'my-gpu'", *expect]:
+        assert part in message
+
+
+def test_missing_field_and_missing_source_are_errors(tmp_path):
+    path = _write(tmp_path, GOOD.replace("    bandwidth_GBs: 1000\n", ""))
+    with pytest.raises(DeviceSpecError, match="entry 'my-gpu': missing required field "
+                                              "'bandwidth_GBs' or 'mem_bw_GBs'"):
+        load_device_specs(path)
+    path = _write(tmp_path, GOOD.replace("    source: my lab's measurement\n", ""))
+    with pytest.raises(DeviceSpecError, match="figure 'bandwidth_GBs' has no source"):
+        load_device_specs(path)
+
+
+def test_bad_path_names_the_file(tmp_path):
+    with pytest.raises(DeviceSpecError, match=r"nope\.yaml: no such device spec file"):
+        get_device_spec(str(tmp_path / "nope.yaml"))
+    path = _write(tmp_path, "devices: [1, 2\n", "broken.yaml")
+    with pytest.raises(DeviceSpecError, match=r"broken\.yaml: not a valid YAML file"):
+        get_device_spec(path)
+
+
+def test_user_file_by_path_extends_the_registry(tmp_path):
+    path = _write(tmp_path, GOOD)
+    spec = get_device_spec(str(path), dtype="float32")
+    assert (spec.name, spec.flops_per_s, spec.bandwidth) == ("my-gpu", 10e12, 1000e9)
+    assert spec.source["bandwidth"] == "my lab's measurement"
+    assert "my-gpu" in list_device_specs()
+    assert get_device_spec("MY-GPU").flops_per_s == 100e12
+
+
+UPMEM_TEXT = """\
+# yaml-language-server: $schema=./architectures_schema.json
+My_accelerator:
+    host_to_device_bw_GBs: 22
+    host_to_device_pj_per_bit: 200
+    device_to_host_bw_GBs: 88
+    device_to_host_pj_per_bit: 50
+    mem_bw_GBs: 6553.6
+    mem_pj_per_bit: 0.95
+    tflops: 320
+    pj_per_tflop: 0.4e+12
+    softmax_ns_per_element: 6.25e-03
+    SiLU_ns_per_element: 9.375e-03
+    RMSNorm_ns_per_element: 1.625e-02
+Other_one:
+    host_to_device_bw_GBs: 1
+    host_to_device_pj_per_bit: 1
+    device_to_host_bw_GBs: 1
+    device_to_host_pj_per_bit: 1
+    mem_bw_GBs: 1
+    mem_pj_per_bit: 1
+    tflops: 1
+    pj_per_tflop: 1e12
+"""
+
+
+def test_upmem_format_file_loads_as_is(tmp_path):
+    path = _write(tmp_path, UPMEM_TEXT, "accels.yaml")
+    with pytest.raises(UnknownDeviceError, match="holds 2 devices.*name one as"):
+        get_device_spec(path)
+    spec = get_device_spec(f"{path}:My_accelerator")
+    assert spec.name == "my-accelerator" and spec.aliases == ("My_accelerator",)
+    assert spec.bandwidth == pytest.approx(6553.6e9)
+    assert spec.flops_by_dtype == {torch.bfloat16: 320e12}
+    assert spec.pj_per_flop() == 0.4
+    assert spec.rmsnorm_ns_per_element == 1.625e-2
+    assert get_device_spec("My-Accelerator") is spec  # registered by name too
+    # "1e12" is a string to PyYAML; it is read as the number it means
+    assert get_device_spec("other-one").pj_per_flop() == 1.0
+
+
+def test_upmem_format_errors(tmp_path):
+    path = _write(tmp_path, UPMEM_TEXT.replace("    tflops: 320\n", ""), "a.yaml")
+    with pytest.raises(DeviceSpecError, match="entry 'My_accelerator': missing required "
+                                              "field 'tflops'"):
+        load_device_specs(path)
+    path = _write(tmp_path, UPMEM_TEXT.replace("tflops: 320", "tflop: 320"), "b.yaml")
+    with pytest.raises(DeviceSpecError, match="unknown field 'tflop'; did you mean 'tflops'"):
+        load_device_specs(path)
+
+
+def test_user_entry_replaces_a_shipped_one_with_a_warning(tmp_path):
+    path = _write(tmp_path, GOOD.replace("my-gpu:", "h100-sxm:"))
+    with pytest.warns(UserWarning, match="replaces registry entry h100-sxm"):
+        register_device_specs(path)
+    assert get_device_spec("h100-sxm").bandwidth == 1000e9
+    assert "h100" not in {a for n in list_device_specs() for a in get_device_spec(n).aliases}
+
+
+def test_write_and_read_back(tmp_path):
+    spec = get_device_spec("pim-ai-4chip")
+    path = write_device_specs(tmp_path / "out.yaml", [spec])
+    (back,) = load_device_specs(path)
+    for f in ("bandwidth", "flops_per_s", "mem_pj_per_bit", "host_to_device_bw",
+              "softmax_ns_per_element", "rmsnorm_ns_per_element", "dtype", "aliases"):
+        assert getattr(back, f) == pytest.approx(getattr(spec, f)) if isinstance(
+            getattr(spec, f), float) else getattr(back, f) == getattr(spec, f)
+    assert back.pj_per_flop("int4") == pytest.approx(0.4)
+    assert back.source == spec.source
+    with pytest.raises(DeviceSpecError, match="has no source"):
+        write_device_specs(tmp_path / "bad.yaml", [DeviceSpec(name="x", bandwidth=1.0,
+                                                              flops_per_s=1.0, dtype="bf16")])
+    assert not (tmp_path / "bad.yaml").exists()
+
+
+def test_parse_rejects_what_is_neither_schema():
+    with pytest.raises(DeviceSpecError, match="x.yaml: expected a mapping"):
+        parse_device_specs([1, 2], "x.yaml")
+    with pytest.raises(DeviceSpecError, match="unknown top-level field"):
+        parse_device_specs({"devices": {"a": {}}, "sources": "x"}, "x.yaml")
+
+
+# ---------------------------------------------------------------- CUDA autodetection
+
+@pytest.mark.parametrize("cuda_name, canonical", [
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 PCIe", "h100-pcie"),
+    ("NVIDIA H100 NVL", "h100-nvl"), ("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb"),
+    ("NVIDIA A100-SXM4-40GB", "a100-sxm4-40gb"), ("NVIDIA A100 80GB PCIe", "a100-pcie-80gb"),
+    ("NVIDIA GeForce RTX 4090", "rtx-4090"), ("NVIDIA GeForce RTX 3090", "rtx-3090"),
+    ("Tesla T4", "t4"), ("NVIDIA L4", "l4"), ("NVIDIA L40S", "l40s"), ("NVIDIA A10G", "a10g"),
+    ("NVIDIA A10", "a10"), ("Tesla V100-SXM2-16GB", "v100-sxm2-16gb"),
+    ("Tesla V100-PCIE-32GB", "v100-pcie-32gb"), ("NVIDIA H200", "h200"), ("NVIDIA B200", "b200"),
+    ("AMD Instinct MI300X", "mi300x"),
+])
+def test_cuda_autodetection(monkeypatch, cuda_name, canonical):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: cuda_name)
+    entry = get_device_spec(canonical)
+    spec = CUDADeviceSpec(dtype=entry.dtype)
+    assert spec.name == cuda_name and spec.aliases[0] == canonical
+    assert (spec.bandwidth, spec.vram, spec.flops_per_s) == (entry.bandwidth, entry.vram,
+                                                             entry.flops_per_s)
+    assert isinstance(spec, DeviceSpec) and spec.device_type == "cuda"
+
+
+def test_cuda_tensorcores_and_explicit_fields(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "NVIDIA H100 80GB HBM3")
+    assert CUDADeviceSpec(dtype=torch.float32).flops_per_s == 494.5e12  # TF32, 989 sparse / 2
+    plain = CUDADeviceSpec(dtype=torch.float32, use_tensorcores=False)
+    assert plain.flops_per_s == 67e12
+    assert plain.roofline_balancepoint == pytest.approx(20.0)  # 67e12 / 3.35e12
+    bf16 = CUDADeviceSpec(dtype=torch.bfloat16, bandwidth=2e12)  # explicit field is kept
+    assert (bf16.bandwidth, bf16.flops_per_s) == (2e12, 989.5e12)
+    assert bf16.peak_flops(torch.float32) == 494.5e12
+    assert bf16.with_dtype("fp8").flops_per_s == 1979e12
+
+
+def test_cuda_unknown_name_and_no_cuda(monkeypatch):
+    with pytest.raises(UnknownDeviceError, match="no device spec matches CUDA device "
+                                                 "'NVIDIA Quantum 9000'"):
+        find_cuda_device_spec("NVIDIA Quantum 9000")
+    monkeypatch.setattr(torch.cuda, "get_device_name",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("no CUDA")))
+    with pytest.raises(DeviceSpecError, match="no CUDA device to detect"):
+        CUDADeviceSpec()
+
+
+def test_default_device_spec(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.warns(UserWarning, match="perfcounter calibrate"):
+        assert default_device_spec().name == "generic-cpu"
+    calibrated = DeviceSpec(device_type="cpu", name="calibrated", bandwidth=20e9,
+                            flops_per_s=1e11, dtype=torch.float32,
+                            source={"bandwidth": "test", "flops_by_dtype": "test"})
+    write_device_specs(devices.calibrated_spec_path(), [calibrated])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert default_device_spec().bandwidth == 20e9
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "NVIDIA L4")
+    spec = default_device_spec()
+    assert isinstance(spec, CUDADeviceSpec) and spec.flops_per_s == 121e12  # bf16, 242 / 2
+    assert math.isclose(default_device_spec("fp8").flops_per_s, 242.5e12)
