@@ -132,6 +132,9 @@ class TransformerPerformanceCounter:
 
     def __init__(self, device_spec=None, depth: int = 10, io_model: str = "per_op"):
         from perfcounter.mode import PerformanceCounterMode
+        # A dispatch mode imports torch._dynamo on its first op (~1.4 s); do it
+        # here so that the first timed block does not pay for it.
+        import torch._dynamo  # noqa: F401
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be a positive int, got {depth!r}")
         self.device_spec = _resolve_spec(device_spec)
