@@ -52,9 +52,13 @@ class NestedCountError(RuntimeError):
 
 
 def _resolve_spec(spec):
+    """A DeviceSpec from a spec, a registry name or a YAML path (None stays None)."""
     if isinstance(spec, (str, os.PathLike)):
         from perfcounter.devices import get_device_spec
         return get_device_spec(os.fspath(spec))
+    if spec is not None and not (hasattr(spec, "bandwidth") and hasattr(spec, "flops_per_s")):
+        raise CountArgumentError(f"device_spec must be a DeviceSpec, a registry name or a YAML "
+                                 f"path, got {spec!r} ({type(spec).__name__})")
     return spec
 
 
@@ -319,12 +323,16 @@ class TransformerPerformanceCounter:
         if doc.get("version") != SCHEMA_VERSION:
             raise ValueError(f"{source}: schema version {doc.get('version')!r} is not supported "
                              f"(this perfcounter reads version {SCHEMA_VERSION})")
-        counter = cls(depth=doc["depth"], io_model=doc["io_model"])
-        if doc["device"] is not None:
-            counter.device_spec = spec_from_dict(doc["device"])
-        for label, d in doc["counts"].items():
-            stats = PerformanceStats.from_dict(d)
-            counter._phases[label] = dataclasses.replace(stats, device_spec=counter.device_spec)
+        try:
+            counter = cls(depth=doc["depth"], io_model=doc["io_model"])
+            if doc["device"] is not None:
+                counter.device_spec = spec_from_dict(doc["device"])
+            for label, d in doc["counts"].items():
+                stats = PerformanceStats.from_dict(d)
+                counter._phases[label] = dataclasses.replace(stats, device_spec=counter.device_spec)
+        except KeyError as e:
+            raise ValueError(f"{source}: field {e} is missing; the document is incomplete "
+                             f"(written by perfcounter {doc.get('perfcounter', '?')})") from None
         return counter
 
     @classmethod

@@ -66,7 +66,8 @@ def format_stats(stats: PerformanceStats, module_depth: int | None = 4) -> str:
     s = stats
     latency = si(s.latency, "s")
     if s.latency is not None and s.raw_latency is not None:
-        latency += f" (raw {si(s.raw_latency, 's')}, counting overhead {si(s.overhead_s, 's')} excluded)"
+        latency += (f" (raw {si(s.raw_latency, 's')}, "
+                    f"counting overhead {si(s.overhead_s, 's')} excluded)")
     elif s.latency is None:
         latency += f" ({s.timing})" if s.timing else ""
     lines = [

@@ -106,12 +106,15 @@ def test_argument_errors():
         TransformerPerformanceCounter(io_model="perop")
     with pytest.raises(ValueError, match="depth"):
         TransformerPerformanceCounter(depth=0)
+    with pytest.raises(TypeError, match="device_spec must be a DeviceSpec, a registry name"):
+        TransformerPerformanceCounter(10)  # torchao's first positional argument was depth
 
 
 def test_nested_count_is_refused_and_the_outer_block_survives():
     counter, model = TransformerPerformanceCounter(), Proj()
     with counter.count("outer", 4):
-        with pytest.raises(NestedCountError, match=r"count\('inner'\) entered inside count\('outer'\)"):
+        nested = r"count\('inner'\) entered inside count\('outer'\)"
+        with pytest.raises(NestedCountError, match=nested):
             with counter.count("inner", 1):
                 pass
         model(torch.randn(4, 6))
@@ -198,6 +201,9 @@ def test_json_errors_and_atomic_write(tmp_path, monkeypatch):
     bad.write_text("{}")
     with pytest.raises(ValueError, match="not a perfcounter counts document"):
         TransformerPerformanceCounter.from_json(bad)
+    bad.write_text(json.dumps({"schema": SCHEMA, "version": SCHEMA_VERSION, "depth": 10}))
+    with pytest.raises(ValueError, match="field 'io_model' is missing"):
+        TransformerPerformanceCounter.from_json(bad)
 
 
 @pytest.mark.filterwarnings("ignore:device .* has no .* figure for float32")
@@ -270,3 +276,14 @@ def test_tiny_transformer_prefill_and_decode(tiny_model):
     text = counter.print_summary(["prefill"])
     assert "Transformer.layers.*.attention" in text and "Scopes" in text
     assert decode.roofline_latency > 0 and decode.energy_per_token_j > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_block_is_timed_with_events():
+    counter = TransformerPerformanceCounter()
+    model, x = Proj(device="cuda"), torch.randn(4, 6, device="cuda")
+    with counter.count("prefill", 4):
+        model(x)
+    s = counter.counts["prefill"]
+    assert s.timing == "cuda events, synchronized"
+    assert s.total_flops == 240 and s.latency is not None and s.latency >= 0

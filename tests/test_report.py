@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from perfcounter.devices import DeviceSpec
-from perfcounter.report import Comparison, format_stats, merged_modules, percent, rate, si, to_markdown
+from perfcounter.report import (Comparison, format_stats, merged_modules, percent, rate, si,
+                                to_markdown)
 from perfcounter.stats import PerformanceStats
 from perfcounter.trace import OpRecord, Trace
 
@@ -97,7 +98,8 @@ def test_raw_latency_and_overhead_are_both_shown():
     t = one_record_trace(100, 10)
     t.overhead_s = 0.002
     s = PerformanceStats("p", 1, 0.010, t, raw_latency=0.012, timing="time.perf_counter")
-    assert "  Latency = 10.00 ms (raw 12.00 ms, counting overhead 2.00 ms excluded)" in format_stats(s)
+    line = "  Latency = 10.00 ms (raw 12.00 ms, counting overhead 2.00 ms excluded)"
+    assert line in format_stats(s)
 
 
 def test_module_table_merges_layer_indices(rtx3090):
@@ -128,7 +130,8 @@ def test_markdown_table(rtx3090):
                          rtx3090)
     b = PerformanceStats("decode", 1, None, one_record_trace(100, 10), rtx3090)
     lines = to_markdown([a, b]).splitlines()
-    assert lines[0].startswith("| Phase | Tokens | Steps | Latency |") and lines[1].startswith("|---|")
+    assert lines[0].startswith("| Phase | Tokens | Steps | Latency |")
+    assert lines[1].startswith("|---|")
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     assert cells[:6] == ["prefill", "6", "1", "1.26 s", "79.31 GFLOPs", "13.25 GB"]
     assert cells[7:11] == ["1.13 %", "0.18 %", "14.15 ms", "memory"]
