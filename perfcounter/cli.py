@@ -12,6 +12,8 @@ import argparse
 import json
 import sys
 
+import torch
+
 from perfcounter.devices import (DeviceSpec, DeviceSpecError, calibrated_spec_path,
                                  dtype_name, get_device_spec, list_device_specs,
                                  register_device_specs)
@@ -26,7 +28,7 @@ def _fmt(value, scale: float, unit: str = "", digits: int = 0) -> str:
 
 def device_row(spec: DeviceSpec, source_width: int = 48) -> tuple[str, ...]:
     """One row of the `devices` table; '-' marks an unknown figure."""
-    bf16 = spec.flops_by_dtype.get(_bf16())
+    bf16 = spec.flops_by_dtype.get(torch.bfloat16)
     source = spec.source.get("bandwidth") or spec.source.get("flops_by_dtype") or "-"
     if source_width and len(source) > source_width:
         source = source[: source_width - 3] + "..."
@@ -35,11 +37,6 @@ def device_row(spec: DeviceSpec, source_width: int = 48) -> tuple[str, ...]:
                  else 0),
             dtype_name(spec.dtype) if spec.dtype is not None else "-",
             _fmt(bf16, 1e12, "", 1), _fmt(spec.roofline_balancepoint, 1, " FLOP/B", 1), source)
-
-
-def _bf16():
-    import torch
-    return torch.bfloat16
 
 
 def format_table(rows: list[tuple[str, ...]], header=_TABLE) -> str:

@@ -8,8 +8,10 @@ Field names and units of torchao's removed `DeviceSpec` are kept.
 
 The registry is `device_specs/*.yaml` (one file per device family, every
 figure with a `source:`), plus the spec `perfcounter calibrate` wrote for this
-machine, plus any file a user passes by path. The YAML schema and the UPMEM
-accelerator format are read by `perfcounter.device_schema`.
+machine, plus any file a user passes by path. Lookups live in
+`perfcounter.device_registry` (re-exported here: get_device_spec,
+list_device_specs, register_device_specs, default_device_spec, ...); the YAML
+schema and the UPMEM accelerator format are read by `perfcounter.device_schema`.
 
     spec = get_device_spec("h100-sxm", dtype=torch.bfloat16)
     spec = get_device_spec("my_accels.yaml:PIM_AI_4chip")
@@ -19,16 +21,10 @@ from __future__ import annotations
 
 import difflib
 import math
-import os
-import re
 import warnings
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 
 import torch
-
-_SHIPPED_DIR = Path(__file__).resolve().parent.parent / "device_specs"
-
 
 class DeviceSpecError(ValueError):
     """A device spec (a file, an entry or a constructor argument) is invalid."""
@@ -137,6 +133,7 @@ _POSITIVE = ("bandwidth", "flops_per_s", "vram", "roofline_balancepoint",
 _NON_NEGATIVE = ("mem_pj_per_bit", "host_to_device_pj_per_bit", "device_to_host_pj_per_bit",
                  "static_w")
 
+
 @dataclass(frozen=True)
 class DeviceSpec:
     """One device: bandwidth in B/s, FLOP/s per dtype (dense), vram in B, energy figures.
@@ -212,10 +209,10 @@ class DeviceSpec:
         """Peak dense FLOP/s at `dtype` (a torch.dtype or a name such as "bf16").
 
         NB: all float8 variants share one rate, as do int4/uint4. At the spec's
-        own dtype this is `flops_per_s` (an explicit constructor figure wins over
-        the table). When the spec has no figure for `dtype`, the peak at the spec's compute dtype
-        (`flops_per_s`) is returned and a warning is issued once per device and
-        dtype; with strict=True an UnknownDtypeError is raised instead.
+        own dtype this is `flops_per_s` (an explicit constructor figure wins
+        over the table). When the spec has no figure for `dtype`, the peak at
+        the spec's compute dtype (`flops_per_s`) is returned and a warning is
+        issued once per device and dtype; strict=True raises UnknownDtypeError.
         """
         if dtype is None and self.dtype is None:
             raise UnknownDtypeError(f"device {self.name!r} has no compute dtype; "
@@ -245,9 +242,10 @@ class DeviceSpec:
         key = _rate_key(self.dtype if dtype is None else dtype)
         if key in self.pj_per_flop_by_dtype:
             return self.pj_per_flop_by_dtype[key]
-        if self.dtype in self.pj_per_flop_by_dtype:
+        own = None if self.dtype is None else _rate_key(self.dtype)
+        if own in self.pj_per_flop_by_dtype:
             _warn_once("pJ/FLOP", self, key, self.dtype)
-            return self.pj_per_flop_by_dtype[self.dtype]
+            return self.pj_per_flop_by_dtype[own]
         return None
 
     def with_dtype(self, dtype) -> "DeviceSpec":
@@ -287,6 +285,7 @@ class CUDADeviceSpec(DeviceSpec):
     def __post_init__(self):
         put = object.__setattr__
         name = self.name or _local_cuda_name()
+        from perfcounter.device_registry import find_cuda_device_spec
         entry = find_cuda_device_spec(name)
         put(self, "name", name)
         if self.dtype is None:
@@ -324,199 +323,13 @@ def _local_cuda_name() -> str:
                               "get_device_spec(NAME)") from None
 
 
-# ---------------------------------------------------------------- registry
-
-_shipped_cache: list[DeviceSpec] | None = None
-_calibrated_cache: dict = {}
-_user_specs: list[tuple[str, DeviceSpec]] = []  # (resolved file path, spec)
+_REGISTRY_NAMES = ("get_device_spec", "list_device_specs", "register_device_specs",
+                   "find_cuda_device_spec", "default_device_spec", "perfcounter_home",
+                   "calibrated_spec_path", "shipped_spec_files")
 
 
-def perfcounter_home() -> Path:
-    """$PERFCOUNTER_HOME, else $XDG_CACHE_HOME/perfcounter, else ~/.cache/perfcounter."""
-    if os.environ.get("PERFCOUNTER_HOME"):
-        return Path(os.environ["PERFCOUNTER_HOME"]).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache) / "perfcounter"
-
-
-def calibrated_spec_path() -> Path:
-    """Where `perfcounter calibrate` writes this machine's spec."""
-    return perfcounter_home() / "calibrated.yaml"
-
-
-def shipped_spec_files() -> list[Path]:
-    """The registry's YAML files, one per device family."""
-    return sorted(_SHIPPED_DIR.glob("*.yaml"))
-
-
-def _shipped() -> list[DeviceSpec]:
-    global _shipped_cache
-    if _shipped_cache is None:
-        from perfcounter.device_schema import load_device_specs
-        _shipped_cache = [s for p in shipped_spec_files() for s in load_device_specs(p)]
-    return _shipped_cache
-
-
-def _calibrated() -> list[DeviceSpec]:
-    path = calibrated_spec_path()
-    try:
-        stamp = (str(path), path.stat().st_mtime_ns)
-    except OSError:
-        return []
-    if _calibrated_cache.get("stamp") != stamp:
-        from perfcounter.device_schema import load_device_specs
-        _calibrated_cache.update(stamp=stamp, specs=load_device_specs(path))
-    return _calibrated_cache["specs"]
-
-
-def _layers() -> list[list[DeviceSpec]]:
-    return [_shipped(), _calibrated(), [spec for _, spec in _user_specs]]
-
-
-def _keys(spec: DeviceSpec) -> list[str]:
-    return list(dict.fromkeys(k.lower() for k in (spec.name, *spec.aliases)))
-
-
-def _index() -> tuple[dict[str, DeviceSpec], dict[str, str]]:
-    """canonical name -> spec and lower-case name/alias -> canonical; later layers win."""
-    specs: dict[str, DeviceSpec] = {}
-    index: dict[str, str] = {}
-    for layer in _layers():
-        for spec in layer:
-            for key in _keys(spec):
-                old = index.get(key)
-                if old is not None and old != spec.name:  # replaced by a later layer
-                    for k in _keys(specs.pop(old)):
-                        index.pop(k, None)
-            specs[spec.name] = spec
-            for key in _keys(spec):
-                index[key] = spec.name
-    return specs, index
-
-
-def list_device_specs(device_type: str | None = None) -> list[str]:
-    """Canonical names of every known device (optionally of one device_type), sorted."""
-    specs, _ = _index()
-    return sorted(n for n, s in specs.items() if device_type in (None, s.device_type))
-
-
-def register_device_specs(path) -> list[DeviceSpec]:
-    """Load a YAML file (our schema or UPMEM's) and add its entries to the registry.
-
-    An entry whose name or alias equals a known one replaces that entry (warned).
-    """
-    from perfcounter.device_schema import load_device_specs
-    new = load_device_specs(path)
-    origin = str(Path(path).expanduser().resolve())
-    _user_specs[:] = [(o, s) for o, s in _user_specs if o != origin]  # a reload replaces
-    _, index = _index()
-    for spec in new:
-        clash = sorted({index[k] for k in _keys(spec) if k in index})
-        if clash:
-            warnings.warn(f"{path}: entry {spec.name!r} replaces registry entry "
-                          f"{', '.join(clash)}", stacklevel=2)
-    _user_specs.extend((origin, spec) for spec in new)
-    return new
-
-
-def _split_path(text: str):
-    """("file.yaml", "entry") for "file.yaml:entry"; (None, None) when not a path."""
-    for candidate, entry in ((text, None), *([tuple(text.rsplit(":", 1))] if ":" in text
-                                            else [])):
-        if candidate.lower().endswith((".yaml", ".yml")):
-            return candidate, entry
-    if os.sep in text and Path(text).is_file():
-        return text, None
-    return None, None
-
-
-def _suggest(name: str, index: dict[str, str]) -> str:
-    query = name.lower()
-    close = difflib.get_close_matches(query, list(index), n=6, cutoff=0.5)
-    close += [k for k in index if k.startswith(query) and query]
-    names = list(dict.fromkeys(index[k] for k in close))[:5]
-    return f"; did you mean {', '.join(names)}?" if names else ""
-
-
-def get_device_spec(name_or_path, dtype=None) -> DeviceSpec:
-    """A registry entry by name or alias (case-insensitive, exact), or from a YAML file.
-
-    "file.yaml" (one entry) or "file.yaml:ENTRY" loads that file, adds all its
-    entries to the registry and returns the entry. dtype=None keeps the
-    entry's compute dtype; otherwise the spec is `with_dtype(dtype)`.
-    """
-    if isinstance(name_or_path, DeviceSpec):
-        spec = name_or_path
-    else:
-        text = os.fspath(name_or_path) if isinstance(name_or_path, os.PathLike) else name_or_path
-        if not isinstance(text, str) or not text.strip():
-            raise UnknownDeviceError(f"expected a device name or a .yaml path, got {text!r}")
-        path, entry = _split_path(text.strip())
-        if path is not None:
-            spec = _from_file(path, entry)
-        else:
-            specs, index = _index()
-            key = text.strip().lower()
-            if key not in index:
-                raise UnknownDeviceError(
-                    f"unknown device {text!r}{_suggest(key, index)} "
-                    f"(`perfcounter devices` lists all {len(specs)})")
-            spec = specs[index[key]]
-    return spec if dtype is None else spec.with_dtype(dtype)
-
-
-def _from_file(path: str, entry: str | None) -> DeviceSpec:
-    specs = register_device_specs(path)
-    if entry is None:
-        if len(specs) == 1:
-            return specs[0]
-        names = ", ".join(s.name for s in specs)
-        raise UnknownDeviceError(f"{path}: holds {len(specs)} devices ({names}); "
-                                 f"name one as '{path}:NAME'")
-    for spec in specs:
-        if entry.lower() in _keys(spec):
-            return spec
-    index = {k: s.name for s in specs for k in _keys(s)}
-    raise UnknownDeviceError(f"{path}: no entry {entry!r}{_suggest(entry, index)}")
-
-
-def find_cuda_device_spec(cuda_name: str) -> DeviceSpec:
-    """The registry entry whose `cuda_names` pattern matches a CUDA device name.
-
-    Patterns are full-match, case-insensitive regexes; a user file's entry
-    beats the calibrated one, which beats the shipped ones.
-    """
-    specs, _ = _index()
-    live = set(id(s) for s in specs.values())
-    for layer in reversed(_layers()):
-        hits = [s for s in layer if id(s) in live and any(
-            re.fullmatch(p, cuda_name.strip(), re.IGNORECASE) for p in s.cuda_names)]
-        if len(hits) > 1:
-            raise DeviceSpecError(f"CUDA device {cuda_name!r} matches several entries: "
-                                  f"{', '.join(s.name for s in hits)}")
-        if hits:
-            return hits[0]
-    known = sorted(s.name for s in specs.values() if s.cuda_names)
-    raise UnknownDeviceError(
-        f"no device spec matches CUDA device {cuda_name!r} (entries with CUDA names: "
-        f"{', '.join(known)}); add `cuda_names: ['{re.escape(cuda_name)}']` to an entry "
-        "of a YAML file and pass it to register_device_specs, or use get_device_spec(NAME)")
-
-
-def default_device_spec(dtype=None) -> DeviceSpec:
-    """The device this process runs on, as well as it is known.
-
-    CUDA available: the registry entry of the local GPU (CUDADeviceSpec).
-    Otherwise the spec `perfcounter calibrate` measured (calibrated_spec_path()),
-    else "generic-cpu" (assumed figures, see device_specs/cpu.yaml), with a warning.
-    """
-    if torch.cuda.is_available():
-        if dtype is None:
-            dtype = find_cuda_device_spec(_local_cuda_name()).dtype
-        return CUDADeviceSpec(dtype=as_dtype(dtype))
-    calibrated = [s for s in _calibrated() if s.device_type == "cpu"]
-    if calibrated:
-        return get_device_spec(calibrated[0], dtype)
-    warnings.warn("no calibrated spec for this machine; using 'generic-cpu' (assumed "
-                  "figures). Run `perfcounter calibrate` to measure it.", stacklevel=2)
-    return get_device_spec("generic-cpu", dtype)
+def __getattr__(name):  # the registry's public names, imported on first use
+    if name in _REGISTRY_NAMES:
+        from perfcounter import device_registry
+        return getattr(device_registry, name)
+    raise AttributeError(f"module 'perfcounter.devices' has no attribute {name!r}")

@@ -6,14 +6,15 @@ import pytest
 import torch
 
 from perfcounter import calibrate as cal_mod
-from perfcounter import devices
+from perfcounter import device_registry, devices
 from perfcounter.cli import main
 from perfcounter.devices import get_device_spec, list_device_specs
 
 
 @pytest.fixture(autouse=True)
 def isolated_registry(monkeypatch, tmp_path):
-    monkeypatch.setattr(devices, "_user_specs", [])
+    monkeypatch.setattr(device_registry, "_user_specs", [])
+    monkeypatch.setattr(devices, "_warned", set())
     monkeypatch.setenv("PERFCOUNTER_HOME", str(tmp_path / "home"))
 
 

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
-from perfcounter import devices
+from perfcounter import device_registry, devices
 from perfcounter.device_schema import (FIGURES, load_device_specs, parse_device_specs,
                                        write_device_specs)
 from perfcounter.devices import (CUDADeviceSpec, DeviceSpec, DeviceSpecError,
@@ -22,7 +21,8 @@ REFERENCE = Path("/work/shared/reference")
 @pytest.fixture(autouse=True)
 def isolated_registry(monkeypatch, tmp_path):
     """No user files from other tests, no calibrated file from this machine."""
-    monkeypatch.setattr(devices, "_user_specs", [])
+    monkeypatch.setattr(device_registry, "_user_specs", [])
+    monkeypatch.setattr(devices, "_warned", set())
     monkeypatch.setenv("PERFCOUNTER_HOME", str(tmp_path / "home"))
 
 
@@ -136,6 +136,12 @@ def test_torchao_constructor_and_derived_fields():
         spec.peak_flops(torch.bfloat16, strict=True)
     assert json.loads(json.dumps(spec.to_dict()))["flops_by_dtype"] == {"float32": 1e12}
     hash(spec)
+
+
+def test_to_dict_round_trips_through_the_constructor():
+    for name in ("h100-sxm", "pim-ai-4chip", "generic-cpu"):
+        spec = get_device_spec(name)
+        assert DeviceSpec(**spec.to_dict()) == spec
 
 
 def test_torchao_str_format():
@@ -368,6 +374,14 @@ def test_cuda_unknown_name_and_no_cuda(monkeypatch):
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("no CUDA")))
     with pytest.raises(DeviceSpecError, match="no CUDA device to detect"):
         CUDADeviceSpec()
+
+
+def test_a_broken_calibrated_file_is_warned_about_not_fatal():
+    path = devices.calibrated_spec_path()
+    path.parent.mkdir(parents=True)
+    path.write_text("devices: {calibrated: {device_type: cpu}}\n")
+    with pytest.warns(UserWarning, match="ignoring the calibrated spec file.*missing required"):
+        assert get_device_spec("h100").name == "h100-sxm"
 
 
 def test_default_device_spec(monkeypatch):
