@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import torch
@@ -59,8 +60,11 @@ def _describe(spec: DeviceSpec) -> str:
         if key in ("name", "device_type", "source") or value in (None, [], {}):
             continue
         lines.append(f"  {key}: {value}")
+    by_text: dict[str, list[str]] = {}
+    for key, text in spec.source.items():
+        by_text.setdefault(text, []).append(key)
     lines.append("  source:")
-    lines += [f"    {key}: {text}" for key, text in spec.source.items()]
+    lines += [f"    {', '.join(keys)}: {text}" for text, keys in by_text.items()]
     return "\n".join(lines)
 
 
@@ -145,6 +149,9 @@ def main(*, argv: list[str] | None = None) -> int:
     except (DeviceSpecError, ValueError) as exc:
         print(f"perfcounter {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `perfcounter devices | head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

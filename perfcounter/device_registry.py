@@ -82,20 +82,20 @@ def _keys(spec: DeviceSpec) -> list[str]:
 
 
 def _index() -> tuple[dict[str, DeviceSpec], dict[str, str]]:
-    """canonical name -> spec and lower-case name/alias -> canonical; later layers win."""
+    """canonical name -> spec, and lower-case name/alias -> canonical name.
+
+    A later layer's entry takes the names and aliases it claims; an earlier
+    entry keeps the others (and is dropped once no name reaches it).
+    """
     specs: dict[str, DeviceSpec] = {}
     index: dict[str, str] = {}
     for layer in _layers():
         for spec in layer:
-            for key in _keys(spec):
-                old = index.get(key)
-                if old is not None and old != spec.name:  # replaced by a later layer
-                    for k in _keys(specs.pop(old)):
-                        index.pop(k, None)
             specs[spec.name] = spec
             for key in _keys(spec):
                 index[key] = spec.name
-    return specs, index
+    reachable = set(index.values())
+    return {n: s for n, s in specs.items() if n in reachable}, index
 
 
 def list_device_specs(device_type: str | None = None) -> list[str]:
@@ -107,17 +107,19 @@ def list_device_specs(device_type: str | None = None) -> list[str]:
 def register_device_specs(path) -> list[DeviceSpec]:
     """Load a YAML file (our schema or UPMEM's) and add its entries to the registry.
 
-    An entry whose name or alias equals a known one replaces that entry (warned).
+    An entry takes over the names and aliases it shares with a known entry
+    (with a warning); the known entry keeps its other names.
     """
     new = load_device_specs(path)
     origin = str(Path(path).expanduser().resolve())
     _user_specs[:] = [(o, s) for o, s in _user_specs if o != origin]  # a reload replaces
     _, index = _index()
     for spec in new:
-        clash = sorted({index[k] for k in _keys(spec) if k in index})
-        if clash:
-            warnings.warn(f"{path}: entry {spec.name!r} replaces registry entry "
-                          f"{', '.join(clash)}", stacklevel=2)
+        taken = [k for k in _keys(spec) if k in index]
+        if taken:
+            owners = ", ".join(sorted({index[k] for k in taken}))
+            warnings.warn(f"{path}: entry {spec.name!r} takes the name(s) "
+                          f"{', '.join(taken)} from registry entry {owners}", stacklevel=2)
     _user_specs.extend((origin, spec) for spec in new)
     return new
 

@@ -301,12 +301,19 @@ def test_upmem_format_errors(tmp_path):
         load_device_specs(path)
 
 
-def test_user_entry_replaces_a_shipped_one_with_a_warning(tmp_path):
+def test_user_entry_takes_over_the_names_it_claims(tmp_path):
     path = _write(tmp_path, GOOD.replace("my-gpu:", "h100-sxm:"))
-    with pytest.warns(UserWarning, match="replaces registry entry h100-sxm"):
+    with pytest.warns(UserWarning, match="takes the name.* h100-sxm from registry entry h100-sxm"):
         register_device_specs(path)
     assert get_device_spec("h100-sxm").bandwidth == 1000e9
-    assert "h100" not in {a for n in list_device_specs() for a in get_device_spec(n).aliases}
+    assert get_device_spec("h100").bandwidth == 1000e9  # the alias follows the name
+    # an entry claiming only an alias leaves the shipped entry its own name
+    path = _write(tmp_path, GOOD.replace("my-gpu:", "h200-mine:").replace(
+        "    device_type: cuda\n", "    device_type: cuda\n    aliases: [h200-sxm]\n"), "b.yaml")
+    with pytest.warns(UserWarning, match="takes the name.* h200-sxm from registry entry h200"):
+        register_device_specs(path)
+    assert get_device_spec("h200-sxm").name == "h200-mine"
+    assert get_device_spec("h200").bandwidth == 4800e9
 
 
 def test_write_and_read_back(tmp_path):
