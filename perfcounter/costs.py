@@ -221,6 +221,21 @@ def efficient_forward_cost(q, k, v, bias=None, cu_q=None, cu_k=None, max_q=None,
                           custom_mask_type in (1, 2), bias is not None)
 
 
+def _flex_attention_cost(q, k, v, score_mod=None, block_mask=None, *args, out_shape=None, **kw) -> Cost:
+    """flex_attention (a higher-order op): priced as dense attention.
+
+    NB: the block mask's sparsity lives in tensor values, which a shape formula
+    cannot see; a block-sparse kernel computes less than this."""
+    return attention_cost(q, k, v)
+
+
+try:
+    from torch._higher_order_ops.flex_attention import flex_attention as _flex_hop
+    register(_flex_hop)(_flex_attention_cost)
+except ImportError:  # older torch without flex attention
+    pass
+
+
 # --- normalization, softmax ---------------------------------------------------------
 
 

@@ -263,6 +263,7 @@ class PerformanceCounterMode(TorchDispatchMode):
 
     def __init__(self, depth: int = 10, io_model: str = "per_op"):
         super().__init__()
+        import torch._dynamo  # noqa: F401  (a dispatch mode imports it on first use; not inside a timed block)
         if not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth must be a positive int, got {depth!r}")
         if io_model not in ("per_op", "compulsory"):
@@ -484,8 +485,12 @@ class PerformanceCounterMode(TorchDispatchMode):
                     self._kv_written[gen] = min(self._kv_written.get(gen, 0) + nbytes,
                                                 self._sizes.get(gen, nbytes))
         elif packet in _ATTENTION:
+            seen = []
             for i, nbytes, _, _ in entry.reads[1:3]:  # key, value
                 t = tensors[i]
+                if any(t is s for s in seen):
+                    continue
+                seen.append(t)
                 code = self._code(t)
                 gen = code >> 3
                 if code & 7 in (INPUT, JOINED):
@@ -608,11 +613,13 @@ class PerformanceCounterMode(TorchDispatchMode):
         t = self._trace
         return t.compulsory_bytes if self.io_model == "compulsory" else t.per_op_bytes
 
-    def get_summary_flop_counts(self) -> dict:
-        return dict(self.get_flop_counts()["Global"])
+    def get_summary_flop_counts(self) -> dict[str, int]:
+        """{module path or "Global": FLOPs} (torchao's summary: totals per module)."""
+        return {m: sum(ops.values()) for m, ops in self.get_flop_counts().items()}
 
-    def get_summary_io_counts(self) -> dict:
-        return dict(self.get_io_counts()["Global"])
+    def get_summary_io_counts(self) -> dict[str, int]:
+        """{module path or "Global": bytes} (per_op model)."""
+        return {m: sum(ops.values()) for m, ops in self.get_io_counts().items()}
 
     @property
     def uncounted_ops(self) -> dict[str, int]:

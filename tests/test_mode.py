@@ -1,0 +1,343 @@
+"""PerformanceCounterMode on real ops and tiny models: FLOPs, bytes by role, modules."""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from perfcounter.mode import PerformanceCounterMode
+from perfcounter.trace import ROLES
+
+W, KV, ACT, INP = range(4)
+
+
+def _tiny(arch: str):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM),
+                          "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
+    cfg = cfg_cls(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=100, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return model_cls(cfg).eval(), torch.randint(0, 100, (2, 5))
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    return _tiny("llama")
+
+
+@pytest.fixture(scope="module")
+def tiny_model_factory():
+    return _tiny
+
+
+def count(fn, *, grad=torch.no_grad, depth=10):
+    mode = PerformanceCounterMode(depth=depth)
+    with grad(), mode:
+        fn()
+    return mode.trace()
+
+
+def one(trace, op):
+    recs = [r for r in trace.records if r.op.startswith(op)]
+    assert len(recs) == 1, [r.op for r in trace.records]
+    return recs[0]
+
+
+@pytest.mark.parametrize("grad", [torch.no_grad, torch.inference_mode])
+def test_linear_without_bias(grad):
+    x, w = torch.randn(6, 8), torch.nn.Parameter(torch.randn(5, 8))
+    t = count(lambda: F.linear(x, w), grad=grad)
+    assert t.flops == 480  # 2 * 6 * 8 * 5
+    # reads x (6*8*4 = 192 B, input) and w (5*8*4 = 160 B, weight); writes 6*5*4 = 120 B
+    assert t.per_op_read == [160, 0, 0, 192]
+    assert t.per_op_written == [0, 0, 120, 0]
+
+
+@pytest.mark.parametrize("grad", [torch.no_grad, torch.inference_mode])
+def test_linear_module_with_bias(grad):
+    lin = torch.nn.Linear(8, 5)
+    x = torch.randn(6, 8)
+    t = count(lambda: lin(x), grad=grad)
+    assert t.flops == 510  # 2 * 6 * 8 * 5 + 6 * 5
+    assert t.per_op_read == [180, 0, 0, 192]  # weight 160 + bias 20, input 192
+    assert {r.module for r in t.records if r.flops} == {"Linear"}
+
+
+def test_mm_and_bmm_bytes_by_hand():
+    a, b = torch.randn(4, 6), torch.randn(6, 5)
+    t = count(lambda: a @ b)
+    assert t.flops == 240  # 2 * 4 * 6 * 5
+    assert t.per_op_bytes == (24 + 30 + 20) * 4  # (MK + KN + MN) * 4 B
+    a3, b3 = torch.randn(3, 4, 6), torch.randn(3, 6, 5)
+    t = count(lambda: torch.bmm(a3, b3))
+    assert t.flops == 720 and t.per_op_bytes == 3 * (24 + 30 + 20) * 4
+
+
+def test_view_chain_moves_nothing():
+    x = torch.randn(4, 6)
+    t = count(lambda: x.view(2, 12).t().unsqueeze(0).expand(3, 12, 2)[1:].transpose(1, 2))
+    assert t.per_op_bytes == 0 and t.flops == 0
+    assert sum(r.calls for r in t.records) >= 5
+
+
+def test_inplace_add_reads_and_writes_target_and_slices_count_region():
+    x, y = torch.randn(8, 4), torch.randn(2, 4)
+    t = count(lambda: x[2:4].add_(y))
+    # reads the 2x4 slice of x and y (32 + 32 B), writes the slice (32 B): never the 128 B storage
+    assert t.per_op_read == [0, 0, 0, 64]
+    assert t.per_op_written == [0, 0, 0, 32]
+    assert one(t, "aten.add_").flops == 8
+
+
+def test_tensor_passed_twice_is_read_once():
+    x = torch.randn(10)
+    t = count(lambda: x * x)
+    assert t.per_op_read == [0, 0, 0, 40]  # one read of 10 * 4 B
+
+
+def test_softmax_silu_rmsnorm():
+    x = torch.randn(2, 5)
+    t = count(lambda: torch.softmax(x, -1))
+    assert t.flops == 8 + 18 + 10 + 10  # cmp 2*4, add 2*5+2*4, exp 10, div 10
+    t = count(lambda: F.silu(x))
+    assert t.kinds == {"add": 0, "mul": 10, "div": 0, "sqrt": 0, "exp": 0, "special": 10, "cmp": 0}
+    norm = torch.nn.RMSNorm(5, eps=1e-6)
+    t = count(lambda: norm(x))
+    # whatever the decomposition, per row of 5: 5 squares, 5 scale muls, 5 weight muls -> 30 mul
+    assert t.kinds["mul"] == 30 and t.kinds["sqrt"] == 2
+
+
+def test_rope_rotation_by_hand():
+    # q [1, 1, 2, 4] rotated as in Llama: q*cos + rotate_half(q)*sin
+    q, cos, sin = torch.randn(1, 1, 2, 4), torch.randn(2, 4), torch.randn(2, 4)
+
+    def rope():
+        half = torch.cat((-q[..., 2:], q[..., :2]), dim=-1)
+        return q * cos + half * sin
+
+    t = count(rope)
+    # neg on 4 elements (add kind), 2 muls of 8 and 1 add of 8 -> add 12, mul 16
+    assert t.kinds["add"] == 12 and t.kinds["mul"] == 16 and t.flops == 28
+
+
+def test_embedding_reads_rows_not_table():
+    emb = torch.nn.Embedding(1000, 16)
+    ids = torch.tensor([[1, 2, 3]])
+    t = count(lambda: emb(ids))
+    assert t.per_op_read == [3 * 16 * 4, 0, 0, 3 * 8]  # 3 rows of 16 floats, 3 int64 ids
+    assert t.per_op_written == [0, 0, 3 * 16 * 4, 0]
+
+
+def test_sdpa_causal_and_not_and_gqa():
+    q = torch.randn(1, 4, 8, 16)
+    k = v = torch.randn(1, 4, 8, 16)
+    dense = count(lambda: F.scaled_dot_product_attention(q, k, v))
+    causal = count(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    scores = 4 * 8 * 8
+    per_score = (16 + 16 + 2) + (16 + 16 + 1) + 1 + 1  # add, mul, exp, cmp = 69
+    assert dense.flops == scores * per_score + 4 * 8 * 16  # + one div per output element
+    assert causal.flops == dense.flops  # dense convention kept in total_flops
+    assert causal.executed_flops == 4 * 36 * per_score + 4 * 8 * 16  # 36 = 1+2+...+8 pairs per head
+    kg = vg = torch.randn(1, 2, 8, 16)
+    gqa = count(lambda: F.scaled_dot_product_attention(q, kg, vg, enable_gqa=True))
+    assert gqa.flops == dense.flops
+    # q is an input (4*8*16*4 = 2048 B); k is v, read once (2*8*16*4 = 1024 B), and a buffer
+    # that existed before the block and is read as keys/values is KV cache
+    assert gqa.per_op_read == [0, 1024, 0, 2048]
+
+
+def test_torch_flop_counter_misses_cpu_flash_attention_we_do_not():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q = torch.randn(1, 2, 8, 16)
+    with torch.no_grad(), FlopCounterMode(display=False) as fc:
+        F.scaled_dot_product_attention(q, q, q)
+    t = count(lambda: F.scaled_dot_product_attention(q, q, q))
+    assert t.flops > 4 * 2 * 8 * 8 * 16  # at least the two matmuls
+    assert fc.get_total_flops() in (0, 4 * 2 * 8 * 8 * 16)  # torch: 0 for the CPU kernel today
+
+
+def test_static_cache_update_writes_new_positions_and_attention_reads_buffer():
+    cache = torch.zeros(1, 2, 16, 8)
+    new = torch.randn(1, 2, 1, 8)
+    pos = torch.tensor([3])
+    q = torch.randn(1, 2, 1, 8)
+    mode = PerformanceCounterMode()
+    with torch.no_grad(), mode:
+        cache.index_copy_(2, pos, new)
+        F.scaled_dot_product_attention(q, cache, cache)
+    t = mode.trace()
+    upd = one(t, "aten.index_copy_")
+    assert upd.written[KV] == 1 * 2 * 1 * 8 * 4  # only the new position: 64 B
+    assert upd.read[KV] == 0  # the cache is a write-only destination
+    attn = one(t, "aten._scaled_dot_product")
+    assert attn.read[KV] == 2 * 16 * 8 * 4 * 2 // 2  # the whole 1 KiB buffer, read once (k is v)
+    # valid positions: 1 of 16 written so far -> 1/16 of the buffer read
+    assert t.kv_cache_valid_read == 1024 // 16
+
+
+def test_dynamic_cache_concat_is_kv():
+    old = torch.randn(1, 2, 4, 8)
+    q = torch.randn(1, 2, 1, 8)
+    mode = PerformanceCounterMode()
+    with torch.no_grad(), mode:
+        k = torch.cat([old, torch.randn(1, 2, 1, 8)], dim=-2)
+        F.scaled_dot_product_attention(q, k, k)
+    with torch.no_grad(), mode:  # next step: the cache grows again
+        k2 = torch.cat([k, torch.randn(1, 2, 1, 8)], dim=-2)
+    cat = one(mode.trace(), "aten.cat")
+    assert cat.read[KV] == 1 * 2 * 5 * 8 * 4  # the old cache, 5 positions
+    assert cat.written[KV] == 1 * 2 * 6 * 8 * 4
+
+
+def test_tied_weights_count_once_in_compulsory():
+    emb = torch.nn.Embedding(100, 8)
+    head = torch.nn.Linear(8, 100, bias=False)
+    head.weight = emb.weight
+    ids = torch.tensor([[1, 2]])
+    mode = PerformanceCounterMode()
+    with torch.no_grad(), mode:
+        head(emb(ids))
+    t = mode.trace()
+    assert t.per_op_read[W] == 2 * 8 * 4 + 100 * 8 * 4  # rows, then the whole table
+    assert t.compulsory_read[W] == 100 * 8 * 4  # the one storage, once
+
+
+def test_outputs_identical_and_works_under_inference_and_fake(tiny_llama):
+    model, ids = tiny_llama
+    with torch.no_grad():
+        ref = model(ids).logits
+    for grad in (torch.no_grad, torch.inference_mode):
+        mode = PerformanceCounterMode()
+        with grad(), mode:
+            out = model(ids).logits
+        assert torch.equal(out, ref)
+        assert mode.get_total_flops() > 0
+
+
+def test_llama_projection_flops_and_bytes(tiny_llama):
+    model, ids = tiny_llama
+    b, s = ids.shape
+    cfg = model.config
+    t = count(lambda: model(ids))
+    h, i, kvd = cfg.hidden_size, cfg.intermediate_size, cfg.num_key_value_heads * cfg.head_dim
+    shapes = {"q_proj": (h, h), "k_proj": (h, kvd), "v_proj": (h, kvd), "o_proj": (h, h),
+              "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    for layer in range(cfg.num_hidden_layers):
+        for name, (fin, fout) in shapes.items():
+            parent = "mlp" if name in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+            recs = [r for r in t.records if r.flops and r.module.endswith(f"layers.{layer}.{parent}.{name}")]
+            assert sum(r.flops for r in recs) == 2 * b * s * fin * fout, name
+            nbytes = sum(r.bytes for r in recs)
+            assert nbytes == (b * s * fin + fin * fout + b * s * fout) * 4, name
+            assert sum(r.read[W] for r in recs) == fin * fout * 4
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_no_uncounted_ops_prefill_and_decode(arch, tiny_model_factory):
+    from transformers import StaticCache
+
+    model, ids = tiny_model_factory(arch)
+    for grad in (torch.no_grad, torch.inference_mode):
+        mode = PerformanceCounterMode()
+        with grad():
+            with mode:
+                out = model(ids, use_cache=True)
+            assert mode.uncounted_ops == {}
+            with mode:
+                model(ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
+            assert mode.uncounted_ops == {}
+            assert mode.trace().per_op_read[KV] > 0
+            cache = StaticCache(config=model.config, max_cache_len=16)
+            with mode:
+                model(ids, past_key_values=cache, use_cache=True)
+            with mode:
+                model(ids[:, :1], past_key_values=cache, use_cache=True)
+            assert mode.uncounted_ops == {}
+            assert mode.coverage == (1.0, 1.0)
+            assert 0 < mode.trace().kv_cache_valid_read < mode.trace().per_op_read[KV]
+
+
+def test_llama2_7b_config_under_fake_tensors():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=4096, num_hidden_layers=32, intermediate_size=11008,
+                      vocab_size=32000, num_attention_heads=32, num_key_value_heads=32)
+    default = torch.get_default_dtype()
+    with FakeTensorMode():
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            model = LlamaForCausalLM(cfg).eval()
+        finally:
+            torch.set_default_dtype(default)
+        ids = torch.randint(0, 32000, (1, 6))
+        mode = PerformanceCounterMode()
+        with torch.no_grad(), mode:
+            model(ids)
+    # 2 * 6 tokens * 6,607,343,616 non-embedding params + attention = 79.31 GFLOPs (seed 004)
+    assert mode.get_total_flops() == pytest.approx(79.31e9, rel=0.01)
+    assert mode.trace().per_op_read[W] == pytest.approx(6_607_343_616 * 2 + 6 * 4096 * 2, rel=1e-6)
+
+
+def test_uncounted_op_counts_bytes_lists_and_warns_once():
+    x = torch.randn(16)
+    mode = PerformanceCounterMode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad(), mode:
+            torch.special.i0(x)
+            torch.special.i0(x)
+    assert mode.uncounted_ops == {"aten.i0.default": 2}
+    assert sum(1 for w in caught if "aten.i0.default" in str(w.message)) <= 1
+    assert mode.trace().per_op_bytes == 2 * (64 + 64)
+    assert mode.coverage[0] < 1.0
+
+
+def test_torchao_getters():
+    lin = torch.nn.Sequential(torch.nn.Linear(8, 4, bias=False))
+    x = torch.randn(2, 8)
+    mode = PerformanceCounterMode(depth=2)
+    with torch.no_grad(), mode:
+        lin(x)
+    aten = torch.ops.aten
+    assert mode.get_total_flops() == 128  # 2 * 2 * 8 * 4
+    assert mode.get_flop_counts()["Global"] == {aten.mm: 128}
+    assert mode.get_flop_counts()["Sequential.0"] == {aten.mm: 128}
+    assert mode.get_summary_flop_counts() == {"Global": 128, "Sequential": 128, "Sequential.0": 128}
+    assert mode.get_io_counts()["Global"] == {aten.mm: (16 + 32 + 8) * 4}
+    assert mode.get_total_io() == (16 + 32 + 8) * 4
+
+
+def test_depth_truncates_module_paths(tiny_llama):
+    model, ids = tiny_llama
+    t = count(lambda: model(ids), depth=3)
+    assert max(len(r.module.split(".")) for r in t.records) == 3
+
+
+def test_flex_attention_counted_once():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q = torch.randn(1, 2, 128, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = count(lambda: flex_attention(q, q, q))
+    flex = [r for r in t.records if "flex" in r.op]
+    assert len(flex) == 1 and flex[0].flops >= 4 * 2 * 128 * 128 * 16
+
+
+def test_mode_refuses_nesting_and_bad_arguments():
+    mode = PerformanceCounterMode()
+    with pytest.raises(RuntimeError, match="already counting"):
+        with mode, mode:
+            pass
+    with pytest.raises(ValueError, match="depth"):
+        PerformanceCounterMode(depth=0)
+    with pytest.raises(ValueError, match="io_model"):
+        PerformanceCounterMode(io_model="fused")
+
+
+def test_roles_are_named():
+    assert ROLES == ("weight", "kv_cache", "activation", "input")
