@@ -429,6 +429,21 @@ def load_hf_model(path, *, device="cpu", dtype=None) -> Loaded:
     return Loaded(HFCausalLM(hf.to(device)), tokenizer, None, kind, weights)
 
 
+def fake_model(args: ModelArgs, *, dtype=torch.float32, device="cpu"):
+    """(Transformer, FakeTensorMode): the model with fake parameters — shapes and dtypes,
+    no data, no memory. Run it, and build its inputs, inside the returned mode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    fake_mode = FakeTensorMode()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # Module.to() cannot swap fake parameters: build in dtype
+    try:
+        with fake_mode, torch.device(device):
+            model = Transformer(args)
+    finally:
+        torch.set_default_dtype(default)
+    return model.eval(), fake_mode
+
+
 # -- saving and conversion -------------------------------------------------------
 def _atomic_write(path: Path, write) -> None:
     """write(tmp_path) into a temporary file beside `path`, then os.replace it over."""
@@ -441,6 +456,14 @@ def _atomic_write(path: Path, write) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_json_atomic(path, doc: dict) -> None:
+    """`doc` as indented JSON at `path`, through a temporary file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    _atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def save_checkpoint(out_dir, args: ModelArgs, state: dict) -> Path:

