@@ -8,8 +8,9 @@ of each variant divided by the plain step's median. Variants:
   plain        the model alone
   null-mode    a TorchDispatchMode that does nothing (the floor of any counter)
   flopcounter  torch.utils.flop_counter.FlopCounterMode
-  perfcounter  perfcounter's PerformanceCounterMode (FLOPs by kind, bytes by role,
-               module paths, compulsory IO)
+  perfcounter  TransformerPerformanceCounter.count("decode") around each step (FLOPs by
+               kind, bytes by role, module paths, compulsory IO); building the phase's
+               stats at the end of each round is spread over that round's steps
 
     python benchmarks/bench_overhead.py [--steps 15] [--rounds 3] [--context 64]
 """
@@ -24,8 +25,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from perfcounter import TransformerPerformanceCounter
 from perfcounter.loading import default_checkpoint
-from perfcounter.mode import PerformanceCounterMode
 
 
 class NullMode(TorchDispatchMode):
@@ -47,12 +48,12 @@ def main(*, steps: int = 15, rounds: int = 3, context: int = 64, grad_mode: str 
     model = load_model()
     ids = torch.randint(0, model.config.vocab_size, (1, context))
     grad_ctx = torch.inference_mode if grad_mode == "inference" else torch.no_grad
-    counter = PerformanceCounterMode()
+    counter = TransformerPerformanceCounter()
     variants = {
         "plain": None,
         "null-mode": NullMode,
         "flopcounter": lambda: FlopCounterMode(display=False),
-        "perfcounter": lambda: counter,
+        "perfcounter": lambda: counter.count("decode", num_tokens=1),
     }
     with grad_ctx():
         cache = model(ids, use_cache=True).past_key_values
@@ -75,7 +76,13 @@ def main(*, steps: int = 15, rounds: int = 3, context: int = 64, grad_mode: str 
         times = {name: [] for name in variants}
         for _ in range(rounds):
             for name, ctx in variants.items():
-                times[name] += [step(ctx) for _ in range(steps)]
+                ts = [step(ctx) for _ in range(steps)]
+                if name == "perfcounter":
+                    t0 = time.perf_counter()
+                    stats = counter.counts["decode"]  # builds the round's steps into stats
+                    share = (time.perf_counter() - t0) / steps
+                    ts = [t + share for t in ts]
+                times[name] += ts
     plain = statistics.median(times["plain"])
     print(f"SmolLM2-135M decode step, {context}-token KV cache, {torch.get_num_threads()} threads, "
           f"{grad_mode} mode, median of {steps * rounds} steps per variant")
@@ -83,9 +90,9 @@ def main(*, steps: int = 15, rounds: int = 3, context: int = 64, grad_mode: str 
     for name, ts in times.items():
         med = statistics.median(ts)
         print(f"{name:<12} {med * 1e3:>10.2f} {med / plain:>7.2f}")
-    trace = counter.trace()
-    print(f"perfcounter: {sum(r.calls for r in trace.records)} ops per step, "
-          f"{trace.overhead_s * 1e3:.2f} ms of bookkeeping measured inside the mode")
+    trace = stats.trace
+    print(f"perfcounter: {sum(r.calls for r in trace.records) / trace.steps:.0f} ops per step, "
+          f"{trace.overhead_s / trace.steps * 1e3:.2f} ms of bookkeeping per step measured inside the mode")
 
 
 if __name__ == "__main__":

@@ -145,7 +145,9 @@ class TransformerPerformanceCounter:
         self.io_model = _check_io_model(io_model)
         self._depth = depth
         self.mode = PerformanceCounterMode(depth=depth)
-        self._phases: dict[str, PerformanceStats] = {}
+        self._built: dict[str, PerformanceStats] = {}
+        # blocks counted but not yet turned into stats: label -> [blocks, tokens, net, raw, timing]
+        self._pending: dict[str, list] = {}
         self._open: str | None = None
 
     # -- counting ------------------------------------------------------------
@@ -172,17 +174,51 @@ class TransformerPerformanceCounter:
                 timer.start()
                 yield self
                 raw = timer.stop()
-            trace = self.mode.trace()
+            block = self.mode.last_block()
         finally:
             self._open = None
         if probe.real:
-            self._add(label, num_tokens, trace, raw, timer.method)
+            self._pend(label, num_tokens, block, raw, timer.method)
         else:
-            self._add(label, num_tokens, trace, None, "not measured: fake or meta tensors")
+            self._pend(label, num_tokens, block, None, "not measured: fake or meta tensors")
 
-    def _add(self, label: str, num_tokens: int, trace: Trace, raw: float | None, timing: str):
-        net = None if raw is None else max(raw - trace.overhead_s, 0.0)
-        old = self._phases.get(label)
+    # Blocks of one label are kept raw and turned into one Trace when the stats are
+    # read (each decode step would otherwise pay for building and merging a Trace).
+    _MAX_PENDING = 256  # bounds the memory raw blocks hold
+
+    def _pend(self, label: str, num_tokens: int, block, raw: float | None, timing: str):
+        net = None if raw is None else max(raw - block.overhead, 0.0)
+        p = self._pending.get(label)
+        if p is None:
+            self._pending[label] = [[block], num_tokens, net, raw, timing]
+        else:
+            p[0].append(block)
+            p[1] += num_tokens
+            p[2] = None if net is None or p[2] is None else p[2] + net
+            p[3] = None if raw is None or p[3] is None else p[3] + raw
+            if net is None:
+                p[4] = timing
+            if len(p[0]) >= self._MAX_PENDING:
+                self._build(label)
+
+    def _build(self, label: str) -> None:
+        from perfcounter.mode import build_trace
+
+        blocks, num_tokens, net, raw, timing = self._pending.pop(label)
+        self._add(label, num_tokens, build_trace(blocks), raw, timing, net)
+
+    @property
+    def _phases(self) -> dict[str, PerformanceStats]:
+        """Stats per label, every pending block built in."""
+        for label in list(self._pending):
+            self._build(label)
+        return self._built
+
+    def _add(self, label: str, num_tokens: int, trace: Trace, raw: float | None, timing: str,
+             net: float | None = None):
+        if net is None and raw is not None:
+            net = max(raw - trace.overhead_s, 0.0)
+        old = self._built.get(label)
         if old is not None:
             trace = old.trace.merge(trace)
             num_tokens += old.num_tokens
@@ -190,7 +226,7 @@ class TransformerPerformanceCounter:
             raw = None if raw is None or old.raw_latency is None else raw + old.raw_latency
             if net is None:
                 timing = old.timing if old.latency is None else timing
-        self._phases[label] = PerformanceStats(label, num_tokens, net, trace, self.device_spec,
+        self._built[label] = PerformanceStats(label, num_tokens, net, trace, self.device_spec,
                                                self.io_model, raw, timing)
 
     # -- torchao's accessors --------------------------------------------------

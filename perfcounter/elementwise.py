@@ -124,6 +124,8 @@ register(
     aten.masked_select, aten.nonzero, aten.unique_consecutive, aten._unique2, aten.tensor_split,
     aten.unfold, aten.tril_indices, aten.triu_indices, aten.one_hot, aten.equal,
     aten._assert_tensor_metadata, aten.resize_, aten.set_,
+    # composites the mode prices whole when they copy (a view when they do not)
+    aten.to, aten.reshape, aten.contiguous, aten.flatten, aten.type_as,
 )(data_movement_cost)
 
 

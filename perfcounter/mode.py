@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 import warnings
+import weakref
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -35,7 +36,10 @@ WEIGHT, KV, ACT, INPUT, FRESH, JOINED, SKIP = range(7)
 _ROLE_INDEX = (0, 1, 2, 3, 2, 2)
 
 # How an op is handled, decided once per OpOverload.
-_VIEW, _COUNT, _DECOMPOSE, _HOP = range(4)
+_VIEW, _COUNT, _DECOMPOSE, _HOP, _DYNAMIC, _VIEW_OR_COPY = range(6)
+# _DYNAMIC: output shape depends on data. _VIEW_OR_COPY: composites that return their
+# input (or a view of it) when they can and a copy otherwise; decided per call.
+_VIEW_OR_COPY_OPS = {aten.to, aten.reshape, aten.contiguous, aten.flatten, aten.type_as}
 _OP_KIND: dict = {}
 _ENTRIES: dict = {}  # key -> _Entry, shared by all modes (costs depend on shapes only)
 _WARNED: set[str] = set()
@@ -63,6 +67,8 @@ def _classify(func) -> int:
     """Decide once per op how the mode treats it."""
     if isinstance(func, torch._ops.HigherOrderOperator):
         kind = _HOP
+    elif func._overloadpacket in _VIEW_OR_COPY_OPS:
+        kind = _VIEW_OR_COPY
     elif func._overloadpacket in costs.COSTS:
         kind = _COUNT
     elif _is_composite(func):
@@ -71,6 +77,8 @@ def _classify(func) -> int:
         kind = _VIEW
     else:
         kind = _COUNT
+    if kind == _COUNT and torch.Tag.dynamic_output_shape in func.tags:
+        kind = _DYNAMIC
     _OP_KIND[func] = kind
     return kind
 
@@ -140,7 +148,8 @@ class _Entry:
         self.reads = tuple(reads)
         self.writes_in = tuple(writes_in)
         rets = getattr(func, "_schema", None)
-        aliased = [r.alias_info is not None for r in rets.returns] if rets is not None else []
+        aliased = ([r.alias_info is not None for r in rets.returns]
+                   if rets is not None and packet not in _VIEW_OR_COPY_OPS else [])
         writes_out = []
         for j, o in enumerate(out_tensors):
             if aliased and (aliased[0] if len(aliased) == 1 else j < len(aliased) and aliased[j]):
@@ -218,7 +227,17 @@ class _ModulePath(ModuleTracker):
         self.stack: list[str] = []
         self.current = ""
         self._short: dict[str, str] = {}
+        self._by_id: dict[int, tuple] = {}
         self.seconds = 0.0
+
+    def _get_mod_name(self, mod) -> str:
+        """ModuleTracker's name, looked up by id first (its weak dictionaries are slow)."""
+        hit = self._by_id.get(id(mod))
+        if hit is not None and hit[0]() is mod:
+            return hit[1]
+        name = super()._get_mod_name(mod)
+        self._by_id[id(mod)] = (weakref.ref(mod), name)
+        return name
 
     def _truncate(self, name: str) -> str:
         short = self._short.get(name)
@@ -250,6 +269,28 @@ class _ModulePath(ModuleTracker):
         self.seconds += time.perf_counter() - t0
 
 
+_CONTRIB: dict = {}  # (entry, roles signature) -> bytes read and written by role
+
+
+def _contribution(entry, sig) -> tuple[tuple, tuple]:
+    """One call's bytes as ((role, bytes) read, (role, bytes) written), from the entry's
+    byte counts and the roles its tensors had (sig: reads, in-place writes, outputs)."""
+    read, written = [0] * len(ROLES), [0] * len(ROLES)
+    pos = 0
+    for _, nbytes, _, _ in entry.reads:
+        if sig[pos] != SKIP:
+            read[_ROLE_INDEX[sig[pos]]] += nbytes
+        pos += 1
+    for _, nbytes, _ in entry.writes_in:
+        written[_ROLE_INDEX[sig[pos]]] += nbytes
+        pos += 1
+    for _, nbytes in entry.writes_out:
+        written[_ROLE_INDEX[sig[pos]]] += nbytes
+        pos += 1
+    return (tuple((i, b) for i, b in enumerate(read) if b),
+            tuple((i, b) for i, b in enumerate(written) if b))
+
+
 class PerformanceCounterMode(TorchDispatchMode):
     """Counts FLOPs by kind and bytes by role for every aten op run inside it.
 
@@ -276,7 +317,9 @@ class PerformanceCounterMode(TorchDispatchMode):
         self._kv_written: dict[int, int] = {}  # KV allocation -> bytes of valid positions
         self._active = False
         self._modules_seen: set[int] = set()
+        self._tracker = _ModulePath(depth, self._register_module)  # kept: it caches module names
         self._trace = Trace()
+        self._block = None
         self._reset()
 
     # -- lifecycle -------------------------------------------------------------------
@@ -286,7 +329,9 @@ class PerformanceCounterMode(TorchDispatchMode):
         self._touched: set = set()  # (storage code, offset or -1, bytes, is_write)
         self._kv_valid = 0
         self._overhead = 0.0
-        self._tracker = _ModulePath(self.depth, self._register_module)
+        self._tracker.stack.clear()
+        self._tracker.current = ""
+        self._tracker.seconds = 0.0
         # only weights and KV caches keep their role from one block to the next
         self._roles = {s: c for s, c in self._roles.items() if c & 7 <= KV}
         live = {c >> 3 for c in self._roles.values()}
@@ -320,7 +365,9 @@ class PerformanceCounterMode(TorchDispatchMode):
             self._tracker.__exit__(*exc)
             _set_flex_eager(self._flex_flag)
             self._active = False
-            self._trace = self._finalize()
+            self._trace = None  # built on first request: trace() (keeps exit cheap)
+            self._block = _Block(self._counts, self._views, self._touched, self._kv_valid,
+                                 self._overhead + self._tracker.seconds, self._sizes)
 
     _decomposing = 0
 
@@ -347,15 +394,19 @@ class PerformanceCounterMode(TorchDispatchMode):
             kind = _OP_KIND[func] = _COUNT
         out = func(*args, **kwargs)
         t0 = time.perf_counter()
+        if kind == _VIEW_OR_COPY and (
+                not isinstance(out, Tensor) or not isinstance(args[0], Tensor)
+                or out.untyped_storage()._cdata == args[0].untyped_storage()._cdata):
+            kind = _VIEW
         if kind == _VIEW:
             k = (self._tracker.current, func)
             self._views[k] = self._views.get(k, 0) + 1
         else:
-            self._record(func, args, kwargs, out)
+            self._record(func, args, kwargs, out, kind == _DYNAMIC)
         self._overhead += time.perf_counter() - t0
         return out
 
-    def _record(self, func, args, kwargs, out) -> None:
+    def _record(self, func, args, kwargs, out, dynamic=False) -> None:
         """The one place an op is recorded."""
         tensors = []
         key = [func]
@@ -384,7 +435,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                     key.append(a.dtype)
                 else:
                     key.append(a if type(a) is not list else tuple(a))
-        if isinstance(func, torch._ops.OpOverload) and torch.Tag.dynamic_output_shape in func.tags:
+        if dynamic:
             key.extend(t.shape for t in _flat_tensors(out))
         try:
             key = tuple(key)
@@ -396,6 +447,7 @@ class PerformanceCounterMode(TorchDispatchMode):
             if key is not None:
                 if len(_ENTRIES) > 200_000:
                     _ENTRIES.clear()
+                    _CONTRIB.clear()
                 _ENTRIES[key] = entry
         if entry.special:
             self._promote(entry, tensors)
@@ -502,91 +554,26 @@ class PerformanceCounterMode(TorchDispatchMode):
                     self._kv_valid += int(nbytes * valid)
 
     # -- results ---------------------------------------------------------------------
-    def _finalize(self) -> Trace:
-        """Turn the block's counts into a Trace (runs once, on exit)."""
-        records: dict[tuple, OpRecord] = {}
-        uncounted: dict[str, int] = {}
-        for (module, entry, sig), n in self._counts.items():
-            key = (entry.name, module, entry.dtype, entry.shapes)
-            rec = records.get(key)
-            if rec is None:
-                rec = records[key] = OpRecord(entry.name, module, entry.dtype, entry.shapes,
-                                              has_formula=entry.has_formula)
-            rec.calls += n
-            rec.flops += n * entry.flops
-            rec.executed_flops += n * entry.executed
-            for i, c in enumerate(entry.cost.kinds):
-                rec.kinds[i] += n * c
-            pos = 0
-            for _, nbytes, _, _ in entry.reads:
-                if sig[pos] != SKIP:
-                    rec.read[_ROLE_INDEX[sig[pos]]] += n * nbytes
-                pos += 1
-            for _, nbytes, _ in entry.writes_in:
-                rec.written[_ROLE_INDEX[sig[pos]]] += n * nbytes
-                pos += 1
-            for _, nbytes in entry.writes_out:
-                rec.written[_ROLE_INDEX[sig[pos]]] += n * nbytes
-                pos += 1
-            if not entry.has_formula:
-                uncounted[entry.name] = uncounted.get(entry.name, 0) + n
-        for (module, func), n in self._views.items():
-            key = (str(func), module, "", "")
-            rec = records.get(key) or records.setdefault(key, OpRecord(str(func), module, "", ""))
-            rec.calls += n
-        for name in uncounted:
-            if name not in _WARNED:
-                _WARNED.add(name)
-                warnings.warn(f"perfcounter: no cost formula for {name}; its bytes are counted, "
-                              f"its FLOPs are not (listed in uncounted_ops)", stacklevel=2)
-        read, written = self._compulsory()
-        return Trace(records=list(records.values()), compulsory_read=read,
-                     compulsory_written=written, kv_cache_valid_read=self._kv_valid,
-                     uncounted_ops=uncounted, steps=1,
-                     overhead_s=self._overhead + self._tracker.seconds)
-
-    def _compulsory(self) -> tuple[list[int], list[int]]:
-        """Bytes by role when each storage region is read at most once and written at most once.
-
-        Regions are [offset, offset + bytes) per storage, merged; gathers and
-        scatters (offset -1) add their bytes; a storage never counts more than its size."""
-        spans: dict[tuple[int, bool], list] = {}
-        role_of: dict[int, int] = {}
-        for code, off, nbytes, is_write in self._touched:
-            gen = code >> 3
-            spans.setdefault((gen, is_write), []).append((off, nbytes))
-            role = _ROLE_INDEX[code & 7]
-            if role_of.get(gen) != 1:  # KV cache wins: a buffer may be promoted mid-block
-                role_of[gen] = role
-        read, written = [0] * len(ROLES), [0] * len(ROLES)
-        for (gen, is_write), regions in spans.items():
-            total, end = 0, -1
-            for off, nbytes in sorted(r for r in regions if r[0] >= 0):
-                lo = max(off, end)
-                if off + nbytes > lo:
-                    total += off + nbytes - lo
-                end = max(end, off + nbytes)
-            total += sum(nbytes for off, nbytes in regions if off < 0)
-            size = self._sizes.get(gen)
-            if size:
-                total = min(total, size)
-            (written if is_write else read)[role_of[gen]] += total
-        return read, written
-
     def trace(self) -> Trace:
         """The Trace of the last completed `with` block."""
+        if self._trace is None:
+            self._trace = build_trace([self._block]) if self._block is not None else Trace()
         return self._trace
+
+    def last_block(self) -> "_Block":
+        """The raw counts of the last block, for `build_trace` to merge with others later."""
+        return self._block
 
     @property
     def overhead_s(self) -> float:
         """Seconds the last block spent in this mode's own bookkeeping."""
-        return self._trace.overhead_s
+        return self.trace().overhead_s
 
     # -- torchao-compatible getters (last block) -------------------------------------
     def _by_module(self, value) -> dict[str, dict]:
         packets = {e.name: e.packet for e in _ENTRIES.values()}
         out: dict[str, dict] = {"Global": {}}
-        for rec in self._trace.records:
+        for rec in self.trace().records:
             v = value(rec)
             if not v:
                 continue
@@ -606,11 +593,11 @@ class PerformanceCounterMode(TorchDispatchMode):
         return self._by_module(lambda r: r.bytes)
 
     def get_total_flops(self) -> int:
-        return self._trace.flops
+        return self.trace().flops
 
     def get_total_io(self) -> int:
         """Bytes moved in the last block under this mode's io_model."""
-        t = self._trace
+        t = self.trace()
         return t.compulsory_bytes if self.io_model == "compulsory" else t.per_op_bytes
 
     def get_summary_flop_counts(self) -> dict[str, int]:
@@ -623,12 +610,110 @@ class PerformanceCounterMode(TorchDispatchMode):
 
     @property
     def uncounted_ops(self) -> dict[str, int]:
-        return dict(self._trace.uncounted_ops)
+        return dict(self.trace().uncounted_ops)
 
     @property
     def coverage(self) -> tuple[float, float]:
         """(share of bytes, share of op calls) that had a cost formula."""
-        return self._trace.coverage
+        return self.trace().coverage
+
+
+class _Block:
+    """One `with` block's raw counts, turned into a Trace only when someone asks."""
+
+    __slots__ = ("counts", "views", "touched", "kv_valid", "overhead", "sizes")
+
+    def __init__(self, counts, views, touched, kv_valid, overhead, sizes):
+        self.counts, self.views, self.touched = counts, views, touched
+        self.kv_valid, self.overhead, self.sizes = kv_valid, overhead, sizes
+
+
+def build_trace(blocks: list[_Block]) -> Trace:
+    """One Trace from one or more blocks (steps = len(blocks)): counts are summed
+    before records are built, so a phase of many decode steps is built once."""
+    if len(blocks) == 1:
+        counts, views = blocks[0].counts, blocks[0].views
+    else:
+        counts, views = {}, {}
+        for b in blocks:
+            for k, n in b.counts.items():
+                counts[k] = counts.get(k, 0) + n
+            for k, n in b.views.items():
+                views[k] = views.get(k, 0) + n
+    records: dict[tuple, OpRecord] = {}
+    uncounted: dict[str, int] = {}
+    for (module, entry, sig), n in counts.items():
+        key = (entry.name, module, entry.dtype, entry.shapes)
+        rec = records.get(key)
+        if rec is None:
+            rec = records[key] = OpRecord(entry.name, module, entry.dtype, entry.shapes,
+                                          has_formula=entry.has_formula)
+        rec.calls += n
+        rec.flops += n * entry.flops
+        rec.executed_flops += n * entry.executed
+        kinds = rec.kinds
+        for i, c in enumerate(entry.cost.kinds):
+            if c:
+                kinds[i] += n * c
+        contrib = _CONTRIB.get((entry, sig))
+        if contrib is None:
+            contrib = _CONTRIB[(entry, sig)] = _contribution(entry, sig)
+        for i, b in contrib[0]:
+            rec.read[i] += n * b
+        for i, b in contrib[1]:
+            rec.written[i] += n * b
+        if not entry.has_formula:
+            uncounted[entry.name] = uncounted.get(entry.name, 0) + n
+    for (module, func), n in views.items():
+        key = (str(func), module, "", "")
+        rec = records.get(key) or records.setdefault(key, OpRecord(str(func), module, "", ""))
+        rec.calls += n
+    for name in uncounted:
+        if name not in _WARNED:
+            _WARNED.add(name)
+            warnings.warn(f"perfcounter: no cost formula for {name}; its bytes are counted, "
+                          f"its FLOPs are not (listed in uncounted_ops)", stacklevel=2)
+    read, written = [0] * len(ROLES), [0] * len(ROLES)
+    for b in blocks:
+        r, w = _compulsory(b.touched, b.sizes)
+        read = [x + y for x, y in zip(read, r)]
+        written = [x + y for x, y in zip(written, w)]
+    return Trace(records=list(records.values()), compulsory_read=read,
+                 compulsory_written=written, kv_cache_valid_read=sum(b.kv_valid for b in blocks),
+                 uncounted_ops=uncounted, steps=len(blocks),
+                 overhead_s=sum(b.overhead for b in blocks))
+
+
+def _compulsory(touched, sizes) -> tuple[list[int], list[int]]:
+    """Bytes by role when each storage region is read at most once and written at most once.
+
+    Regions are [offset, offset + bytes) per storage, merged; gathers and
+    scatters (offset -1) add their bytes; a storage never counts more than its size."""
+    spans: dict[tuple[int, bool], list] = {}
+    role_of: dict[int, int] = {}
+    for code, off, nbytes, is_write in touched:
+        gen = code >> 3
+        spans.setdefault((gen, is_write), []).append((off, nbytes))
+        role = _ROLE_INDEX[code & 7]
+        if role_of.get(gen) != 1:  # KV cache wins: a buffer may be promoted mid-block
+            role_of[gen] = role
+    read, written = [0] * len(ROLES), [0] * len(ROLES)
+    for (gen, is_write), regions in spans.items():
+        if len(regions) == 1:  # the common case: one access pattern
+            total = regions[0][1]
+        else:
+            total, end = 0, -1
+            for off, nbytes in sorted(r for r in regions if r[0] >= 0):
+                lo = max(off, end)
+                if off + nbytes > lo:
+                    total += off + nbytes - lo
+                end = max(end, off + nbytes)
+            total += sum(nbytes for off, nbytes in regions if off < 0)
+        size = sizes.get(gen)
+        if size:
+            total = min(total, size)
+        (written if is_write else read)[role_of[gen]] += total
+    return read, written
 
 
 def _set_flex_eager(value: bool) -> bool:
