@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import resource
 import sys
 import time
@@ -53,7 +52,7 @@ def device_sync(device) -> None:
 
 # -- sampling (gpt-fast) ----------------------------------------------------------
 def multinomial_sample_one_no_sync(probs: Tensor) -> Tensor:
-    q = torch.empty_like(probs).exponential_(1)  # Gumbel-max trick, no host sync
+    q = torch.empty_like(probs).exponential_(1)  # argmax(p / Exp(1)) draws from p, no host sync
     return torch.argmax(probs / q, dim=-1, keepdim=True).to(dtype=torch.int)
 
 
@@ -159,6 +158,42 @@ def _load(checkpoint_path, model_name, config, hf: bool, device, dtype, log):
     return loaded
 
 
+def count_config_only(args: ModelArgs, counter, *, batch_size: int, prompt_length: int,
+                      max_new_tokens: int, dtype, device: str, **sampling_kwargs):
+    """Count one generation of a weightless model (FakeTensorMode): no data, no memory."""
+    if "cuda" in device and not torch.cuda.is_available():
+        device = "cpu"  # fake CUDA modules cannot be initialised without CUDA; counts agree
+    model, fake_mode = fake_model(args, dtype=dtype, device=device)
+    with fake_mode:
+        x = torch.zeros(batch_size, prompt_length, dtype=torch.int64, device=device)
+        generate(model, x, max_new_tokens, phase=counter.count, **sampling_kwargs)
+    return model
+
+
+def run_checkpoint(model, x: Tensor, counter, *, max_new_tokens: int, num_samples: int,
+                   compile: bool, device: str, progress: bool, **sampling_kwargs):
+    """Count one eager generation, then time `num_samples` uncounted ones (compiled with
+    `compile`): (generated ids of each sample, seconds of each sample, mean seconds per phase)."""
+    generate(model, x, max_new_tokens, phase=counter.count, **sampling_kwargs)
+    prefill_fn, decode_fn = prefill, decode_one_token
+    if compile:  # the counter never runs over compiled code: it counted the eager run above
+        # not fullgraph: a mixture of experts routes tokens with data-dependent loops
+        decode_fn = torch.compile(decode_one_token,
+                                  mode="reduce-overhead" if "cuda" in device else None)
+        prefill_fn = torch.compile(prefill, dynamic=True)
+        generate(model, x, max_new_tokens, prefill_fn=prefill_fn, decode_fn=decode_fn,
+                 **sampling_kwargs)  # warm-up: compilation
+    timer, outputs, seconds = PhaseTimer(device), [], []
+    for _ in range(num_samples):
+        t0 = time.perf_counter()
+        y = generate(model, x, max_new_tokens, phase=timer, prefill_fn=prefill_fn,
+                     decode_fn=decode_fn, progress=progress, **sampling_kwargs)
+        device_sync(device)
+        seconds.append(time.perf_counter() - t0)
+        outputs.append(y)
+    return outputs, seconds, {k: v / num_samples for k, v in timer.seconds.items()}
+
+
 def main(*, prompt: str = "Hello, my name is", prompt_length: int | None = None,
          num_samples: int = 1, max_new_tokens: int = 64, batch_size: int = 1,
          top_k: int | None = 200, temperature: float = 0.8, checkpoint_path: Path | None = None,
@@ -166,7 +201,8 @@ def main(*, prompt: str = "Hello, my name is", prompt_length: int | None = None,
          device: str | None = None, precision: str | None = None, compile: bool = False,
          device_spec: str | None = None, io_model: str = "per_op", depth: int = 10,
          save_path: Path | None = None, quiet: bool = False) -> dict:
-    """Run (or, config-only, count) a generation; returns the counter, texts and timings."""
+    """Run (or, config-only, count) a generation and report it; returns the counter,
+    the texts, the sample times and the measured seconds per phase."""
     log = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     if max_new_tokens < 1 or batch_size < 1 or num_samples < 1:
         raise GenerateArgumentError(f"--max_new_tokens, --batch_size and --num_samples must be >= 1, "
@@ -176,6 +212,9 @@ def main(*, prompt: str = "Hello, my name is", prompt_length: int | None = None,
     config_only = checkpoint_path is None and (model is not None or config is not None)
     if config_only and hf:
         raise GenerateArgumentError("--hf runs a checkpoint through transformers; give --checkpoint_path")
+    args = None
+    if config_only:
+        args = read_config(config) if config is not None else ModelArgs.from_name(model)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if precision is None:  # bfloat16 matmuls are slow on most CPUs
         precision = "float32" if device == "cpu" and not config_only else "bfloat16"
@@ -185,53 +224,33 @@ def main(*, prompt: str = "Hello, my name is", prompt_length: int | None = None,
     spec = get_device_spec(device_spec, dtype=dtype) if device_spec else default_device_spec(dtype)
     counter = TransformerPerformanceCounter(device_spec=spec, depth=depth, io_model=io_model)
     sampling = dict(temperature=temperature, top_k=top_k)
+    texts, seconds, measured = [], [], {}
 
-    if config_only:  # no weights: counts, roofline and energy only
-        args = read_config(config) if config is not None else ModelArgs.from_name(model)
-        if "cuda" in device and not torch.cuda.is_available():
-            device = "cpu"  # fake CUDA modules cannot be initialised without CUDA; counts agree
-        net, fake_mode = fake_model(args, dtype=dtype, device=device)
+    if config_only:
         length = prompt_length or 6  # 6 = BOS + "Hello, my name is" in Llama-2's tokenizer
         log(f"Config only: {args} under FakeTensorMode (no weights), synthetic prompt of "
             f"{length} tokens, batch {batch_size}")
-        with fake_mode:
-            x = torch.zeros(batch_size, length, dtype=torch.int64, device=device)
-            generate(net, x, max_new_tokens, phase=counter.count, **sampling)
-        tokenizer, loaded_args, texts, timer, samples = None, args, [], None, []
+        net = count_config_only(args, counter, batch_size=batch_size, prompt_length=length,
+                                max_new_tokens=max_new_tokens, dtype=dtype, device=device, **sampling)
     else:
         loaded = _load(checkpoint_path, model, config, hf, device, dtype, log)
-        net, tokenizer, loaded_args = loaded.model, loaded.tokenizer, loaded.args
+        net, tokenizer, args = loaded.model, loaded.tokenizer, loaded.args
         if tokenizer is None and prompt_length is None:
             raise TokenizerError(f"{loaded.source}: no tokenizer beside the checkpoint; add "
                                  "tokenizer.model or tokenizer.json, or pass --prompt_length N")
-        vocab = net.config.vocab_size
-        x = _prompt_tensor(tokenizer, prompt, prompt_length, vocab, batch_size, device)
+        x = _prompt_tensor(tokenizer, prompt, prompt_length, net.config.vocab_size, batch_size, device)
         length = x.shape[1]
-        generate(net, x, max_new_tokens, phase=counter.count, **sampling)  # counted, eager
-        prefill_fn, decode_fn = prefill, decode_one_token
-        if compile:  # the counter never runs over compiled code: it counted the eager run above
-            cuda = "cuda" in device
-            # not fullgraph: a mixture of experts routes tokens with data-dependent loops
-            decode_fn = torch.compile(decode_one_token, mode="reduce-overhead" if cuda else None)
-            prefill_fn = torch.compile(prefill, dynamic=True)
-            generate(net, x, max_new_tokens, prefill_fn=prefill_fn, decode_fn=decode_fn, **sampling)
-        timer, texts, samples = PhaseTimer(device), [], []
-        progress = sys.stderr.isatty() and not quiet
-        for i in range(num_samples):
-            t0 = time.perf_counter()
-            y = generate(net, x, max_new_tokens, phase=timer, prefill_fn=prefill_fn,
-                         decode_fn=decode_fn, progress=progress, **sampling)
-            device_sync(device)
-            samples.append(time.perf_counter() - t0)
-            if tokenizer is not None:
-                texts.append(tokenizer.decode(y[0].tolist()))
-        timer.seconds = {k: v / num_samples for k, v in timer.seconds.items()}
+        outputs, seconds, measured = run_checkpoint(
+            net, x, counter, max_new_tokens=max_new_tokens, num_samples=num_samples, compile=compile,
+            device=device, progress=sys.stderr.isatty() and not quiet, **sampling)
+        if tokenizer is not None:
+            texts = [tokenizer.decode(y[0].tolist()) for y in outputs]
 
     active, total = count_params(net)
-    labels = [label for label in ("prefill", "decode") if label in counter.counts]
     log(RULE + f"\nUsing {spec}")
-    log(f"Model Config: {loaded_args if loaded_args is not None else type(net.model).__name__}")
+    log(f"Model Config: {args if args is not None else type(net.model).__name__}")
     log(f"Active params, Total Params: {active}, {total}")
+    labels = [label for label in ("prefill", "decode") if label in counter.counts]
     if not quiet:
         for label in labels:
             print(RULE + "\nTransformerPerfCounter Metrics")
@@ -239,42 +258,48 @@ def main(*, prompt: str = "Hello, my name is", prompt_length: int | None = None,
     if not config_only:
         for i, text in enumerate(texts):
             log(RULE + f"\nGenerated text for sample {i}: {text}")
-        bytes_per_param = next(net.parameters()).element_size()
+        model_bytes = active * next(net.parameters()).element_size()
         tokens = max_new_tokens * batch_size
         log("\nGPTFast Sample Metrics")
-        for i, t in enumerate(samples):
+        for i, t in enumerate(seconds):
             log(f"  Time for inference {i + 1}: {length} prompt tokens {max_new_tokens} tokens "
                 f"generated, {t:.02f} sec total, {tokens / t:.02f} tokens/sec")
-            log(f"  Bandwidth achieved: {active * bytes_per_param * tokens / t / 1e9:.02f} GB/s")
+            log(f"  Bandwidth achieved: {model_bytes * tokens / t / 1e9:.02f} GB/s")
         log(RULE + "\nGPTFast Aggregate Stats")
-        log(f"  Average tokens/sec: {sum(tokens / t for t in samples) / len(samples):.2f}")
+        log(f"  Average tokens/sec: {sum(tokens / t for t in seconds) / len(seconds):.2f}")
         log(f"  Memory used: {_memory_used(device) / 1e9:.02f} GB")
-    print(RULE + f"\nPredicted vs measured on {spec.name}"
-          + (" (compiled run)" if compile and not config_only else ""))
-    print(f"  {'phase':<8} {'tokens':>7} {'GFLOPs':>10} {'GB':>9} {'roofline':>11} {'bound':>8} "
-          f"{'energy':>9} {'measured':>11} {'ratio':>7}")
-    measured = {}
-    for label in labels:
-        s = counter.counts[label]
-        measured[label] = None if timer is None else timer.seconds.get(label)
-        roof = s.roofline_latency
-        ratio = measured[label] / roof if measured[label] is not None and roof else None
-        print(f"  {label:<8} {s.num_tokens:>7} {s.total_flops / 1e9:>10.2f} {s.total_io / 1e9:>9.3f} "
-              f"{_ms(roof):>11} {s.bound or 'n/a':>8} {_joules(s.energy_j):>9} "
-              f"{_ms(measured[label]):>11} {'n/a' if ratio is None else f'{ratio:.2f}x':>7}")
+    measured = {label: measured.get(label) for label in labels}
+    print_predicted_vs_measured(counter, labels, measured,
+                                compiled=compile and not config_only)
     if not quiet:
         print(RULE + "\nTransformerPerfCounter")
         counter.print_summary(show=True)
     if save_path is not None:
         doc = counter.to_json()
-        doc["run"] = {"config_only": config_only, "model": repr(loaded_args), "prompt_tokens": length,
+        doc["run"] = {"config_only": config_only, "model": repr(args), "prompt_tokens": length,
                       "batch_size": batch_size, "max_new_tokens": max_new_tokens,
                       "compiled": bool(compile and not config_only), "measured_latency_s": measured,
-                      "sample_seconds": samples, "active_params": active, "total_params": total}
+                      "sample_seconds": seconds, "active_params": active, "total_params": total}
         write_json_atomic(save_path, doc)
         log(f"\nSaving performance results to {save_path}")
-    return {"counter": counter, "texts": texts, "measured": measured, "samples": samples,
+    return {"counter": counter, "texts": texts, "measured": measured, "samples": seconds,
             "params": (active, total), "config_only": config_only}
+
+
+def print_predicted_vs_measured(counter, labels: list[str], measured: dict, compiled: bool) -> None:
+    """Per phase: counts, roofline latency on the counter's device, energy, and the
+    measured latency of the uncounted runs with its ratio to the roofline."""
+    print(RULE + f"\nPredicted vs measured on {counter.device_spec.name}"
+          + (" (compiled run)" if compiled else ""))
+    print(f"  {'phase':<8} {'tokens':>7} {'GFLOPs':>10} {'GB':>9} {'roofline':>11} {'bound':>8} "
+          f"{'energy':>9} {'measured':>11} {'meas/roof':>9}")
+    for label in labels:
+        s = counter.counts[label]
+        roof, real = s.roofline_latency, measured.get(label)
+        ratio = "n/a" if real is None or not roof else f"{real / roof:.2f}x"
+        print(f"  {label:<8} {s.num_tokens:>7} {s.total_flops / 1e9:>10.2f} {s.total_io / 1e9:>9.3f} "
+              f"{_ms(roof):>11} {s.bound or 'n/a':>8} {_joules(s.energy_j):>9} {_ms(real):>11} "
+              f"{ratio:>9}")
 
 
 def _ms(seconds) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Optional
 
 import torch

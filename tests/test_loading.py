@@ -10,7 +10,7 @@ import torch
 
 from conftest import make_hf_model, tiny_args
 from perfcounter.loading import (CheckpointError, CheckpointNotFoundError, HFCausalLM,
-                                 checkpoint_kind, convert_checkpoint, load_hf_model, load_model,
+                                 checkpoint_kind, load_hf_model, load_model,
                                  model_args_from_hf, read_config, save_checkpoint)
 from perfcounter.model import Transformer
 from perfcounter.tokenizer import (HFTokenizer, SentencePieceTokenizer, TokenizerError,
