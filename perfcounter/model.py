@@ -303,7 +303,8 @@ class ConditionalFeedForward(nn.Module):
 
     def _balanced(self, x: Tensor, top_k: int) -> Tensor:
         """Without data the routing is unknown: spread the T*A token-slots evenly over
-        min(T*A, E) experts, so that FLOPs are exact and each expert used is read once."""
+        min(T*A, E) experts, each read once. FLOPs are exact up to the padding of T*A
+        to a multiple of the experts used."""
         slots = x.shape[0] * top_k
         used = min(slots, self.w1.shape[0])
         per = -(-slots // used)

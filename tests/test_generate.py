@@ -83,6 +83,10 @@ def test_config_only_moe_decode_reads_only_the_routed_experts(tmp_path):
     # -> 12480; 2 layers 24960 + final norm 32 + output 2048 + one embedding row 32 = 27072
     # float32: 27072 * 4 = 108_288 bytes
     assert read == 108_288
+    # prefill, 3 tokens * 2 slots = 6 >= 4 experts: every expert read once per layer
+    # per layer 2048 + 1024 + 64 + 128 + 4*3*32*48 = 21696; 2 layers 43392 + 32 + 2048
+    # + three embedding rows 96 = 45568 params; * 4 bytes = 182_272
+    assert counts["prefill"].io_by_role["read"]["weight"] == 182_272
 
 
 def test_config_only_from_a_hugging_face_config(tmp_path):
