@@ -40,7 +40,8 @@ _VIEW, _COUNT, _DECOMPOSE, _HOP, _DYNAMIC, _VIEW_OR_COPY = range(6)
 # _DYNAMIC: output shape depends on data. _VIEW_OR_COPY: composites that return their
 # input (or a view of it) when they can and a copy otherwise; decided per call.
 _VIEW_OR_COPY_OPS = {aten.to, aten.reshape, aten.contiguous, aten.flatten, aten.type_as}
-_OP_KIND: dict = {}
+_OP_KIND: dict = {}  # id(op) -> how it is handled
+_OP_NAMES: dict = {}  # id(op) -> "aten.mm.default"
 _ENTRIES: dict = {}  # key -> _Entry, shared by all modes (costs depend on shapes only)
 _WARNED: set[str] = set()
 
@@ -79,7 +80,8 @@ def _classify(func) -> int:
         kind = _COUNT
     if kind == _COUNT and torch.Tag.dynamic_output_shape in func.tags:
         kind = _DYNAMIC
-    _OP_KIND[func] = kind
+    _OP_KIND[id(func)] = kind  # ops live as long as the process; id() hashes fast
+    _OP_NAMES[id(func)] = str(func)
     return kind
 
 
@@ -382,7 +384,7 @@ class PerformanceCounterMode(TorchDispatchMode):
 
     # -- the hot path ----------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kind = _OP_KIND.get(func)
+        kind = _OP_KIND.get(id(func))
         if kind is None:
             kind = _classify(func)
         if kwargs is None:
@@ -391,7 +393,7 @@ class PerformanceCounterMode(TorchDispatchMode):
             out = self._decompose(func, args, kwargs)
             if out is not NotImplemented:
                 return out
-            kind = _OP_KIND[func] = _COUNT
+            kind = _OP_KIND[id(func)] = _COUNT
         out = func(*args, **kwargs)
         t0 = time.perf_counter()
         if kind == _VIEW_OR_COPY and (
@@ -399,7 +401,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                 or out.untyped_storage()._cdata == args[0].untyped_storage()._cdata):
             kind = _VIEW
         if kind == _VIEW:
-            k = (self._tracker.current, func)
+            k = (self._tracker.current, id(func))
             self._views[k] = self._views.get(k, 0) + 1
         else:
             self._record(func, args, kwargs, out, kind == _DYNAMIC)
@@ -409,7 +411,7 @@ class PerformanceCounterMode(TorchDispatchMode):
     def _record(self, func, args, kwargs, out, dynamic=False) -> None:
         """The one place an op is recorded."""
         tensors = []
-        key = [func]
+        key = [id(func)]
         for a in args:
             if isinstance(a, Tensor):
                 tensors.append(a)
@@ -455,8 +457,10 @@ class PerformanceCounterMode(TorchDispatchMode):
         touched = self._touched
         sig = []
         skip = ()
-        if entry.dups:
-            skip = {j for i, j in entry.dups if tensors[i] is tensors[j]}
+        if entry.dups:  # the same tensor passed twice (x * x) is read once
+            for i, j in entry.dups:
+                if tensors[i] is tensors[j]:
+                    skip += (j,)
         for i, nbytes, size, gathered in entry.reads:
             if i in skip:
                 sig.append(SKIP)
@@ -664,9 +668,10 @@ def build_trace(blocks: list[_Block]) -> Trace:
             rec.written[i] += n * b
         if not entry.has_formula:
             uncounted[entry.name] = uncounted.get(entry.name, 0) + n
-    for (module, func), n in views.items():
-        key = (str(func), module, "", "")
-        rec = records.get(key) or records.setdefault(key, OpRecord(str(func), module, "", ""))
+    for (module, op_id), n in views.items():
+        name = _OP_NAMES[op_id]
+        key = (name, module, "", "")
+        rec = records.get(key) or records.setdefault(key, OpRecord(name, module, "", ""))
         rec.calls += n
     for name in uncounted:
         if name not in _WARNED:
