@@ -17,6 +17,7 @@ _EXPORTS = {
     "CUDADeviceSpec": "devices",
     "get_device_spec": "devices",
     "list_device_specs": "devices",
+    "default_device_spec": "devices",
     "OpRecord": "trace",
     "Trace": "trace",
 }
