@@ -145,8 +145,11 @@ class _Entry:
                 if packet in _WRITE_ONLY or name == "out":
                     continue
             elems = cost.read_elems[i] if cost.read_elems and i < len(cost.read_elems) else None
-            gathered = elems is not None
-            reads.append((i, (whole if elems is None else elems) * size, size, gathered))
+            # how the compulsory model places the read: 1 scattered rows, 2 a broadcast
+            # view (more elements than storage), 0 a plain region
+            place = 1 if elems is not None else 2 if any(
+                st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)) else 0
+            reads.append((i, (whole if elems is None else elems) * size, size, place))
         self.reads = tuple(reads)
         self.writes_in = tuple(writes_in)
         rets = getattr(func, "_schema", None)
@@ -226,46 +229,40 @@ class _ModulePath(ModuleTracker):
         super().__init__()
         self.depth = depth
         self.on_new_module = on_new_module
-        self.stack: list[str] = []
+        self.stack: list[tuple] = []  # entries of _names() for the modules running now
         self.current = ""
-        self._short: dict[str, str] = {}
         self._by_id: dict[int, tuple] = {}
         self.seconds = 0.0
 
-    def _get_mod_name(self, mod) -> str:
-        """ModuleTracker's name, looked up by id first (its weak dictionaries are slow)."""
+    def _names(self, mod) -> tuple:
+        """(weakref, full name, name truncated to depth), looked up by id: ModuleTracker's
+        weak dictionaries are slow on a path that runs twice per module call."""
         hit = self._by_id.get(id(mod))
         if hit is not None and hit[0]() is mod:
-            return hit[1]
-        name = super()._get_mod_name(mod)
-        self._by_id[id(mod)] = (weakref.ref(mod), name)
-        return name
-
-    def _truncate(self, name: str) -> str:
-        short = self._short.get(name)
-        if short is None:
-            short = self._short[name] = ".".join(name.split(".")[: self.depth])
-        return short
+            return hit
+        name = self._get_mod_name(mod)
+        hit = self._by_id[id(mod)] = (weakref.ref(mod), name, ".".join(name.split(".")[: self.depth]))
+        if self.on_new_module is not None:
+            self.on_new_module(mod)
+        return hit
 
     def _fw_pre_hook(self, mod, input) -> None:
         t0 = time.perf_counter()
-        name = self._get_mod_name(mod)
-        if self.on_new_module is not None:
-            self.on_new_module(mod)
-        self.stack.append(name)
-        self.current = self._truncate(name)
+        hit = self._names(mod)
+        self.stack.append(hit)
+        self.current = hit[2]
         if torch.is_grad_enabled():
             super()._fw_pre_hook(mod, input)  # backward tracking needs ModuleTracker's hooks
         self.seconds += time.perf_counter() - t0
 
     def _fw_post_hook(self, mod, input, output) -> None:
         t0 = time.perf_counter()
-        name = self._get_mod_name(mod)
-        if self.stack and self.stack[-1] == name:
-            self.stack.pop()
-        elif name in self.stack:
-            self.stack.remove(name)
-        self.current = self._truncate(self.stack[-1]) if self.stack else ""
+        stack = self.stack
+        if stack and stack[-1][0]() is mod:
+            stack.pop()
+        else:  # a module left out of order: drop its entry wherever it is
+            self.stack = stack = [h for h in stack if h[0]() is not mod]
+        self.current = stack[-1][2] if stack else ""
         if torch.is_grad_enabled():
             super()._fw_post_hook(mod, input, output)
         self.seconds += time.perf_counter() - t0
@@ -317,6 +314,7 @@ class PerformanceCounterMode(TorchDispatchMode):
         self._gen = 0  # allocation counter, in steps of 8 (see _new_code)
         self._sizes: dict[int, int] = {}  # allocation -> storage bytes
         self._kv_written: dict[int, int] = {}  # KV allocation -> bytes of valid positions
+        self._kv_gens: set[int] = set()  # allocations that became KV cache (kept across blocks)
         self._active = False
         self._modules_seen: set[int] = set()
         self._tracker = _ModulePath(depth, self._register_module)  # kept: it caches module names
@@ -328,7 +326,10 @@ class PerformanceCounterMode(TorchDispatchMode):
     def _reset(self) -> None:
         self._counts: dict = {}  # (module, entry, roles) -> calls
         self._views: dict = {}  # (module, func) -> calls
-        self._touched: set = set()  # (storage code, offset or -1, bytes, is_write)
+        # compulsory IO: (allocation << 3) | is_write -> first (offset or -1, bytes, role);
+        # further distinct regions of the same storage go to _extra
+        self._touched: dict = {}
+        self._extra: list = []
         self._kv_valid = 0
         self._overhead = 0.0
         self._tracker.stack.clear()
@@ -339,6 +340,7 @@ class PerformanceCounterMode(TorchDispatchMode):
         live = {c >> 3 for c in self._roles.values()}
         self._sizes = {g: n for g, n in self._sizes.items() if g in live}
         self._kv_written = {g: n for g, n in self._kv_written.items() if g in live}
+        self._kv_gens = {g for g in self._kv_gens if g in live}  # a new set: old blocks keep theirs
 
     def __enter__(self):
         if self._decomposing:  # re-entered to count a decomposition's parts
@@ -368,8 +370,8 @@ class PerformanceCounterMode(TorchDispatchMode):
             _set_flex_eager(self._flex_flag)
             self._active = False
             self._trace = None  # built on first request: trace() (keeps exit cheap)
-            self._block = _Block(self._counts, self._views, self._touched, self._kv_valid,
-                                 self._overhead + self._tracker.seconds, self._sizes)
+            self._block = _Block(self._counts, self._views, (self._touched, self._extra, self._kv_gens),
+                                 self._kv_valid, self._overhead + self._tracker.seconds, self._sizes)
 
     _decomposing = 0
 
@@ -456,13 +458,15 @@ class PerformanceCounterMode(TorchDispatchMode):
         roles = self._roles
         touched = self._touched
         sig = []
-        skip = ()
         if entry.dups:  # the same tensor passed twice (x * x) is read once
+            skip = ()
             for i, j in entry.dups:
                 if tensors[i] is tensors[j]:
                     skip += (j,)
-        for i, nbytes, size, gathered in entry.reads:
-            if i in skip:
+        else:
+            skip = ()
+        for i, nbytes, size, place in entry.reads:
+            if skip and i in skip:
                 sig.append(SKIP)
                 continue
             t = tensors[i]
@@ -470,28 +474,47 @@ class PerformanceCounterMode(TorchDispatchMode):
             if code is None:
                 code = self._first_sight(t)
             sig.append(code & 7)
-            touched.add((code, -1 if gathered else t.storage_offset() * size, nbytes, False))
+            if place:
+                if place == 1:
+                    off = -1
+                else:  # a broadcast view never reads more than its storage
+                    off, nbytes = t.storage_offset() * size, min(nbytes, t.untyped_storage().nbytes())
+            else:
+                off = t.storage_offset() * size
+            k = code & ~7  # (allocation << 3): reads, allocation | 1: writes
+            prev = touched.get(k)
+            if prev is None:
+                touched[k] = (off, nbytes, code & 7)
+            elif prev[0] != off or prev[1] != nbytes:
+                self._extra.append((k, off, nbytes))
         for i, nbytes, scattered in entry.writes_in:
             t = tensors[i]
             code = roles.get(t.untyped_storage()._cdata)
             if code is None:
                 code = self._first_sight(t)
             sig.append(code & 7)
-            touched.add((code, -1 if scattered else t.storage_offset() * t.element_size(),
-                         nbytes, True))
+            off = -1 if scattered else t.storage_offset() * t.element_size()
+            k = (code & ~7) | 1
+            prev = touched.get(k)
+            if prev is None:
+                touched[k] = (off, nbytes, code & 7)
+            elif prev[0] != off or prev[1] != nbytes:
+                self._extra.append((k, off, nbytes))
         if entry.writes_out:
-            outs = [out] if isinstance(out, Tensor) else _flat_tensors(out)
+            outs = [out] if type(out) is Tensor or isinstance(out, Tensor) else _flat_tensors(out)
             r = entry.out_role
             if r == JOINED and KV in sig:
                 r = KV
             for j, nbytes in entry.writes_out:
                 self._gen += 8
-                code = roles[outs[j].untyped_storage()._cdata] = self._gen | r
-                self._sizes[code >> 3] = nbytes
-                if r == KV:
-                    self._kv_written[code >> 3] = nbytes
+                gen = self._gen
+                roles[outs[j].untyped_storage()._cdata] = gen | r
+                if r != ACT:  # may be or become KV cache: its size bounds the valid part
+                    self._sizes[gen >> 3] = nbytes
+                    if r == KV:
+                        self._kv_written[gen >> 3] = nbytes
                 sig.append(r)
-                touched.add((code, 0, nbytes, True))
+                touched[gen | 1] = (0, nbytes, r)
         k = (self._tracker.current, entry, tuple(sig))
         self._counts[k] = self._counts.get(k, 0) + 1
 
@@ -538,6 +561,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                 gen = code >> 3
                 if code & 7 in (INPUT, FRESH, KV):
                     roles[tensors[i].untyped_storage()._cdata] = (code & ~7) | KV
+                    self._kv_gens.add(gen)
                     self._kv_written[gen] = min(self._kv_written.get(gen, 0) + nbytes,
                                                 self._sizes.get(gen, nbytes))
         elif packet in _ATTENTION:
@@ -551,6 +575,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                 gen = code >> 3
                 if code & 7 in (INPUT, JOINED):
                     code = roles[t.untyped_storage()._cdata] = (code & ~7) | KV
+                    self._kv_gens.add(gen)
                     self._kv_written[gen] = self._sizes.get(gen, nbytes)
                 if code & 7 == KV:
                     size = self._sizes.get(gen) or nbytes
@@ -693,31 +718,28 @@ def _compulsory(touched, sizes) -> tuple[list[int], list[int]]:
     """Bytes by role when each storage region is read at most once and written at most once.
 
     Regions are [offset, offset + bytes) per storage, merged; gathers and
-    scatters (offset -1) add their bytes; a storage never counts more than its size."""
-    spans: dict[tuple[int, bool], list] = {}
-    role_of: dict[int, int] = {}
-    for code, off, nbytes, is_write in touched:
-        gen = code >> 3
-        spans.setdefault((gen, is_write), []).append((off, nbytes))
-        role = _ROLE_INDEX[code & 7]
-        if role_of.get(gen) != 1:  # KV cache wins: a buffer may be promoted mid-block
-            role_of[gen] = role
+    scatters (offset -1) add their bytes; a storage never counts more than its size;
+    a storage that became KV cache counts as KV cache throughout."""
+    first, extra, kv_gens = touched
     read, written = [0] * len(ROLES), [0] * len(ROLES)
-    for (gen, is_write), regions in spans.items():
-        if len(regions) == 1:  # the common case: one access pattern
-            total = regions[0][1]
-        else:
-            total, end = 0, -1
-            for off, nbytes in sorted(r for r in regions if r[0] >= 0):
-                lo = max(off, end)
-                if off + nbytes > lo:
-                    total += off + nbytes - lo
-                end = max(end, off + nbytes)
-            total += sum(nbytes for off, nbytes in regions if off < 0)
+    more: dict[int, list] = {}
+    for k, off, nbytes in extra:
+        more.setdefault(k, []).append((off, nbytes))
+    for k, (off, nbytes, role) in first.items():
+        gen = k >> 3
+        if k in more:
+            regions = set(more[k]) | {(off, nbytes)}
+            nbytes, end = 0, -1
+            for o, n in sorted(r for r in regions if r[0] >= 0):
+                lo = max(o, end)
+                if o + n > lo:
+                    nbytes += o + n - lo
+                end = max(end, o + n)
+            nbytes += sum(n for o, n in regions if o < 0)
         size = sizes.get(gen)
-        if size:
-            total = min(total, size)
-        (written if is_write else read)[role_of[gen]] += total
+        if size is not None and nbytes > size:
+            nbytes = size
+        (written if k & 1 else read)[1 if gen in kv_gens else _ROLE_INDEX[role]] += nbytes
     return read, written
 
 

@@ -341,3 +341,20 @@ def test_mode_refuses_nesting_and_bad_arguments():
 
 def test_roles_are_named():
     assert ROLES == ("weight", "kv_cache", "activation", "input")
+
+
+def test_compulsory_merges_regions_of_one_storage():
+    x = torch.randn(8)
+    y = torch.randn(1, 4)
+
+    def run():
+        a = x[:4] + 1  # reads bytes 0-16 of x
+        b = x[4:] + 1  # reads bytes 16-32
+        c = x[:4] * 2  # bytes 0-16 again
+        d = y.expand(5, 4) * 1  # a broadcast view: 80 B per op, 16 B of storage
+        return a, b, c, d
+
+    t = count(run)
+    assert t.per_op_read[INP] == 16 * 3 + 80  # every op reads its region
+    assert t.compulsory_read[INP] == 32 + 16  # x once (two halves merged), y's storage once
+    assert t.compulsory_written[ACT] == 16 * 3 + 80  # four new tensors, written once each
