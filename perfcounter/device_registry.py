@@ -22,7 +22,16 @@ from perfcounter.device_schema import load_device_specs
 from perfcounter.devices import (CUDADeviceSpec, DeviceSpec, DeviceSpecError,
                                  UnknownDeviceError, _local_cuda_name, as_dtype)
 
-_SHIPPED_DIR = Path(__file__).resolve().parent.parent / "device_specs"
+def _shipped_dir() -> Path:
+    """device_specs/ inside an installed package, else at the top of a source checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "device_specs", here.parent / "device_specs"):
+        if any(candidate.glob("*.yaml")):
+            return candidate
+    return here.parent / "device_specs"
+
+
+_SHIPPED_DIR = _shipped_dir()
 
 _shipped_cache: list[DeviceSpec] | None = None
 _calibrated_cache: dict = {}
