@@ -34,6 +34,11 @@ Tensor = torch.Tensor
 # still become KV cache (made by a factory, or by concatenation).
 WEIGHT, KV, ACT, INPUT, FRESH, JOINED, SKIP = range(7)
 _ROLE_INDEX = (0, 1, 2, 3, 2, 2)
+# A storage code is (allocation << 5) | flags | role: the allocation number tells apart
+# storages that reuse a freed one's address; the role can change (an input buffer
+# becomes KV cache) while the number stays; the flags say the block has already read /
+# written the whole storage (the compulsory model counts that once).
+_READ, _WRITTEN, _FLAGS, _STEP = 8, 16, 24, 32
 
 # How an op is handled, decided once per OpOverload.
 _VIEW, _COUNT, _DECOMPOSE, _HOP, _DYNAMIC, _VIEW_OR_COPY = range(6)
@@ -326,8 +331,11 @@ class PerformanceCounterMode(TorchDispatchMode):
     def _reset(self) -> None:
         self._counts: dict = {}  # (module, entry, roles) -> calls
         self._views: dict = {}  # (module, func) -> calls
-        # compulsory IO: (allocation << 3) | is_write -> first (offset or -1, bytes, role);
-        # further distinct regions of the same storage go to _extra
+        # compulsory IO: whole-storage accesses are summed by role at once (and flagged in
+        # the code); partial ones go to _touched: (allocation << 1) | is_write -> first
+        # (offset or -1, bytes, role), further distinct regions of that storage to _extra
+        self._comp = ([0] * len(ROLES), [0] * len(ROLES))
+        self._whole = (set(), set())  # allocations read / written whole
         self._touched: dict = {}
         self._extra: list = []
         self._kv_valid = 0
@@ -336,8 +344,8 @@ class PerformanceCounterMode(TorchDispatchMode):
         self._tracker.current = ""
         self._tracker.seconds = 0.0
         # only weights and KV caches keep their role from one block to the next
-        self._roles = {s: c for s, c in self._roles.items() if c & 7 <= KV}
-        live = {c >> 3 for c in self._roles.values()}
+        self._roles = {s: c & ~_FLAGS for s, c in self._roles.items() if c & 7 <= KV}
+        live = {c >> 5 for c in self._roles.values()}
         self._sizes = {g: n for g, n in self._sizes.items() if g in live}
         self._kv_written = {g: n for g, n in self._kv_written.items() if g in live}
         self._kv_gens = {g for g in self._kv_gens if g in live}  # a new set: old blocks keep theirs
@@ -370,7 +378,8 @@ class PerformanceCounterMode(TorchDispatchMode):
             _set_flex_eager(self._flex_flag)
             self._active = False
             self._trace = None  # built on first request: trace() (keeps exit cheap)
-            self._block = _Block(self._counts, self._views, (self._touched, self._extra, self._kv_gens),
+            self._block = _Block(self._counts, self._views,
+                                 (self._comp, self._whole, self._touched, self._extra, self._kv_gens),
                                  self._kv_valid, self._overhead + self._tracker.seconds, self._sizes)
 
     _decomposing = 0
@@ -465,39 +474,57 @@ class PerformanceCounterMode(TorchDispatchMode):
                     skip += (j,)
         else:
             skip = ()
+        comp_read, comp_written = self._comp
         for i, nbytes, size, place in entry.reads:
             if skip and i in skip:
                 sig.append(SKIP)
                 continue
             t = tensors[i]
-            code = roles.get(t.untyped_storage()._cdata)
+            storage = t.untyped_storage()
+            cdata = storage._cdata
+            code = roles.get(cdata)
             if code is None:
                 code = self._first_sight(t)
-            sig.append(code & 7)
-            if place:
-                if place == 1:
-                    off = -1
-                else:  # a broadcast view never reads more than its storage
-                    off, nbytes = t.storage_offset() * size, min(nbytes, t.untyped_storage().nbytes())
+            r = code & 7
+            sig.append(r)
+            if not place and nbytes == storage.nbytes() and not t.storage_offset():
+                if not code & _READ:  # the whole storage, first time in this block
+                    roles[cdata] = code | _READ
+                    comp_read[_ROLE_INDEX[r]] += nbytes
+                    self._whole[0].add(code >> 5)
+                continue
+            if place == 1:
+                off = -1
+            elif place == 2:  # a broadcast view never reads more than its storage
+                off, nbytes = t.storage_offset() * size, min(nbytes, storage.nbytes())
             else:
                 off = t.storage_offset() * size
-            k = code & ~7  # (allocation << 3): reads, allocation | 1: writes
+            k = (code >> 5) << 1
             prev = touched.get(k)
             if prev is None:
-                touched[k] = (off, nbytes, code & 7)
+                touched[k] = (off, nbytes, r)
             elif prev[0] != off or prev[1] != nbytes:
                 self._extra.append((k, off, nbytes))
         for i, nbytes, scattered in entry.writes_in:
             t = tensors[i]
-            code = roles.get(t.untyped_storage()._cdata)
+            storage = t.untyped_storage()
+            cdata = storage._cdata
+            code = roles.get(cdata)
             if code is None:
                 code = self._first_sight(t)
-            sig.append(code & 7)
+            r = code & 7
+            sig.append(r)
+            if not scattered and nbytes == storage.nbytes() and not t.storage_offset():
+                if not code & _WRITTEN:
+                    roles[cdata] = code | _WRITTEN
+                    comp_written[_ROLE_INDEX[r]] += nbytes
+                    self._whole[1].add(code >> 5)
+                continue
             off = -1 if scattered else t.storage_offset() * t.element_size()
-            k = (code & ~7) | 1
+            k = ((code >> 5) << 1) | 1
             prev = touched.get(k)
             if prev is None:
-                touched[k] = (off, nbytes, code & 7)
+                touched[k] = (off, nbytes, r)
             elif prev[0] != off or prev[1] != nbytes:
                 self._extra.append((k, off, nbytes))
         if entry.writes_out:
@@ -506,25 +533,27 @@ class PerformanceCounterMode(TorchDispatchMode):
             if r == JOINED and KV in sig:
                 r = KV
             for j, nbytes in entry.writes_out:
-                self._gen += 8
+                self._gen += _STEP
                 gen = self._gen
-                roles[outs[j].untyped_storage()._cdata] = gen | r
+                if nbytes:  # a new storage, written whole (an empty() is not written)
+                    roles[outs[j].untyped_storage()._cdata] = gen | r | _WRITTEN
+                    comp_written[_ROLE_INDEX[r]] += nbytes
+                    self._whole[1].add(gen >> 5)
+                else:
+                    roles[outs[j].untyped_storage()._cdata] = gen | r
                 if r != ACT:  # may be or become KV cache: its size bounds the valid part
-                    self._sizes[gen >> 3] = nbytes
+                    self._sizes[gen >> 5] = outs[j].untyped_storage().nbytes()
                     if r == KV:
-                        self._kv_written[gen >> 3] = nbytes
+                        self._kv_written[gen >> 5] = nbytes
                 sig.append(r)
-                touched[gen | 1] = (0, nbytes, r)
         k = (self._tracker.current, entry, tuple(sig))
         self._counts[k] = self._counts.get(k, 0) + 1
 
-    # Storage codes: (allocation number << 3) | role. The allocation number tells
-    # apart storages that reuse a freed one's address; the role can change (an
-    # input buffer becomes KV cache) while the number stays.
     def _new_code(self, st: int, role: int, nbytes: int) -> int:
-        self._gen += 8
+        """A fresh code (see _READ) for a storage first seen in this block."""
+        self._gen += _STEP
         code = self._roles[st] = self._gen | role
-        self._sizes[code >> 3] = nbytes
+        self._sizes[code >> 5] = nbytes
         return code
 
     def _register_module(self, mod) -> None:
@@ -551,17 +580,29 @@ class PerformanceCounterMode(TorchDispatchMode):
         code = self._roles.get(t.untyped_storage()._cdata)
         return self._first_sight(t) if code is None else code
 
+    def _make_kv(self, cdata: int, code: int) -> int:
+        """Mark a storage as KV cache; move what the block already counted for it
+        whole into the KV-cache bucket of the compulsory model."""
+        old, gen = code & 7, code >> 5
+        new = self._roles[cdata] = (code & ~7) | KV
+        self._kv_gens.add(gen)
+        size = self._sizes.get(gen, 0)
+        for flag, comp in ((_READ, self._comp[0]), (_WRITTEN, self._comp[1])):
+            if code & flag and _ROLE_INDEX[old] != KV:
+                comp[_ROLE_INDEX[old]] -= size
+                comp[KV] += size
+        return new
+
     def _promote(self, entry, tensors) -> None:
         """KV-cache detection for cache writes and attention (rare ops, off the common path)."""
-        roles = self._roles
         packet = entry.packet
         if packet in _CACHE_WRITES:
             for i, nbytes, _ in entry.writes_in:
                 code = self._code(tensors[i])
-                gen = code >> 3
+                gen = code >> 5
                 if code & 7 in (INPUT, FRESH, KV):
-                    roles[tensors[i].untyped_storage()._cdata] = (code & ~7) | KV
-                    self._kv_gens.add(gen)
+                    if code & 7 != KV:
+                        self._make_kv(tensors[i].untyped_storage()._cdata, code)
                     self._kv_written[gen] = min(self._kv_written.get(gen, 0) + nbytes,
                                                 self._sizes.get(gen, nbytes))
         elif packet in _ATTENTION:
@@ -572,10 +613,9 @@ class PerformanceCounterMode(TorchDispatchMode):
                     continue
                 seen.append(t)
                 code = self._code(t)
-                gen = code >> 3
+                gen = code >> 5
                 if code & 7 in (INPUT, JOINED):
-                    code = roles[t.untyped_storage()._cdata] = (code & ~7) | KV
-                    self._kv_gens.add(gen)
+                    code = self._make_kv(t.untyped_storage()._cdata, code)
                     self._kv_written[gen] = self._sizes.get(gen, nbytes)
                 if code & 7 == KV:
                     size = self._sizes.get(gen) or nbytes
@@ -717,16 +757,19 @@ def build_trace(blocks: list[_Block]) -> Trace:
 def _compulsory(touched, sizes) -> tuple[list[int], list[int]]:
     """Bytes by role when each storage region is read at most once and written at most once.
 
-    Regions are [offset, offset + bytes) per storage, merged; gathers and
-    scatters (offset -1) add their bytes; a storage never counts more than its size;
-    a storage that became KV cache counts as KV cache throughout."""
-    first, extra, kv_gens = touched
-    read, written = [0] * len(ROLES), [0] * len(ROLES)
+    Whole-storage accesses were summed while counting; partial ones are merged here:
+    regions [offset, offset + bytes) per storage, gathers and scatters (offset -1)
+    added, never more than the storage, nothing a whole access already covered; a
+    storage that became KV cache counts as KV cache."""
+    (comp_read, comp_written), whole, first, extra, kv_gens = touched
+    read, written = list(comp_read), list(comp_written)
     more: dict[int, list] = {}
     for k, off, nbytes in extra:
         more.setdefault(k, []).append((off, nbytes))
     for k, (off, nbytes, role) in first.items():
-        gen = k >> 3
+        gen, is_write = k >> 1, k & 1
+        if gen in whole[is_write]:
+            continue
         if k in more:
             regions = set(more[k]) | {(off, nbytes)}
             nbytes, end = 0, -1
@@ -739,7 +782,7 @@ def _compulsory(touched, sizes) -> tuple[list[int], list[int]]:
         size = sizes.get(gen)
         if size is not None and nbytes > size:
             nbytes = size
-        (written if k & 1 else read)[1 if gen in kv_gens else _ROLE_INDEX[role]] += nbytes
+        (written if is_write else read)[1 if gen in kv_gens else _ROLE_INDEX[role]] += nbytes
     return read, written
 
 
