@@ -358,3 +358,21 @@ def test_compulsory_merges_regions_of_one_storage():
     assert t.per_op_read[INP] == 16 * 3 + 80  # every op reads its region
     assert t.compulsory_read[INP] == 32 + 16  # x once (two halves merged), y's storage once
     assert t.compulsory_written[ACT] == 16 * 3 + 80  # four new tensors, written once each
+
+
+def test_compulsory_cache_made_in_block_is_kv_once():
+    new = torch.randn(1, 2, 3, 8)
+    q = torch.randn(1, 2, 3, 8)
+    pos = torch.arange(3)
+
+    def run():
+        cache = torch.zeros(1, 2, 16, 8)  # made in the block: written whole (1 KiB)
+        cache.index_copy_(2, pos, new)  # then 3 positions (192 B)
+        F.scaled_dot_product_attention(q, cache, cache)  # read whole, twice (k is v)
+
+    t = count(run)
+    # the buffer is KV cache throughout: written once whole (the new positions fall inside
+    # it), read once whole; 1 * 2 * 16 * 8 * 4 = 1024 B
+    assert t.compulsory_written[KV] == 1024
+    assert t.compulsory_read[KV] == 1024
+    assert t.compulsory_read[INP] == 2 * 192 + 24  # new, q, and 3 int64 positions
