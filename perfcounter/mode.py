@@ -306,7 +306,10 @@ class PerformanceCounterMode(TorchDispatchMode):
 
     supports_higher_order_operators = True
 
-    def __init__(self, depth: int = 10, io_model: str = "per_op"):
+    def __init__(self, display: bool = False, depth: int = 10, debug: bool = False,
+                 io_model: str = "per_op"):
+        """display: print the per-module FLOPs summary when a block ends (torchao's flag);
+        debug: also print every record (op, module, shapes, FLOPs, bytes) then."""
         super().__init__()
         import torch._dynamo  # noqa: F401  (a dispatch mode imports it on first use; not inside a timed block)
         if not isinstance(depth, int) or depth < 1:
@@ -315,8 +318,10 @@ class PerformanceCounterMode(TorchDispatchMode):
             raise ValueError(f"io_model must be 'per_op' or 'compulsory', got {io_model!r}")
         self.depth = depth
         self.io_model = io_model
+        self.display = display
+        self.debug = debug
         self._roles: dict[int, int] = {}  # storage -> role code
-        self._gen = 0  # allocation counter, in steps of 8 (see _new_code)
+        self._gen = 0  # allocation counter, in steps of _STEP (see _READ)
         self._sizes: dict[int, int] = {}  # allocation -> storage bytes
         self._kv_written: dict[int, int] = {}  # KV allocation -> bytes of valid positions
         self._kv_gens: set[int] = set()  # allocations that became KV cache (kept across blocks)
@@ -381,6 +386,8 @@ class PerformanceCounterMode(TorchDispatchMode):
             self._block = _Block(self._counts, self._views,
                                  (self._comp, self._whole, self._touched, self._extra, self._kv_gens),
                                  self._kv_valid, self._overhead + self._tracker.seconds, self._sizes)
+            if self.display or self.debug:  # asked for explicitly: torchao printed here
+                self._show()
 
     _decomposing = 0
 
@@ -676,6 +683,32 @@ class PerformanceCounterMode(TorchDispatchMode):
     def get_summary_io_counts(self) -> dict[str, int]:
         """{module path or "Global": bytes} (per_op model)."""
         return {m: sum(ops.values()) for m, ops in self.get_io_counts().items()}
+
+    def pretty_summary_counts(self, type: str = "flops", precision: int = 2, depth: int | None = None) -> str:
+        """torchao's indented per-module summary: one line per module down to `depth`."""
+        if type not in ("flops", "io"):
+            raise ValueError(f"type must be 'flops' or 'io', got {type!r}")
+        depth = self.depth if depth is None else depth
+        totals = self.get_summary_flop_counts() if type == "flops" else self.get_summary_io_counts()
+        unit = "FLOPs" if type == "flops" else "B"
+        lines = []
+        for name in sorted((m for m in totals if m != "Global" and len(m.split(".")) <= depth),
+                           key=lambda m: len(m.split("."))):
+            value, prefix = float(totals[name]), ""
+            for p in ("k", "M", "G", "T", "P"):
+                if abs(value) < 1000:
+                    break
+                value, prefix = value / 1000, p
+            lines.append(f"{' ' * (len(name.split('.')) - 1)}{name}: {value:.{precision}f}{prefix}{unit}")
+        return "\n".join(lines)
+
+    def _show(self) -> None:
+        print(self.pretty_summary_counts("flops"))
+        if self.debug:
+            for r in self.trace().records:
+                if r.calls and (r.flops or r.bytes):
+                    print(f"{r.module or 'Global'} {r.op} [{r.shapes}] x{r.calls}: "
+                          f"{r.flops} FLOPs, {r.bytes} B")
 
     @property
     def uncounted_ops(self) -> dict[str, int]:

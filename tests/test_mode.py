@@ -376,3 +376,15 @@ def test_compulsory_cache_made_in_block_is_kv_once():
     assert t.compulsory_written[KV] == 1024
     assert t.compulsory_read[KV] == 1024
     assert t.compulsory_read[INP] == 2 * 192 + 24  # new, q, and 3 int64 positions
+
+
+def test_torchao_constructor_and_pretty_summary(capsys):
+    lin = torch.nn.Sequential(torch.nn.Linear(8, 4, bias=False))
+    x = torch.randn(2, 8)
+    with torch.no_grad(), PerformanceCounterMode(display=True, depth=10, debug=False) as mode:
+        lin(x)
+    printed = capsys.readouterr().out
+    # 2 * 2 * 8 * 4 = 128 FLOPs under Sequential and Sequential.0
+    assert mode.pretty_summary_counts() == "Sequential: 128.00FLOPs\n Sequential.0: 128.00FLOPs"
+    assert printed.strip() == mode.pretty_summary_counts()
+    assert mode.pretty_summary_counts("io", depth=1) == "Sequential: 224.00B"  # (16 + 32 + 8) * 4
