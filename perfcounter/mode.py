@@ -472,7 +472,6 @@ class PerformanceCounterMode(TorchDispatchMode):
         if entry.special:
             self._promote(entry, tensors)
         roles = self._roles
-        touched = self._touched
         sig = []
         if entry.dups:  # the same tensor passed twice (x * x) is read once
             skip = ()
@@ -506,12 +505,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                 off, nbytes = t.storage_offset() * size, min(nbytes, storage.nbytes())
             else:
                 off = t.storage_offset() * size
-            k = (code >> 5) << 1
-            prev = touched.get(k)
-            if prev is None:
-                touched[k] = (off, nbytes, r)
-            elif prev[0] != off or prev[1] != nbytes:
-                self._extra.append((k, off, nbytes))
+            self._touch_part((code >> 5) << 1, off, nbytes, r)
         for i, nbytes, scattered in entry.writes_in:
             t = tensors[i]
             storage = t.untyped_storage()
@@ -528,12 +522,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                     self._whole[1].add(code >> 5)
                 continue
             off = -1 if scattered else t.storage_offset() * t.element_size()
-            k = ((code >> 5) << 1) | 1
-            prev = touched.get(k)
-            if prev is None:
-                touched[k] = (off, nbytes, r)
-            elif prev[0] != off or prev[1] != nbytes:
-                self._extra.append((k, off, nbytes))
+            self._touch_part(((code >> 5) << 1) | 1, off, nbytes, r)
         if entry.writes_out:
             outs = [out] if type(out) is Tensor or isinstance(out, Tensor) else _flat_tensors(out)
             r = entry.out_role
@@ -555,6 +544,15 @@ class PerformanceCounterMode(TorchDispatchMode):
                 sig.append(r)
         k = (self._tracker.current, entry, tuple(sig))
         self._counts[k] = self._counts.get(k, 0) + 1
+
+    def _touch_part(self, k: int, off: int, nbytes: int, role: int) -> None:
+        """Note a partial access (k = allocation << 1 | is_write) for the compulsory model:
+        the first region of a storage in _touched, further distinct ones in _extra."""
+        prev = self._touched.get(k)
+        if prev is None:
+            self._touched[k] = (off, nbytes, role)
+        elif prev[0] != off or prev[1] != nbytes:
+            self._extra.append((k, off, nbytes))
 
     def _new_code(self, st: int, role: int, nbytes: int) -> int:
         """A fresh code (see _READ) for a storage first seen in this block."""
