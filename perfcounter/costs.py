@@ -189,6 +189,15 @@ def sdpa_cpu_flash_cost(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=No
     return attention_cost(q, k, v, is_causal, attn_mask is not None)
 
 
+@register(aten.scaled_dot_product_attention)
+def sdpa_composite_cost(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+                        enable_gqa=False, out_shape=None, **kw) -> Cost:
+    """F.scaled_dot_product_attention itself, priced whole when a fused kernel runs it
+    (the mode decomposes it when the math path would run, so those ops count one by one).
+    NB: a fused kernel's auxiliary output (the B·H·Sq log-sum-exp) is not in its bytes."""
+    return attention_cost(q, k, v, is_causal, attn_mask is not None)
+
+
 @register(aten._scaled_dot_product_flash_attention)
 def sdpa_flash_cost(q, k, v, dropout_p=0.0, is_causal=False, *args, out_shape=None, **kw) -> Cost:
     """The CUDA flash kernel (no mask argument)."""
@@ -249,6 +258,16 @@ def softmax_cost(x, dim, half_to_float=False, out_shape=None, **kw) -> Cost:
     n = x[dim] if x else 1
     r = _rows(x, n)
     return Cost(kinds(cmp=r * (n - 1), add=r * n + r * (n - 1), exp=r * n, div=r * n))
+
+
+@register(aten._safe_softmax)
+def safe_softmax_cost(x, dim, dtype=None, out_shape=None, **kw) -> Cost:
+    """Softmax that gives 0 for rows masked entirely (the math attention path): softmax,
+    plus per element 1 cmp (is it -inf) and 1 select, and per row n-1 cmp (all masked)."""
+    n = x[dim] if x else 1
+    r = _rows(x, n)
+    soft = softmax_cost(x, dim)
+    return Cost(soft.kinds[:CMP] + (soft.kinds[CMP] + 2 * r * n + r * (n - 1),) + soft.kinds[CMP + 1:])
 
 
 @register(aten._log_softmax)

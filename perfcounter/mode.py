@@ -41,10 +41,14 @@ _ROLE_INDEX = (0, 1, 2, 3, 2, 2)
 _READ, _WRITTEN, _FLAGS, _STEP = 8, 16, 24, 32
 
 # How an op is handled, decided once per OpOverload.
-_VIEW, _COUNT, _DECOMPOSE, _HOP, _DYNAMIC, _VIEW_OR_COPY = range(6)
+_VIEW, _COUNT, _DECOMPOSE, _HOP, _DYNAMIC, _VIEW_OR_COPY, _FUSED = range(7)
 # _DYNAMIC: output shape depends on data. _VIEW_OR_COPY: composites that return their
 # input (or a view of it) when they can and a copy otherwise; decided per call.
 _VIEW_OR_COPY_OPS = {aten.to, aten.reshape, aten.contiguous, aten.flatten, aten.type_as}
+# _FUSED: composites that run one fused kernel when the dispatcher picks one (then priced
+# whole, as one op: cheaper than re-entering the mode for the decomposition) and a chain
+# of ops otherwise (then decomposed). Maps the op to its choice op (0 = no fused kernel).
+_FUSED_CHOICE = {aten.scaled_dot_product_attention: aten._fused_sdp_choice.default}
 _OP_KIND: dict = {}  # id(op) -> how it is handled
 _OP_NAMES: dict = {}  # id(op) -> "aten.mm.default"
 _ENTRIES: dict = {}  # key -> _Entry, shared by all modes (costs depend on shapes only)
@@ -63,6 +67,7 @@ _FACTORIES = {aten.zeros, aten.empty, aten.full, aten.ones, aten.empty_strided,
 _ATTENTION = {aten._scaled_dot_product_flash_attention_for_cpu,
               aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_efficient_attention,
               aten._scaled_dot_product_cudnn_attention, aten._flash_attention_forward,
+              aten.scaled_dot_product_attention,
               aten._efficient_attention_forward}
 # Views whose schema does not say so.
 _EXTRA_VIEWS = {aten._unsafe_view, aten._reshape_alias, aten.detach_, aten.t_, aten.transpose_,
@@ -75,6 +80,8 @@ def _classify(func) -> int:
         kind = _HOP
     elif func._overloadpacket in _VIEW_OR_COPY_OPS:
         kind = _VIEW_OR_COPY
+    elif func._overloadpacket in _FUSED_CHOICE:
+        kind = _FUSED
     elif func._overloadpacket in costs.COSTS:
         kind = _COUNT
     elif _is_composite(func):
@@ -407,6 +414,10 @@ class PerformanceCounterMode(TorchDispatchMode):
             kind = _classify(func)
         if kwargs is None:
             kwargs = {}
+        if kind == _FUSED:
+            t0 = time.perf_counter()
+            kind = _COUNT if _FUSED_CHOICE[func._overloadpacket](*args, **kwargs) else _DECOMPOSE
+            self._overhead += time.perf_counter() - t0
         if kind == _DECOMPOSE:
             out = self._decompose(func, args, kwargs)
             if out is not NotImplemented:

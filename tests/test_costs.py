@@ -84,6 +84,12 @@ def test_softmax_per_row():
     assert by_kind(c) == {"cmp": 8, "add": 18, "exp": 10, "div": 10}
 
 
+def test_safe_softmax_adds_the_masked_row_check():
+    # softmax as above, plus cmp: 10 (== -inf) + 10 (select) + 2*4 (all masked per row) = 28
+    c = COSTS[aten._safe_softmax]((2, 5), -1, out_shape=(2, 5))
+    assert by_kind(c) == {"cmp": 8 + 28, "add": 18, "exp": 10, "div": 10}
+
+
 def test_rms_norm():
     # 3 rows of 4 with weight: mul 3*12 = 36, add 3*3 + 3 = 12, div 3, sqrt 3
     c = COSTS[aten._fused_rms_norm]((3, 4), [4], (4,), 1e-6, out_shape=((3, 4), (3, 1)))

@@ -149,6 +149,28 @@ def test_sdpa_causal_and_not_and_gqa():
     assert gqa.per_op_read == [0, 1024, 0, 2048]
 
 
+def test_sdpa_under_inference_mode_priced_whole_or_decomposed_as_it_runs():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(1, 4, 8, 16)
+    k = v = torch.randn(1, 4, 8, 16)
+    run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    kernel = count(run)  # no_grad: the composite decomposes before the mode sees it
+    fused = count(run, grad=torch.inference_mode)  # the composite reaches the mode
+    attn = one(fused, "aten.scaled_dot_product_attention")
+    assert attn.calls == 1 and len(fused.records) == 1  # priced whole: one op, no parts
+    assert (fused.flops, fused.executed_flops) == (kernel.flops, kernel.executed_flops)
+    # reads q, k (= v, once): 2 * 4*8*16*4 = 4096 B; writes the output, 2048 B (the CPU
+    # kernel's 4*8 float log-sum-exp, 128 B, is not in the composite's bytes)
+    assert sum(fused.per_op_read) == 4096 and sum(fused.per_op_written) == 2048
+    assert sum(kernel.per_op_written) == 2048 + 128
+    with sdpa_kernel(SDPBackend.MATH):  # no fused kernel: the math ops are counted one by one
+        math = count(run, grad=torch.inference_mode)
+    assert not [r for r in math.records if "scaled_dot_product" in r.op]
+    assert any(r.op.startswith(("aten.bmm", "aten.matmul", "aten.mm")) for r in math.records)
+    assert math.flops >= 2 * 2 * 4 * 8 * 8 * 16  # at least q·kᵀ and p·v
+
+
 def test_torch_flop_counter_misses_cpu_flash_attention_we_do_not():
     from torch.utils.flop_counter import FlopCounterMode
 
