@@ -34,14 +34,18 @@ Tensor = torch.Tensor
 # still become KV cache (made by a factory, or by concatenation).
 WEIGHT, KV, ACT, INPUT, FRESH, JOINED, SKIP = range(7)
 _ROLE_INDEX = (0, 1, 2, 3, 2, 2)
-# A storage code is (allocation << 5) | flags | role: the allocation number tells apart
-# storages that reuse a freed one's address; the role can change (an input buffer
-# becomes KV cache) while the number stays; the flags say the block has already read /
-# written the whole storage (the compulsory model counts that once).
-_READ, _WRITTEN, _FLAGS, _STEP = 8, 16, 24, 32
+# A storage code is (allocation << _SHIFT) | flags | role: the allocation number tells
+# apart storages that reuse a freed one's address; the role can change (an input buffer
+# becomes KV cache) while the number stays. Flags: the block has already read / written
+# the whole storage (the compulsory model counts that once, and nothing after it), or
+# has read / written part of it (noted as regions, merged when the trace is built).
+_READ, _WRITTEN, _PART_READ, _PART_WRITTEN = 8, 16, 32, 64
+_FLAGS, _SHIFT = 120, 7
+_STEP = 1 << _SHIFT
+_storage_id = getattr(torch._C, "_storage_id", None) or (lambda t: t.untyped_storage()._cdata)
 
 # How an op is handled, decided once per OpOverload.
-_VIEW, _COUNT, _DECOMPOSE, _HOP, _DYNAMIC, _VIEW_OR_COPY, _FUSED = range(7)
+_COUNT, _VIEW, _VIEW_OR_COPY, _DYNAMIC, _HOP, _FUSED, _DECOMPOSE = range(7)
 # _DYNAMIC: output shape depends on data. _VIEW_OR_COPY: composites that return their
 # input (or a view of it) when they can and a copy otherwise; decided per call.
 _VIEW_OR_COPY_OPS = {aten.to, aten.reshape, aten.contiguous, aten.flatten, aten.type_as}
@@ -49,7 +53,7 @@ _VIEW_OR_COPY_OPS = {aten.to, aten.reshape, aten.contiguous, aten.flatten, aten.
 # whole, as one op: cheaper than re-entering the mode for the decomposition) and a chain
 # of ops otherwise (then decomposed). Maps the op to its choice op (0 = no fused kernel).
 _FUSED_CHOICE = {aten.scaled_dot_product_attention: aten._fused_sdp_choice.default}
-_OP_KIND: dict = {}  # id(op) -> how it is handled
+_OP_KIND: dict = {}  # id(op) -> (how it is handled, what to call to run it)
 _OP_NAMES: dict = {}  # id(op) -> "aten.mm.default"
 _ENTRIES: dict = {}  # key -> _Entry, shared by all modes (costs depend on shapes only)
 _WARNED: set[str] = set()
@@ -92,9 +96,11 @@ def _classify(func) -> int:
         kind = _COUNT
     if kind == _COUNT and torch.Tag.dynamic_output_shape in func.tags:
         kind = _DYNAMIC
-    _OP_KIND[id(func)] = kind  # ops live as long as the process; id() hashes fast
+    # an OpOverload's C++ callable directly: one Python frame less per op
+    call = func._op if type(func) is torch._ops.OpOverload else func
+    _OP_KIND[id(func)] = kind, call  # ops live as long as the process; id() hashes fast
     _OP_NAMES[id(func)] = str(func)
-    return kind
+    return kind, call
 
 
 def _is_composite(func) -> bool:
@@ -243,41 +249,37 @@ class _ModulePath(ModuleTracker):
         self.on_new_module = on_new_module
         self.stack: list[tuple] = []  # entries of _names() for the modules running now
         self.current = ""
+        # id(module) -> (weakref, full name, name truncated to depth, id): ModuleTracker's
+        # weak dictionaries are slow on a path that runs twice per module call
         self._by_id: dict[int, tuple] = {}
-        self.seconds = 0.0
 
-    def _names(self, mod) -> tuple:
-        """(weakref, full name, name truncated to depth), looked up by id: ModuleTracker's
-        weak dictionaries are slow on a path that runs twice per module call."""
-        hit = self._by_id.get(id(mod))
-        if hit is not None and hit[0]() is mod:
-            return hit
+    def _name(self, mod) -> tuple:
+        """The _by_id entry of a module seen for the first time (or whose id was reused)."""
         name = self._get_mod_name(mod)
-        hit = self._by_id[id(mod)] = (weakref.ref(mod), name, ".".join(name.split(".")[: self.depth]))
+        hit = self._by_id[id(mod)] = (weakref.ref(mod), name, ".".join(name.split(".")[: self.depth]),
+                                      id(mod))
         if self.on_new_module is not None:
             self.on_new_module(mod)
         return hit
 
     def _fw_pre_hook(self, mod, input) -> None:
-        t0 = time.perf_counter()
-        hit = self._names(mod)
+        hit = self._by_id.get(id(mod))
+        if hit is None or hit[0]() is not mod:
+            hit = self._name(mod)
         self.stack.append(hit)
         self.current = hit[2]
         if torch.is_grad_enabled():
             super()._fw_pre_hook(mod, input)  # backward tracking needs ModuleTracker's hooks
-        self.seconds += time.perf_counter() - t0
 
     def _fw_post_hook(self, mod, input, output) -> None:
-        t0 = time.perf_counter()
         stack = self.stack
-        if stack and stack[-1][0]() is mod:
+        if stack and stack[-1][3] == id(mod):  # the module is alive: its id is its own
             stack.pop()
         else:  # a module left out of order: drop its entry wherever it is
-            self.stack = stack = [h for h in stack if h[0]() is not mod]
+            self.stack = stack = [h for h in stack if h[3] != id(mod)]
         self.current = stack[-1][2] if stack else ""
         if torch.is_grad_enabled():
             super()._fw_post_hook(mod, input, output)
-        self.seconds += time.perf_counter() - t0
 
 
 _CONTRIB: dict = {}  # (entry, roles signature) -> bytes read and written by role
@@ -341,8 +343,8 @@ class PerformanceCounterMode(TorchDispatchMode):
 
     # -- lifecycle -------------------------------------------------------------------
     def _reset(self) -> None:
-        self._counts: dict = {}  # (module, entry, roles) -> calls
-        self._views: dict = {}  # (module, func) -> calls
+        self._log: list = []  # (module, entry, roles) per op call, counted at exit
+        self._view_log: list = []  # (module, id(op)) per view call, counted at exit
         # compulsory IO: whole-storage accesses are summed by role at once (and flagged in
         # the code); partial ones go to _touched: (allocation << 1) | is_write -> first
         # (offset or -1, bytes, role), further distinct regions of that storage to _extra
@@ -354,10 +356,9 @@ class PerformanceCounterMode(TorchDispatchMode):
         self._overhead = 0.0
         self._tracker.stack.clear()
         self._tracker.current = ""
-        self._tracker.seconds = 0.0
         # only weights and KV caches keep their role from one block to the next
         self._roles = {s: c & ~_FLAGS for s, c in self._roles.items() if c & 7 <= KV}
-        live = {c >> 5 for c in self._roles.values()}
+        live = {c >> _SHIFT for c in self._roles.values()}
         self._sizes = {g: n for g, n in self._sizes.items() if g in live}
         self._kv_written = {g: n for g, n in self._kv_written.items() if g in live}
         self._kv_gens = {g for g in self._kv_gens if g in live}  # a new set: old blocks keep theirs
@@ -390,9 +391,9 @@ class PerformanceCounterMode(TorchDispatchMode):
             _set_flex_eager(self._flex_flag)
             self._active = False
             self._trace = None  # built on first request: trace() (keeps exit cheap)
-            self._block = _Block(self._counts, self._views,
+            self._block = _Block(_tally(self._log), _tally(self._view_log),
                                  (self._comp, self._whole, self._touched, self._extra, self._kv_gens),
-                                 self._kv_valid, self._overhead + self._tracker.seconds, self._sizes)
+                                 self._kv_valid, self._overhead, self._sizes)
             if self.display or self.debug:  # asked for explicitly: torchao printed here
                 self._show()
 
@@ -409,36 +410,44 @@ class PerformanceCounterMode(TorchDispatchMode):
 
     # -- the hot path ----------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kind = _OP_KIND.get(id(func))
-        if kind is None:
-            kind = _classify(func)
+        info = _OP_KIND.get(id(func))
+        if info is None:
+            info = _classify(func)
+        kind, call = info
         if kwargs is None:
             kwargs = {}
-        if kind == _FUSED:
-            t0 = time.perf_counter()
-            kind = _COUNT if _FUSED_CHOICE[func._overloadpacket](*args, **kwargs) else _DECOMPOSE
-            self._overhead += time.perf_counter() - t0
-        if kind == _DECOMPOSE:
-            out = self._decompose(func, args, kwargs)
-            if out is not NotImplemented:
-                return out
-            kind = _OP_KIND[id(func)] = _COUNT
-        out = func(*args, **kwargs)
+        if kind >= _FUSED:  # composites that reach the mode (under inference_mode)
+            if kind == _FUSED:
+                t0 = time.perf_counter()
+                fused = _FUSED_CHOICE[func._overloadpacket](*args, **kwargs)
+                self._overhead += time.perf_counter() - t0
+                kind = _COUNT if fused else _DECOMPOSE
+            if kind == _DECOMPOSE:
+                out = self._decompose(func, args, kwargs)
+                if out is not NotImplemented:
+                    return out
+                if info[0] == _DECOMPOSE:  # no decomposition after all: count it whole
+                    _OP_KIND[id(func)] = _COUNT, call
+                kind = _COUNT
+        out = call(*args, **kwargs)
         t0 = time.perf_counter()
-        if kind == _VIEW_OR_COPY and (
-                not isinstance(out, Tensor) or not isinstance(args[0], Tensor)
-                or out.untyped_storage()._cdata == args[0].untyped_storage()._cdata):
-            kind = _VIEW
+        if kind == _VIEW_OR_COPY:
+            a = args[0]
+            if (not isinstance(out, Tensor) or not isinstance(a, Tensor)
+                    or _storage_id(out) == _storage_id(a)):
+                kind = _VIEW
         if kind == _VIEW:
-            k = (self._tracker.current, id(func))
-            self._views[k] = self._views.get(k, 0) + 1
+            self._view_log.append((self._tracker.current, id(func)))
         else:
-            self._record(func, args, kwargs, out, kind == _DYNAMIC)
+            self._record(func, args, kwargs, out, kind)
         self._overhead += time.perf_counter() - t0
         return out
 
-    def _record(self, func, args, kwargs, out, dynamic=False) -> None:
-        """The one place an op is recorded."""
+    def _record(self, func, args, kwargs, out, kind=_COUNT) -> None:
+        """The one place an op is recorded: find the op's _Entry by its key (op, shapes,
+        dtypes, other arguments), then look up the role of each tensor's storage and note
+        what the compulsory model needs; the (module, entry, roles) triple is logged and
+        counted when the block ends."""
         tensors = []
         key = [id(func)]
         for a in args:
@@ -466,7 +475,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                     key.append(a.dtype)
                 else:
                     key.append(a if type(a) is not list else tuple(a))
-        if dynamic:
+        if kind == _DYNAMIC:
             key.extend(t.shape for t in _flat_tensors(out))
         try:
             key = tuple(key)
@@ -484,77 +493,86 @@ class PerformanceCounterMode(TorchDispatchMode):
             self._promote(entry, tensors)
         roles = self._roles
         sig = []
+        skip = ()
         if entry.dups:  # the same tensor passed twice (x * x) is read once
-            skip = ()
             for i, j in entry.dups:
                 if tensors[i] is tensors[j]:
                     skip += (j,)
-        else:
-            skip = ()
         comp_read, comp_written = self._comp
         for i, nbytes, size, place in entry.reads:
             if skip and i in skip:
                 sig.append(SKIP)
                 continue
             t = tensors[i]
-            storage = t.untyped_storage()
-            cdata = storage._cdata
-            code = roles.get(cdata)
+            sid = _storage_id(t)
+            code = roles.get(sid)
             if code is None:
-                code = self._first_sight(t)
+                code = self._first_sight(t, sid)
             r = code & 7
             sig.append(r)
-            if not place and nbytes == storage.nbytes() and not t.storage_offset():
-                if not code & _READ:  # the whole storage, first time in this block
-                    roles[cdata] = code | _READ
+            if code & _READ:
+                continue  # read whole already in this block: nothing more to read
+            if not place:
+                off = t.storage_offset()
+                if not off and nbytes == t.untyped_storage().nbytes():  # the whole storage
+                    roles[sid] = code | _READ
                     comp_read[_ROLE_INDEX[r]] += nbytes
-                    self._whole[0].add(code >> 5)
-                continue
-            if place == 1:
+                    if code & _PART_READ:
+                        self._whole[0].add(code >> _SHIFT)
+                    continue
+                off *= size
+            elif place == 1:
                 off = -1
-            elif place == 2:  # a broadcast view never reads more than its storage
-                off, nbytes = t.storage_offset() * size, min(nbytes, storage.nbytes())
-            else:
-                off = t.storage_offset() * size
-            self._touch_part((code >> 5) << 1, off, nbytes, r)
+            else:  # a broadcast view never reads more than its storage
+                off, nbytes = t.storage_offset() * size, min(nbytes, t.untyped_storage().nbytes())
+            if not code & _PART_READ:
+                roles[sid] = code | _PART_READ
+            self._touch_part((code >> _SHIFT) << 1, off, nbytes, r)
         for i, nbytes, scattered in entry.writes_in:
             t = tensors[i]
-            storage = t.untyped_storage()
-            cdata = storage._cdata
-            code = roles.get(cdata)
+            sid = _storage_id(t)
+            code = roles.get(sid)
             if code is None:
-                code = self._first_sight(t)
+                code = self._first_sight(t, sid)
             r = code & 7
             sig.append(r)
-            if not scattered and nbytes == storage.nbytes() and not t.storage_offset():
-                if not code & _WRITTEN:
-                    roles[cdata] = code | _WRITTEN
-                    comp_written[_ROLE_INDEX[r]] += nbytes
-                    self._whole[1].add(code >> 5)
+            if code & _WRITTEN:
                 continue
-            off = -1 if scattered else t.storage_offset() * t.element_size()
-            self._touch_part(((code >> 5) << 1) | 1, off, nbytes, r)
-        if entry.writes_out:
-            outs = [out] if type(out) is Tensor or isinstance(out, Tensor) else _flat_tensors(out)
+            if scattered:
+                off = -1
+            else:
+                off = t.storage_offset()
+                if not off and nbytes == t.untyped_storage().nbytes():
+                    roles[sid] = code | _WRITTEN
+                    comp_written[_ROLE_INDEX[r]] += nbytes
+                    if code & _PART_WRITTEN:
+                        self._whole[1].add(code >> _SHIFT)
+                    continue
+                off *= t.element_size()
+            if not code & _PART_WRITTEN:
+                roles[sid] = code | _PART_WRITTEN
+            self._touch_part(((code >> _SHIFT) << 1) | 1, off, nbytes, r)
+        if entry.writes_out:  # new storages: a fresh allocation each, written whole
+            outs = [out] if isinstance(out, Tensor) else _flat_tensors(out)
             r = entry.out_role
             if r == JOINED and KV in sig:
                 r = KV
+            gen = self._gen
             for j, nbytes in entry.writes_out:
-                self._gen += _STEP
-                gen = self._gen
-                if nbytes:  # a new storage, written whole (an empty() is not written)
-                    roles[outs[j].untyped_storage()._cdata] = gen | r | _WRITTEN
+                gen += _STEP
+                o = outs[j]
+                if nbytes:
+                    roles[_storage_id(o)] = gen | r | _WRITTEN
                     comp_written[_ROLE_INDEX[r]] += nbytes
-                    self._whole[1].add(gen >> 5)
-                else:
-                    roles[outs[j].untyped_storage()._cdata] = gen | r
+                else:  # an empty() is not written
+                    roles[_storage_id(o)] = gen | r
                 if r != ACT:  # may be or become KV cache: its size bounds the valid part
-                    self._sizes[gen >> 5] = outs[j].untyped_storage().nbytes()
+                    self._sizes[gen >> _SHIFT] = o.untyped_storage().nbytes()
                     if r == KV:
-                        self._kv_written[gen >> 5] = nbytes
+                        self._kv_written[gen >> _SHIFT] = nbytes
                 sig.append(r)
-        k = (self._tracker.current, entry, tuple(sig))
-        self._counts[k] = self._counts.get(k, 0) + 1
+            self._gen = gen
+        self._log.append((self._tracker.current, entry, tuple(sig)))
 
     def _touch_part(self, k: int, off: int, nbytes: int, role: int) -> None:
         """Note a partial access (k = allocation << 1 | is_write) for the compulsory model:
@@ -569,7 +587,7 @@ class PerformanceCounterMode(TorchDispatchMode):
         """A fresh code (see _READ) for a storage first seen in this block."""
         self._gen += _STEP
         code = self._roles[st] = self._gen | role
-        self._sizes[code >> 5] = nbytes
+        self._sizes[code >> _SHIFT] = nbytes
         return code
 
     def _register_module(self, mod) -> None:
@@ -585,21 +603,21 @@ class PerformanceCounterMode(TorchDispatchMode):
             if code is None or code & 7 != WEIGHT:
                 self._new_code(storage._cdata, WEIGHT, storage.nbytes())
 
-    def _first_sight(self, t) -> int:
-        """Code of a storage seen for the first time in this block."""
+    def _first_sight(self, t, sid: int) -> int:
+        """Code of a storage (id `sid`) seen for the first time in this block."""
         base = t._base if t._base is not None else t
         r = WEIGHT if isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter) else INPUT
-        storage = t.untyped_storage()
-        return self._new_code(storage._cdata, r, storage.nbytes())
+        return self._new_code(sid, r, t.untyped_storage().nbytes())
 
     def _code(self, t) -> int:
-        code = self._roles.get(t.untyped_storage()._cdata)
-        return self._first_sight(t) if code is None else code
+        sid = _storage_id(t)
+        code = self._roles.get(sid)
+        return self._first_sight(t, sid) if code is None else code
 
     def _make_kv(self, cdata: int, code: int) -> int:
         """Mark a storage as KV cache; move what the block already counted for it
         whole into the KV-cache bucket of the compulsory model."""
-        old, gen = code & 7, code >> 5
+        old, gen = code & 7, code >> _SHIFT
         new = self._roles[cdata] = (code & ~7) | KV
         self._kv_gens.add(gen)
         size = self._sizes.get(gen, 0)
@@ -615,10 +633,10 @@ class PerformanceCounterMode(TorchDispatchMode):
         if packet in _CACHE_WRITES:
             for i, nbytes, _ in entry.writes_in:
                 code = self._code(tensors[i])
-                gen = code >> 5
+                gen = code >> _SHIFT
                 if code & 7 in (INPUT, FRESH, KV):
                     if code & 7 != KV:
-                        self._make_kv(tensors[i].untyped_storage()._cdata, code)
+                        self._make_kv(_storage_id(tensors[i]), code)
                     self._kv_written[gen] = min(self._kv_written.get(gen, 0) + nbytes,
                                                 self._sizes.get(gen, nbytes))
         elif packet in _ATTENTION:
@@ -629,9 +647,9 @@ class PerformanceCounterMode(TorchDispatchMode):
                     continue
                 seen.append(t)
                 code = self._code(t)
-                gen = code >> 5
+                gen = code >> _SHIFT
                 if code & 7 in (INPUT, JOINED):
-                    code = self._make_kv(t.untyped_storage()._cdata, code)
+                    code = self._make_kv(_storage_id(t), code)
                     self._kv_written[gen] = self._sizes.get(gen, nbytes)
                 if code & 7 == KV:
                     size = self._sizes.get(gen) or nbytes
@@ -727,6 +745,13 @@ class PerformanceCounterMode(TorchDispatchMode):
     def coverage(self) -> tuple[float, float]:
         """(share of bytes, share of op calls) that had a cost formula."""
         return self.trace().coverage
+
+
+def _tally(log: list) -> dict:
+    counts: dict = {}
+    for k in log:
+        counts[k] = counts.get(k, 0) + 1
+    return counts
 
 
 class _Block:
