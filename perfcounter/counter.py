@@ -184,7 +184,7 @@ class TransformerPerformanceCounter:
 
     # Blocks of one label are kept raw and turned into one Trace when the stats are
     # read (each decode step would otherwise pay for building and merging a Trace).
-    _MAX_PENDING = 256  # bounds the memory raw blocks hold
+    _MAX_PENDING = 64  # bounds the memory raw blocks hold (a log entry per op call)
 
     def _pend(self, label: str, num_tokens: int, block, raw: float | None, timing: str):
         net = None if raw is None else max(raw - block.overhead, 0.0)

@@ -124,7 +124,7 @@ class _Entry:
     """What is constant across calls of one op with one argument signature."""
 
     __slots__ = ("func", "name", "dtype", "shapes", "cost", "flops", "executed", "reads",
-                 "writes_in", "writes_out", "has_formula", "special", "out_role", "dups")
+                 "writes_in", "writes_out", "has_formula", "special", "out_role", "dups", "rare")
 
     def __init__(self, func, args, kwargs, out, tensors):
         self.func = func
@@ -185,6 +185,7 @@ class _Entry:
         self.dups = tuple((a[0], b[0]) for k, a in enumerate(reads) for b in reads[k + 1:]
                           if tensors[a[0]].shape == tensors[b[0]].shape
                           and tensors[a[0]].dtype == tensors[b[0]].dtype)
+        self.rare = self.special or bool(self.dups)  # one test on the hot path for both
 
     @property
     def packet(self):
@@ -287,18 +288,21 @@ _CONTRIB: dict = {}  # (entry, roles signature) -> bytes read and written by rol
 
 def _contribution(entry, sig) -> tuple[tuple, tuple]:
     """One call's bytes as ((role, bytes) read, (role, bytes) written), from the entry's
-    byte counts and the roles its tensors had (sig: reads, in-place writes, outputs)."""
+    byte counts and the roles its tensors had: sig holds one role per tensor, 3 bits
+    each, first tensor in the highest digit (reads, then in-place writes, then outputs)."""
     read, written = [0] * len(ROLES), [0] * len(ROLES)
+    n = len(entry.reads) + len(entry.writes_in) + len(entry.writes_out)
+    roles = [(sig >> 3 * (n - 1 - k)) & 7 for k in range(n)]
     pos = 0
     for _, nbytes, _, _ in entry.reads:
-        if sig[pos] != SKIP:
-            read[_ROLE_INDEX[sig[pos]]] += nbytes
+        if roles[pos] != SKIP:
+            read[_ROLE_INDEX[roles[pos]]] += nbytes
         pos += 1
     for _, nbytes, _ in entry.writes_in:
-        written[_ROLE_INDEX[sig[pos]]] += nbytes
+        written[_ROLE_INDEX[roles[pos]]] += nbytes
         pos += 1
     for _, nbytes in entry.writes_out:
-        written[_ROLE_INDEX[sig[pos]]] += nbytes
+        written[_ROLE_INDEX[roles[pos]]] += nbytes
         pos += 1
     return (tuple((i, b) for i, b in enumerate(read) if b),
             tuple((i, b) for i, b in enumerate(written) if b))
@@ -391,7 +395,7 @@ class PerformanceCounterMode(TorchDispatchMode):
             _set_flex_eager(self._flex_flag)
             self._active = False
             self._trace = None  # built on first request: trace() (keeps exit cheap)
-            self._block = _Block(_tally(self._log), _tally(self._view_log),
+            self._block = _Block(self._log, self._view_log,
                                  (self._comp, self._whole, self._touched, self._extra, self._kv_gens),
                                  self._kv_valid, self._overhead, self._sizes)
             if self.display or self.debug:  # asked for explicitly: torchao printed here
@@ -489,19 +493,19 @@ class PerformanceCounterMode(TorchDispatchMode):
                     _ENTRIES.clear()
                     _CONTRIB.clear()
                 _ENTRIES[key] = entry
-        if entry.special:
-            self._promote(entry, tensors)
-        roles = self._roles
-        sig = []
         skip = ()
-        if entry.dups:  # the same tensor passed twice (x * x) is read once
-            for i, j in entry.dups:
+        if entry.rare:
+            if entry.special:
+                self._promote(entry, tensors)
+            for i, j in entry.dups:  # the same tensor passed twice (x * x) is read once
                 if tensors[i] is tensors[j]:
                     skip += (j,)
+        roles = self._roles
+        sig = 0  # the role of each tensor in turn, 3 bits each (see _contribution)
         comp_read, comp_written = self._comp
         for i, nbytes, size, place in entry.reads:
             if skip and i in skip:
-                sig.append(SKIP)
+                sig = sig * 8 + SKIP
                 continue
             t = tensors[i]
             sid = _storage_id(t)
@@ -509,7 +513,7 @@ class PerformanceCounterMode(TorchDispatchMode):
             if code is None:
                 code = self._first_sight(t, sid)
             r = code & 7
-            sig.append(r)
+            sig = sig * 8 + r
             if code & _READ:
                 continue  # read whole already in this block: nothing more to read
             if not place:
@@ -535,7 +539,7 @@ class PerformanceCounterMode(TorchDispatchMode):
             if code is None:
                 code = self._first_sight(t, sid)
             r = code & 7
-            sig.append(r)
+            sig = sig * 8 + r
             if code & _WRITTEN:
                 continue
             if scattered:
@@ -555,8 +559,8 @@ class PerformanceCounterMode(TorchDispatchMode):
         if entry.writes_out:  # new storages: a fresh allocation each, written whole
             outs = [out] if isinstance(out, Tensor) else _flat_tensors(out)
             r = entry.out_role
-            if r == JOINED and KV in sig:
-                r = KV
+            if r == JOINED and any((sig >> 3 * k) & 7 == KV for k in range(len(entry.reads))):
+                r = KV  # joined onto a KV cache (sig holds just the reads: a join writes none in place)
             gen = self._gen
             for j, nbytes in entry.writes_out:
                 gen += _STEP
@@ -570,9 +574,9 @@ class PerformanceCounterMode(TorchDispatchMode):
                     self._sizes[gen >> _SHIFT] = o.untyped_storage().nbytes()
                     if r == KV:
                         self._kv_written[gen >> _SHIFT] = nbytes
-                sig.append(r)
+                sig = sig * 8 + r
             self._gen = gen
-        self._log.append((self._tracker.current, entry, tuple(sig)))
+        self._log.append((self._tracker.current, entry, sig))
 
     def _touch_part(self, k: int, off: int, nbytes: int, role: int) -> None:
         """Note a partial access (k = allocation << 1 | is_write) for the compulsory model:
@@ -747,35 +751,26 @@ class PerformanceCounterMode(TorchDispatchMode):
         return self.trace().coverage
 
 
-def _tally(log: list) -> dict:
-    counts: dict = {}
-    for k in log:
-        counts[k] = counts.get(k, 0) + 1
-    return counts
-
-
 class _Block:
-    """One `with` block's raw counts, turned into a Trace only when someone asks."""
+    """One `with` block's raw log (module, entry, roles per op call) and compulsory-IO
+    state, turned into a Trace only when someone asks."""
 
-    __slots__ = ("counts", "views", "touched", "kv_valid", "overhead", "sizes")
+    __slots__ = ("log", "view_log", "touched", "kv_valid", "overhead", "sizes")
 
-    def __init__(self, counts, views, touched, kv_valid, overhead, sizes):
-        self.counts, self.views, self.touched = counts, views, touched
+    def __init__(self, log, view_log, touched, kv_valid, overhead, sizes):
+        self.log, self.view_log, self.touched = log, view_log, touched
         self.kv_valid, self.overhead, self.sizes = kv_valid, overhead, sizes
 
 
 def build_trace(blocks: list[_Block]) -> Trace:
     """One Trace from one or more blocks (steps = len(blocks)): counts are summed
     before records are built, so a phase of many decode steps is built once."""
-    if len(blocks) == 1:
-        counts, views = blocks[0].counts, blocks[0].views
-    else:
-        counts, views = {}, {}
-        for b in blocks:
-            for k, n in b.counts.items():
-                counts[k] = counts.get(k, 0) + n
-            for k, n in b.views.items():
-                views[k] = views.get(k, 0) + n
+    counts, views = {}, {}
+    for b in blocks:
+        for k in b.log:
+            counts[k] = counts.get(k, 0) + 1
+        for k in b.view_log:
+            views[k] = views.get(k, 0) + 1
     records: dict[tuple, OpRecord] = {}
     uncounted: dict[str, int] = {}
     for (module, entry, sig), n in counts.items():
