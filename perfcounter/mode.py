@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 import warnings
 import weakref
+from collections import Counter
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -43,6 +44,7 @@ _READ, _WRITTEN, _PART_READ, _PART_WRITTEN = 8, 16, 32, 64
 _FLAGS, _SHIFT = 120, 7
 _STEP = 1 << _SHIFT
 _storage_id = getattr(torch._C, "_storage_id", None) or (lambda t: t.untyped_storage()._cdata)
+_clock = time.perf_counter
 
 # How an op is handled, decided once per OpOverload.
 _COUNT, _VIEW, _VIEW_OR_COPY, _DYNAMIC, _HOP, _FUSED, _DECOMPOSE = range(7)
@@ -181,7 +183,7 @@ class _Entry:
             writes_out.append((j, n * o.element_size()))
         self.writes_out = tuple(writes_out)
         self.out_role = (FRESH if packet in _FACTORIES else JOINED if packet in _JOINS else ACT)
-        self.special = packet in _ATTENTION or packet in _CACHE_WRITES or packet in _JOINS
+        self.special = packet in _ATTENTION or packet in _CACHE_WRITES  # see _promote
         self.dups = tuple((a[0], b[0]) for k, a in enumerate(reads) for b in reads[k + 1:]
                           if tensors[a[0]].shape == tensors[b[0]].shape
                           and tensors[a[0]].dtype == tensors[b[0]].dtype)
@@ -422,9 +424,9 @@ class PerformanceCounterMode(TorchDispatchMode):
             kwargs = {}
         if kind >= _FUSED:  # composites that reach the mode (under inference_mode)
             if kind == _FUSED:
-                t0 = time.perf_counter()
+                t0 = _clock()
                 fused = _FUSED_CHOICE[func._overloadpacket](*args, **kwargs)
-                self._overhead += time.perf_counter() - t0
+                self._overhead += _clock() - t0
                 kind = _COUNT if fused else _DECOMPOSE
             if kind == _DECOMPOSE:
                 out = self._decompose(func, args, kwargs)
@@ -434,7 +436,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                     _OP_KIND[id(func)] = _COUNT, call
                 kind = _COUNT
         out = call(*args, **kwargs)
-        t0 = time.perf_counter()
+        t0 = _clock()
         if kind == _VIEW_OR_COPY:
             a = args[0]
             if (not isinstance(out, Tensor) or not isinstance(a, Tensor)
@@ -444,7 +446,7 @@ class PerformanceCounterMode(TorchDispatchMode):
             self._view_log.append((self._tracker.current, id(func)))
         else:
             self._record(func, args, kwargs, out, kind)
-        self._overhead += time.perf_counter() - t0
+        self._overhead += _clock() - t0
         return out
 
     def _record(self, func, args, kwargs, out, kind=_COUNT) -> None:
@@ -557,7 +559,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                 roles[sid] = code | _PART_WRITTEN
             self._touch_part(((code >> _SHIFT) << 1) | 1, off, nbytes, r)
         if entry.writes_out:  # new storages: a fresh allocation each, written whole
-            outs = [out] if isinstance(out, Tensor) else _flat_tensors(out)
+            outs = (out,) if isinstance(out, Tensor) else _flat_tensors(out)
             r = entry.out_role
             if r == JOINED and any((sig >> 3 * k) & 7 == KV for k in range(len(entry.reads))):
                 r = KV  # joined onto a KV cache (sig holds just the reads: a join writes none in place)
@@ -765,12 +767,10 @@ class _Block:
 def build_trace(blocks: list[_Block]) -> Trace:
     """One Trace from one or more blocks (steps = len(blocks)): counts are summed
     before records are built, so a phase of many decode steps is built once."""
-    counts, views = {}, {}
+    counts, views = Counter(), Counter()
     for b in blocks:
-        for k in b.log:
-            counts[k] = counts.get(k, 0) + 1
-        for k in b.view_log:
-            views[k] = views.get(k, 0) + 1
+        counts.update(b.log)
+        views.update(b.view_log)
     records: dict[tuple, OpRecord] = {}
     uncounted: dict[str, int] = {}
     for (module, entry, sig), n in counts.items():
