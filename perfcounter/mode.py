@@ -35,14 +35,16 @@ Tensor = torch.Tensor
 # still become KV cache (made by a factory, or by concatenation).
 WEIGHT, KV, ACT, INPUT, FRESH, JOINED, SKIP = range(7)
 _ROLE_INDEX = (0, 1, 2, 3, 2, 2)
-# A storage code is (allocation << _SHIFT) | flags | role: the allocation number tells
-# apart storages that reuse a freed one's address; the role can change (an input buffer
-# becomes KV cache) while the number stays. Flags: the block has already read / written
-# the whole storage (the compulsory model counts that once, and nothing after it), or
-# has read / written part of it (noted as regions, merged when the trace is built).
+# A storage code is (bytes << _SIZE) | (allocation << _SHIFT) | flags | role: the size
+# tells a read of the whole storage without asking the tensor; the allocation number
+# tells apart storages that reuse a freed one's address; the role can change (an input
+# buffer becomes KV cache) while the number stays. Flags: the block has already read /
+# written the whole storage (the compulsory model counts that once, and nothing after
+# it), or has read / written part of it (noted as regions, merged at build).
 _READ, _WRITTEN, _PART_READ, _PART_WRITTEN = 8, 16, 32, 64
-_FLAGS, _SHIFT = 120, 7
+_FLAGS, _SHIFT, _SIZE = 120, 7, 56
 _STEP = 1 << _SHIFT
+_ALLOC = (1 << (_SIZE - _SHIFT)) - 1  # (code >> _SHIFT) & _ALLOC: the allocation number
 _storage_id = getattr(torch._C, "_storage_id", None) or (lambda t: t.untyped_storage()._cdata)
 _clock = time.perf_counter
 
@@ -364,7 +366,7 @@ class PerformanceCounterMode(TorchDispatchMode):
         self._tracker.current = ""
         # only weights and KV caches keep their role from one block to the next
         self._roles = {s: c & ~_FLAGS for s, c in self._roles.items() if c & 7 <= KV}
-        live = {c >> _SHIFT for c in self._roles.values()}
+        live = {(c >> _SHIFT) & _ALLOC for c in self._roles.values()}
         self._sizes = {g: n for g, n in self._sizes.items() if g in live}
         self._kv_written = {g: n for g, n in self._kv_written.items() if g in live}
         self._kv_gens = {g for g in self._kv_gens if g in live}  # a new set: old blocks keep theirs
@@ -519,21 +521,20 @@ class PerformanceCounterMode(TorchDispatchMode):
             if code & _READ:
                 continue  # read whole already in this block: nothing more to read
             if not place:
-                off = t.storage_offset()
-                if not off and nbytes == t.untyped_storage().nbytes():  # the whole storage
+                if nbytes == code >> _SIZE:  # the whole storage (so its offset is 0)
                     roles[sid] = code | _READ
                     comp_read[_ROLE_INDEX[r]] += nbytes
                     if code & _PART_READ:
-                        self._whole[0].add(code >> _SHIFT)
+                        self._whole[0].add((code >> _SHIFT) & _ALLOC)
                     continue
-                off *= size
+                off = t.storage_offset() * size
             elif place == 1:
                 off = -1
             else:  # a broadcast view never reads more than its storage
                 off, nbytes = t.storage_offset() * size, min(nbytes, t.untyped_storage().nbytes())
             if not code & _PART_READ:
                 roles[sid] = code | _PART_READ
-            self._touch_part((code >> _SHIFT) << 1, off, nbytes, r)
+            self._touch_part(((code >> _SHIFT) & _ALLOC) << 1, off, nbytes, r)
         for i, nbytes, scattered in entry.writes_in:
             t = tensors[i]
             sid = _storage_id(t)
@@ -547,17 +548,16 @@ class PerformanceCounterMode(TorchDispatchMode):
             if scattered:
                 off = -1
             else:
-                off = t.storage_offset()
-                if not off and nbytes == t.untyped_storage().nbytes():
+                if nbytes == code >> _SIZE:
                     roles[sid] = code | _WRITTEN
                     comp_written[_ROLE_INDEX[r]] += nbytes
                     if code & _PART_WRITTEN:
-                        self._whole[1].add(code >> _SHIFT)
+                        self._whole[1].add((code >> _SHIFT) & _ALLOC)
                     continue
-                off *= t.element_size()
+                off = t.storage_offset() * t.element_size()
             if not code & _PART_WRITTEN:
                 roles[sid] = code | _PART_WRITTEN
-            self._touch_part(((code >> _SHIFT) << 1) | 1, off, nbytes, r)
+            self._touch_part((((code >> _SHIFT) & _ALLOC) << 1) | 1, off, nbytes, r)
         if entry.writes_out:  # new storages: a fresh allocation each, written whole
             outs = (out,) if isinstance(out, Tensor) else _flat_tensors(out)
             r = entry.out_role
@@ -568,10 +568,10 @@ class PerformanceCounterMode(TorchDispatchMode):
                 gen += _STEP
                 o = outs[j]
                 if nbytes:
-                    roles[_storage_id(o)] = gen | r | _WRITTEN
+                    roles[_storage_id(o)] = (nbytes << _SIZE) | gen | r | _WRITTEN
                     comp_written[_ROLE_INDEX[r]] += nbytes
                 else:  # an empty() is not written
-                    roles[_storage_id(o)] = gen | r
+                    roles[_storage_id(o)] = (o.untyped_storage().nbytes() << _SIZE) | gen | r
                 if r != ACT:  # may be or become KV cache: its size bounds the valid part
                     self._sizes[gen >> _SHIFT] = o.untyped_storage().nbytes()
                     if r == KV:
@@ -592,8 +592,8 @@ class PerformanceCounterMode(TorchDispatchMode):
     def _new_code(self, st: int, role: int, nbytes: int) -> int:
         """A fresh code (see _READ) for a storage first seen in this block."""
         self._gen += _STEP
-        code = self._roles[st] = self._gen | role
-        self._sizes[code >> _SHIFT] = nbytes
+        code = self._roles[st] = (nbytes << _SIZE) | self._gen | role
+        self._sizes[self._gen >> _SHIFT] = nbytes
         return code
 
     def _register_module(self, mod) -> None:
@@ -623,7 +623,7 @@ class PerformanceCounterMode(TorchDispatchMode):
     def _make_kv(self, cdata: int, code: int) -> int:
         """Mark a storage as KV cache; move what the block already counted for it
         whole into the KV-cache bucket of the compulsory model."""
-        old, gen = code & 7, code >> _SHIFT
+        old, gen = code & 7, (code >> _SHIFT) & _ALLOC
         new = self._roles[cdata] = (code & ~7) | KV
         self._kv_gens.add(gen)
         size = self._sizes.get(gen, 0)
@@ -639,7 +639,7 @@ class PerformanceCounterMode(TorchDispatchMode):
         if packet in _CACHE_WRITES:
             for i, nbytes, _ in entry.writes_in:
                 code = self._code(tensors[i])
-                gen = code >> _SHIFT
+                gen = (code >> _SHIFT) & _ALLOC
                 if code & 7 in (INPUT, FRESH, KV):
                     if code & 7 != KV:
                         self._make_kv(_storage_id(tensors[i]), code)
@@ -653,7 +653,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                     continue
                 seen.append(t)
                 code = self._code(t)
-                gen = code >> _SHIFT
+                gen = (code >> _SHIFT) & _ALLOC
                 if code & 7 in (INPUT, JOINED):
                     code = self._make_kv(_storage_id(t), code)
                     self._kv_written[gen] = self._sizes.get(gen, nbytes)
