@@ -61,6 +61,7 @@ _OP_KIND: dict = {}  # id(op) -> (how it is handled, what to call to run it)
 _OP_NAMES: dict = {}  # id(op) -> "aten.mm.default"
 _ENTRIES: dict = {}  # key -> _Entry, shared by all modes (costs depend on shapes only)
 _WARNED: set[str] = set()
+_FAST = True  # False: every op through the general path of _record (tests compare both)
 
 # Write-only destinations: the op overwrites them without reading them first.
 _WRITE_ONLY = {aten.copy_, aten.fill_, aten.zero_, aten.index_copy_, aten.index_put_,
@@ -128,7 +129,8 @@ class _Entry:
     """What is constant across calls of one op with one argument signature."""
 
     __slots__ = ("func", "name", "dtype", "shapes", "cost", "flops", "executed", "reads",
-                 "writes_in", "writes_out", "has_formula", "special", "out_role", "dups", "rare")
+                 "writes_in", "writes_out", "has_formula", "special", "out_role", "dups", "rare",
+                 "fast", "fast_reads", "out_code", "out_bytes")
 
     def __init__(self, func, args, kwargs, out, tensors):
         self.func = func
@@ -190,6 +192,15 @@ class _Entry:
                           if tensors[a[0]].shape == tensors[b[0]].shape
                           and tensors[a[0]].dtype == tensors[b[0]].dtype)
         self.rare = self.special or bool(self.dups)  # one test on the hot path for both
+        # The common case, counted by a shorter path in _record: plain reads (no rows, no
+        # broadcast, no tensor twice), nothing written in place, at most one new output,
+        # an activation (its code but for the allocation number is fixed: out_code).
+        self.fast = (_FAST and not self.rare and not writes_in and all(r[3] == 0 for r in reads)
+                     and (not writes_out or (isinstance(out, Tensor) and len(writes_out) == 1
+                                             and writes_out[0][1] > 0 and self.out_role == ACT)))
+        self.fast_reads = tuple((i, nbytes) for i, nbytes, _, _ in reads)
+        self.out_bytes = writes_out[0][1] if self.fast and writes_out else 0
+        self.out_code = (self.out_bytes << _SIZE) | _WRITTEN | ACT if self.out_bytes else None
 
     @property
     def packet(self):
@@ -356,7 +367,7 @@ class PerformanceCounterMode(TorchDispatchMode):
         # compulsory IO: whole-storage accesses are summed by role at once (and flagged in
         # the code); partial ones go to _touched: (allocation << 1) | is_write -> first
         # (offset or -1, bytes, role), further distinct regions of that storage to _extra
-        self._comp = ([0] * len(ROLES), [0] * len(ROLES))
+        self._comp = ([0] * len(_ROLE_INDEX), [0] * len(_ROLE_INDEX))  # indexed by storage role
         self._whole = (set(), set())  # allocations read / written whole
         self._touched: dict = {}
         self._extra: list = []
@@ -497,6 +508,31 @@ class PerformanceCounterMode(TorchDispatchMode):
                     _ENTRIES.clear()
                     _CONTRIB.clear()
                 _ENTRIES[key] = entry
+        roles = self._roles
+        if entry.fast:  # see _Entry.fast; the general path below does the same, and more
+            sig = 0
+            for i, nbytes in entry.fast_reads:
+                t = tensors[i]
+                sid = _storage_id(t)
+                code = roles.get(sid)
+                if code is None:
+                    code = self._first_sight(t, sid)
+                sig = sig * 8 + (code & 7)
+                if not code & _READ:
+                    if nbytes == code >> _SIZE:  # the whole storage, first time in this block
+                        roles[sid] = code | _READ
+                        self._comp[0][code & 7] += nbytes
+                        if code & _PART_READ:
+                            self._whole[0].add((code >> _SHIFT) & _ALLOC)
+                    else:
+                        self._read_part(sid, code, t.storage_offset() * t.element_size(), nbytes)
+            if entry.out_code is not None:
+                self._gen = gen = self._gen + _STEP
+                roles[_storage_id(out)] = entry.out_code | gen
+                self._comp[1][ACT] += entry.out_bytes
+                sig = sig * 8 + ACT
+            self._log.append((self._tracker.current, entry, sig))
+            return
         skip = ()
         if entry.rare:
             if entry.special:
@@ -504,7 +540,6 @@ class PerformanceCounterMode(TorchDispatchMode):
             for i, j in entry.dups:  # the same tensor passed twice (x * x) is read once
                 if tensors[i] is tensors[j]:
                     skip += (j,)
-        roles = self._roles
         sig = 0  # the role of each tensor in turn, 3 bits each (see _contribution)
         comp_read, comp_written = self._comp
         for i, nbytes, size, place in entry.reads:
@@ -523,7 +558,7 @@ class PerformanceCounterMode(TorchDispatchMode):
             if not place:
                 if nbytes == code >> _SIZE:  # the whole storage (so its offset is 0)
                     roles[sid] = code | _READ
-                    comp_read[_ROLE_INDEX[r]] += nbytes
+                    comp_read[r] += nbytes
                     if code & _PART_READ:
                         self._whole[0].add((code >> _SHIFT) & _ALLOC)
                     continue
@@ -532,9 +567,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                 off = -1
             else:  # a broadcast view never reads more than its storage
                 off, nbytes = t.storage_offset() * size, min(nbytes, t.untyped_storage().nbytes())
-            if not code & _PART_READ:
-                roles[sid] = code | _PART_READ
-            self._touch_part(((code >> _SHIFT) & _ALLOC) << 1, off, nbytes, r)
+            self._read_part(sid, code, off, nbytes)
         for i, nbytes, scattered in entry.writes_in:
             t = tensors[i]
             sid = _storage_id(t)
@@ -550,7 +583,7 @@ class PerformanceCounterMode(TorchDispatchMode):
             else:
                 if nbytes == code >> _SIZE:
                     roles[sid] = code | _WRITTEN
-                    comp_written[_ROLE_INDEX[r]] += nbytes
+                    comp_written[r] += nbytes
                     if code & _PART_WRITTEN:
                         self._whole[1].add((code >> _SHIFT) & _ALLOC)
                     continue
@@ -569,7 +602,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                 o = outs[j]
                 if nbytes:
                     roles[_storage_id(o)] = (nbytes << _SIZE) | gen | r | _WRITTEN
-                    comp_written[_ROLE_INDEX[r]] += nbytes
+                    comp_written[r] += nbytes
                 else:  # an empty() is not written
                     roles[_storage_id(o)] = (o.untyped_storage().nbytes() << _SIZE) | gen | r
                 if r != ACT:  # may be or become KV cache: its size bounds the valid part
@@ -579,6 +612,12 @@ class PerformanceCounterMode(TorchDispatchMode):
                 sig = sig * 8 + r
             self._gen = gen
         self._log.append((self._tracker.current, entry, sig))
+
+    def _read_part(self, sid: int, code: int, off: int, nbytes: int) -> None:
+        """A read of part of a storage (off -1: scattered rows), for the compulsory model."""
+        if not code & _PART_READ:
+            self._roles[sid] = code | _PART_READ
+        self._touch_part(((code >> _SHIFT) & _ALLOC) << 1, off, nbytes, code & 7)
 
     def _touch_part(self, k: int, off: int, nbytes: int, role: int) -> None:
         """Note a partial access (k = allocation << 1 | is_write) for the compulsory model:
@@ -628,8 +667,8 @@ class PerformanceCounterMode(TorchDispatchMode):
         self._kv_gens.add(gen)
         size = self._sizes.get(gen, 0)
         for flag, comp in ((_READ, self._comp[0]), (_WRITTEN, self._comp[1])):
-            if code & flag and _ROLE_INDEX[old] != KV:
-                comp[_ROLE_INDEX[old]] -= size
+            if code & flag and old != KV:
+                comp[old] -= size
                 comp[KV] += size
         return new
 
@@ -824,7 +863,10 @@ def _compulsory(touched, sizes) -> tuple[list[int], list[int]]:
     added, never more than the storage, nothing a whole access already covered; a
     storage that became KV cache counts as KV cache."""
     (comp_read, comp_written), whole, first, extra, kv_gens = touched
-    read, written = list(comp_read), list(comp_written)
+    read, written = [0] * len(ROLES), [0] * len(ROLES)
+    for role, (r, w) in enumerate(zip(comp_read, comp_written)):  # storage role -> ROLES
+        read[_ROLE_INDEX[role]] += r
+        written[_ROLE_INDEX[role]] += w
     more: dict[int, list] = {}
     for k, off, nbytes in extra:
         more.setdefault(k, []).append((off, nbytes))

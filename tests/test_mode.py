@@ -283,6 +283,42 @@ def test_no_uncounted_ops_prefill_and_decode(arch, tiny_model_factory):
             assert 0 < mode.trace().kv_cache_valid_read < mode.trace().per_op_read[KV]
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_fast_path_counts_what_the_general_path_counts(arch, tiny_model_factory, monkeypatch):
+    """_record's short path for common ops must agree with its general path exactly."""
+    import perfcounter.mode as pm
+    from transformers import StaticCache
+
+    model, ids = tiny_model_factory(arch)
+
+    def run():
+        pm._ENTRIES.clear()  # entries decide the path when they are made
+        pm._CONTRIB.clear()
+        mode, traces = PerformanceCounterMode(), []
+        for grad in (torch.no_grad, torch.inference_mode):
+            with grad():
+                for cache in (None, StaticCache(config=model.config, max_cache_len=16)):
+                    with mode:
+                        out = model(ids, past_key_values=cache, use_cache=True)
+                    traces.append(mode.trace())
+                    with mode:
+                        model(ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
+                    traces.append(mode.trace())
+        return [(sorted((r.op, r.module, r.shapes, r.calls, r.flops, tuple(r.read), tuple(r.written))
+                        for r in t.records), t.compulsory_read, t.compulsory_written,
+                 t.kv_cache_valid_read) for t in traces]
+
+    fast = run()
+    assert any(e.fast for e in pm._ENTRIES.values())
+    monkeypatch.setattr(pm, "_FAST", False)
+    general = run()
+    assert not any(e.fast for e in pm._ENTRIES.values())
+    monkeypatch.undo()
+    pm._ENTRIES.clear()
+    pm._CONTRIB.clear()
+    assert fast == general
+
+
 def test_llama2_7b_config_under_fake_tensors():
     from transformers import LlamaConfig, LlamaForCausalLM
 
