@@ -278,14 +278,14 @@ class _ModulePath(ModuleTracker):
             self.on_new_module(mod)
         return hit
 
+    # ModuleTracker's hooks, replaced: the mode reads only `current` (ModuleTracker's own
+    # parents set, and the backward hooks that maintain it, are not needed for counting)
     def _fw_pre_hook(self, mod, input) -> None:
         hit = self._by_id.get(id(mod))
         if hit is None or hit[0]() is not mod:
             hit = self._name(mod)
         self.stack.append(hit)
         self.current = hit[2]
-        if torch.is_grad_enabled():
-            super()._fw_pre_hook(mod, input)  # backward tracking needs ModuleTracker's hooks
 
     def _fw_post_hook(self, mod, input, output) -> None:
         stack = self.stack
@@ -294,8 +294,6 @@ class _ModulePath(ModuleTracker):
         else:  # a module left out of order: drop its entry wherever it is
             self.stack = stack = [h for h in stack if h[3] != id(mod)]
         self.current = stack[-1][2] if stack else ""
-        if torch.is_grad_enabled():
-            super()._fw_post_hook(mod, input, output)
 
 
 _CONTRIB: dict = {}  # (entry, roles signature) -> bytes read and written by role
@@ -362,8 +360,8 @@ class PerformanceCounterMode(TorchDispatchMode):
 
     # -- lifecycle -------------------------------------------------------------------
     def _reset(self) -> None:
-        self._log: list = []  # (module, entry, roles) per op call, counted at exit
-        self._view_log: list = []  # (module, id(op)) per view call, counted at exit
+        self._log: list = []  # (module, entry, roles) per op call, counted by build_trace
+        self._view_log: list = []  # (module, id(op)) per view call, counted by build_trace
         # compulsory IO: whole-storage accesses are summed by role at once (and flagged in
         # the code); partial ones go to _touched: (allocation << 1) | is_write -> first
         # (offset or -1, bytes, role), further distinct regions of that storage to _extra
@@ -375,12 +373,14 @@ class PerformanceCounterMode(TorchDispatchMode):
         self._overhead = 0.0
         self._tracker.stack.clear()
         self._tracker.current = ""
-        # only weights and KV caches keep their role from one block to the next
-        self._roles = {s: c & ~_FLAGS for s, c in self._roles.items() if c & 7 <= KV}
-        live = {(c >> _SHIFT) & _ALLOC for c in self._roles.values()}
-        self._sizes = {g: n for g, n in self._sizes.items() if g in live}
-        self._kv_written = {g: n for g, n in self._kv_written.items() if g in live}
-        self._kv_gens = {g for g in self._kv_gens if g in live}  # a new set: old blocks keep theirs
+        # only weights (role 0) and KV caches (1) keep their role from one block to the next
+        self._roles = roles = {s: c ^ (c & _FLAGS) for s, c in self._roles.items() if not c & 6}
+        if len(self._sizes) > 2 * len(roles) + 64:  # forget dead allocations now and then
+            live = {(c >> _SHIFT) & _ALLOC for c in roles.values()}
+            self._sizes = {g: n for g, n in self._sizes.items() if g in live}
+            self._kv_written = {g: n for g, n in self._kv_written.items() if g in live}
+            self._kv_gens = {g for g in self._kv_gens if g in live}
+        self._kv_gens = set(self._kv_gens)  # a new set: old blocks keep theirs
 
     def __enter__(self):
         if self._decomposing:  # re-entered to count a decomposition's parts
