@@ -22,6 +22,7 @@ import weakref
 from collections import Counter
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.module_tracker import ModuleTracker
 
@@ -47,6 +48,7 @@ _STEP = 1 << _SHIFT
 _ALLOC = (1 << (_SIZE - _SHIFT)) - 1  # (code >> _SHIFT) & _ALLOC: the allocation number
 _storage_id = getattr(torch._C, "_storage_id", None) or (lambda t: t.untyped_storage()._cdata)
 _clock = time.perf_counter
+_expired = torch.UntypedStorage._expired  # of a StorageWeakRef's cdata
 
 # How an op is handled, decided once per OpOverload.
 _COUNT, _VIEW, _VIEW_OR_COPY, _DYNAMIC, _HOP, _FUSED, _DECOMPOSE = range(7)
@@ -193,9 +195,10 @@ class _Entry:
                           and tensors[a[0]].dtype == tensors[b[0]].dtype)
         self.rare = self.special or bool(self.dups)  # one test on the hot path for both
         # The common case, counted by a shorter path in _record: plain reads (no rows, no
-        # broadcast, no tensor twice), nothing written in place, at most one new output,
-        # an activation (its code but for the allocation number is fixed: out_code).
-        self.fast = (_FAST and not self.rare and not writes_in and all(r[3] == 0 for r in reads)
+        # broadcast; a call that passes one tensor twice takes the general path), nothing
+        # written in place, at most one new output, an activation (its code but for the
+        # allocation number is fixed: out_code).
+        self.fast = (_FAST and not self.special and not writes_in and all(r[3] == 0 for r in reads)
                      and (not writes_out or (isinstance(out, Tensor) and len(writes_out) == 1
                                              and writes_out[0][1] > 0 and self.out_role == ACT)))
         self.fast_reads = tuple((i, nbytes) for i, nbytes, _, _ in reads)
@@ -347,6 +350,7 @@ class PerformanceCounterMode(TorchDispatchMode):
         self.display = display
         self.debug = debug
         self._roles: dict[int, int] = {}  # storage -> role code
+        self._refs: dict[int, StorageWeakRef] = {}  # storage -> weak ref, for weights and KV
         self._gen = 0  # allocation counter, in steps of _STEP (see _READ)
         self._sizes: dict[int, int] = {}  # allocation -> storage bytes
         self._kv_written: dict[int, int] = {}  # KV allocation -> bytes of valid positions
@@ -373,8 +377,13 @@ class PerformanceCounterMode(TorchDispatchMode):
         self._overhead = 0.0
         self._tracker.stack.clear()
         self._tracker.current = ""
-        # only weights (role 0) and KV caches (1) keep their role from one block to the next
-        self._roles = roles = {s: c ^ (c & _FLAGS) for s, c in self._roles.items() if not c & 6}
+        # only weights (role 0) and KV caches (1) keep their role from one block to the
+        # next, and only while their storage lives (else its address may come back as
+        # another tensor's)
+        refs = self._refs
+        self._roles = roles = {s: c ^ (c & _FLAGS) for s, c in self._roles.items()
+                               if not c & 6 and s in refs and not _expired(refs[s].cdata)}
+        self._refs = {s: refs[s] for s in roles}
         if len(self._sizes) > 2 * len(roles) + 64:  # forget dead allocations now and then
             live = {(c >> _SHIFT) & _ALLOC for c in roles.values()}
             self._sizes = {g: n for g, n in self._sizes.items() if g in live}
@@ -510,29 +519,33 @@ class PerformanceCounterMode(TorchDispatchMode):
                 _ENTRIES[key] = entry
         roles = self._roles
         if entry.fast:  # see _Entry.fast; the general path below does the same, and more
-            sig = 0
-            for i, nbytes in entry.fast_reads:
-                t = tensors[i]
-                sid = _storage_id(t)
-                code = roles.get(sid)
-                if code is None:
-                    code = self._first_sight(t, sid)
-                sig = sig * 8 + (code & 7)
-                if not code & _READ:
-                    if nbytes == code >> _SIZE:  # the whole storage, first time in this block
-                        roles[sid] = code | _READ
-                        self._comp[0][code & 7] += nbytes
-                        if code & _PART_READ:
-                            self._whole[0].add((code >> _SHIFT) & _ALLOC)
-                    else:
-                        self._read_part(sid, code, t.storage_offset() * t.element_size(), nbytes)
-            if entry.out_code is not None:
-                self._gen = gen = self._gen + _STEP
-                roles[_storage_id(out)] = entry.out_code | gen
-                self._comp[1][ACT] += entry.out_bytes
-                sig = sig * 8 + ACT
-            self._log.append((self._tracker.current, entry, sig))
-            return
+            for i, j in entry.dups:
+                if tensors[i] is tensors[j]:  # x * x: the general path reads x once
+                    break
+            else:  # the short path: the same counts as the general path below
+                sig = 0
+                for i, nbytes in entry.fast_reads:
+                    t = tensors[i]
+                    sid = _storage_id(t)
+                    code = roles.get(sid)
+                    if code is None:
+                        code = self._first_sight(t, sid)
+                    sig = sig * 8 + (code & 7)
+                    if not code & _READ:
+                        if nbytes == code >> _SIZE:  # the whole storage, first time in this block
+                            roles[sid] = code | _READ
+                            self._comp[0][code & 7] += nbytes
+                            if code & _PART_READ:
+                                self._whole[0].add((code >> _SHIFT) & _ALLOC)
+                        else:
+                            self._read_part(sid, code, t.storage_offset() * t.element_size(), nbytes)
+                if entry.out_code is not None:
+                    self._gen = gen = self._gen + _STEP
+                    roles[_storage_id(out)] = entry.out_code | gen
+                    self._comp[1][ACT] += entry.out_bytes
+                    sig = sig * 8 + ACT
+                self._log.append((self._tracker.current, entry, sig))
+                return
         skip = ()
         if entry.rare:
             if entry.special:
@@ -606,9 +619,11 @@ class PerformanceCounterMode(TorchDispatchMode):
                 else:  # an empty() is not written
                     roles[_storage_id(o)] = (o.untyped_storage().nbytes() << _SIZE) | gen | r
                 if r != ACT:  # may be or become KV cache: its size bounds the valid part
-                    self._sizes[gen >> _SHIFT] = o.untyped_storage().nbytes()
+                    storage = o.untyped_storage()
+                    self._sizes[gen >> _SHIFT] = storage.nbytes()
                     if r == KV:
                         self._kv_written[gen >> _SHIFT] = nbytes
+                        self._refs[storage._cdata] = StorageWeakRef(storage)
                 sig = sig * 8 + r
             self._gen = gen
         self._log.append((self._tracker.current, entry, sig))
@@ -628,11 +643,14 @@ class PerformanceCounterMode(TorchDispatchMode):
         elif prev[0] != off or prev[1] != nbytes:
             self._extra.append((k, off, nbytes))
 
-    def _new_code(self, st: int, role: int, nbytes: int) -> int:
-        """A fresh code (see _READ) for a storage first seen in this block."""
+    def _new_code(self, st: int, role: int, storage) -> int:
+        """A fresh code (see _READ) for a storage (id `st`) first seen in this block."""
+        nbytes = storage.nbytes()
         self._gen += _STEP
         code = self._roles[st] = (nbytes << _SIZE) | self._gen | role
         self._sizes[self._gen >> _SHIFT] = nbytes
+        if role <= KV:  # kept for the next block: while the storage lives (see _reset)
+            self._refs[st] = StorageWeakRef(storage)
         return code
 
     def _register_module(self, mod) -> None:
@@ -646,24 +664,26 @@ class PerformanceCounterMode(TorchDispatchMode):
             storage = p.untyped_storage()
             code = self._roles.get(storage._cdata)
             if code is None or code & 7 != WEIGHT:
-                self._new_code(storage._cdata, WEIGHT, storage.nbytes())
+                self._new_code(storage._cdata, WEIGHT, storage)
 
     def _first_sight(self, t, sid: int) -> int:
         """Code of a storage (id `sid`) seen for the first time in this block."""
         base = t._base if t._base is not None else t
         r = WEIGHT if isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter) else INPUT
-        return self._new_code(sid, r, t.untyped_storage().nbytes())
+        return self._new_code(sid, r, t.untyped_storage())
 
     def _code(self, t) -> int:
         sid = _storage_id(t)
         code = self._roles.get(sid)
         return self._first_sight(t, sid) if code is None else code
 
-    def _make_kv(self, cdata: int, code: int) -> int:
-        """Mark a storage as KV cache; move what the block already counted for it
+    def _make_kv(self, t, code: int) -> int:
+        """Mark t's storage as KV cache; move what the block already counted for it
         whole into the KV-cache bucket of the compulsory model."""
         old, gen = code & 7, (code >> _SHIFT) & _ALLOC
-        new = self._roles[cdata] = (code & ~7) | KV
+        storage = t.untyped_storage()
+        new = self._roles[storage._cdata] = (code & ~7) | KV
+        self._refs[storage._cdata] = StorageWeakRef(storage)
         self._kv_gens.add(gen)
         size = self._sizes.get(gen, 0)
         for flag, comp in ((_READ, self._comp[0]), (_WRITTEN, self._comp[1])):
@@ -681,7 +701,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                 gen = (code >> _SHIFT) & _ALLOC
                 if code & 7 in (INPUT, FRESH, KV):
                     if code & 7 != KV:
-                        self._make_kv(_storage_id(tensors[i]), code)
+                        self._make_kv(tensors[i], code)
                     self._kv_written[gen] = min(self._kv_written.get(gen, 0) + nbytes,
                                                 self._sizes.get(gen, nbytes))
         elif packet in _ATTENTION:
@@ -694,7 +714,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                 code = self._code(t)
                 gen = (code >> _SHIFT) & _ALLOC
                 if code & 7 in (INPUT, JOINED):
-                    code = self._make_kv(_storage_id(t), code)
+                    code = self._make_kv(t, code)
                     self._kv_written[gen] = self._sizes.get(gen, nbytes)
                 if code & 7 == KV:
                     size = self._sizes.get(gen) or nbytes

@@ -215,6 +215,20 @@ def test_dynamic_cache_concat_is_kv():
     assert cat.written[KV] == 1 * 2 * 6 * 8 * 4
 
 
+def test_a_dead_caches_address_is_not_kv_in_the_next_block():
+    q = torch.randn(1, 2, 1, 8)
+    mode = PerformanceCounterMode()
+    for _ in range(50):  # the allocator hands freed addresses out again, sooner or later
+        cache = torch.zeros(1, 2, 16, 8)
+        with torch.no_grad(), mode:
+            F.scaled_dot_product_attention(q, cache, cache)  # cache becomes KV cache
+        del cache
+        x = torch.randn(1, 2, 16, 8)
+        with torch.no_grad(), mode:
+            x * 2
+        assert mode.trace().per_op_read == [0, 0, 0, 1024]  # an input (2*16*8*4 B), never KV
+
+
 def test_tied_weights_count_once_in_compulsory():
     emb = torch.nn.Embedding(100, 8)
     head = torch.nn.Linear(8, 100, bias=False)
@@ -304,6 +318,13 @@ def test_fast_path_counts_what_the_general_path_counts(arch, tiny_model_factory,
                     with mode:
                         model(ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
                     traces.append(mode.trace())
+                x, y = torch.randn(4, 8), torch.randn(4, 8)
+                with mode:  # a tensor passed twice, a slice read, a broadcast, in place
+                    z = x * x + y
+                    w = z[1:] * y[0]
+                    w.add_(1.0)
+                    F.scaled_dot_product_attention(z[None, None], y[None, None], y[None, None])
+                traces.append(mode.trace())
         return [(sorted((r.op, r.module, r.shapes, r.calls, r.flops, tuple(r.read), tuple(r.written))
                         for r in t.records), t.compulsory_read, t.compulsory_written,
                  t.kv_cache_valid_read) for t in traces]
