@@ -189,7 +189,8 @@ class _Entry:
             writes_out.append((j, n * o.element_size()))
         self.writes_out = tuple(writes_out)
         self.out_role = (FRESH if packet in _FACTORIES else JOINED if packet in _JOINS else ACT)
-        self.special = packet in _ATTENTION or packet in _CACHE_WRITES  # see _promote
+        # see _promote: 1 a cache write, 2 attention (reads keys and values), 0 neither
+        self.special = 1 if packet in _CACHE_WRITES else 2 if packet in _ATTENTION else 0
         self.dups = tuple((a[0], b[0]) for k, a in enumerate(reads) for b in reads[k + 1:]
                           if tensors[a[0]].shape == tensors[b[0]].shape
                           and tensors[a[0]].dtype == tensors[b[0]].dtype)
@@ -554,6 +555,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                 if tensors[i] is tensors[j]:
                     skip += (j,)
         sig = 0  # the role of each tensor in turn, 3 bits each (see _contribution)
+        reads_kv = False
         comp_read, comp_written = self._comp
         for i, nbytes, size, place in entry.reads:
             if skip and i in skip:
@@ -566,6 +568,8 @@ class PerformanceCounterMode(TorchDispatchMode):
                 code = self._first_sight(t, sid)
             r = code & 7
             sig = sig * 8 + r
+            if r == KV:
+                reads_kv = True
             if code & _READ:
                 continue  # read whole already in this block: nothing more to read
             if not place:
@@ -607,8 +611,8 @@ class PerformanceCounterMode(TorchDispatchMode):
         if entry.writes_out:  # new storages: a fresh allocation each, written whole
             outs = (out,) if isinstance(out, Tensor) else _flat_tensors(out)
             r = entry.out_role
-            if r == JOINED and any((sig >> 3 * k) & 7 == KV for k in range(len(entry.reads))):
-                r = KV  # joined onto a KV cache (sig holds just the reads: a join writes none in place)
+            if r == JOINED and reads_kv:
+                r = KV  # joined onto a KV cache
             gen = self._gen
             for j, nbytes in entry.writes_out:
                 gen += _STEP
@@ -694,8 +698,7 @@ class PerformanceCounterMode(TorchDispatchMode):
 
     def _promote(self, entry, tensors) -> None:
         """KV-cache detection for cache writes and attention (rare ops, off the common path)."""
-        packet = entry.packet
-        if packet in _CACHE_WRITES:
+        if entry.special == 1:
             for i, nbytes, _ in entry.writes_in:
                 code = self._code(tensors[i])
                 gen = (code >> _SHIFT) & _ALLOC
@@ -704,13 +707,13 @@ class PerformanceCounterMode(TorchDispatchMode):
                         self._make_kv(tensors[i], code)
                     self._kv_written[gen] = min(self._kv_written.get(gen, 0) + nbytes,
                                                 self._sizes.get(gen, nbytes))
-        elif packet in _ATTENTION:
-            seen = []
+        else:
+            k = None
             for i, nbytes, _, _ in entry.reads[1:3]:  # key, value
                 t = tensors[i]
-                if any(t is s for s in seen):
+                if t is k:  # value is key: read once
                     continue
-                seen.append(t)
+                k = t
                 code = self._code(t)
                 gen = (code >> _SHIFT) & _ALLOC
                 if code & 7 in (INPUT, JOINED):
