@@ -462,7 +462,7 @@ class PerformanceCounterMode(TorchDispatchMode):
         t0 = _clock()
         if kind == _VIEW_OR_COPY:
             a = args[0]
-            if (not isinstance(out, Tensor) or not isinstance(a, Tensor)
+            if (out is a or not isinstance(out, Tensor) or not isinstance(a, Tensor)
                     or _storage_id(out) == _storage_id(a)):
                 kind = _VIEW
         if kind == _VIEW:
@@ -623,11 +623,10 @@ class PerformanceCounterMode(TorchDispatchMode):
                 else:  # an empty() is not written
                     roles[_storage_id(o)] = (o.untyped_storage().nbytes() << _SIZE) | gen | r
                 if r != ACT:  # may be or become KV cache: its size bounds the valid part
-                    storage = o.untyped_storage()
-                    self._sizes[gen >> _SHIFT] = storage.nbytes()
+                    self._sizes[gen >> _SHIFT] = nbytes or o.untyped_storage().nbytes()
                     if r == KV:
                         self._kv_written[gen >> _SHIFT] = nbytes
-                        self._refs[storage._cdata] = StorageWeakRef(storage)
+                        self._refs[_storage_id(o)] = StorageWeakRef(o.untyped_storage())
                 sig = sig * 8 + r
             self._gen = gen
         self._log.append((self._tracker.current, entry, sig))
