@@ -197,14 +197,15 @@ class _Entry:
         self.rare = self.special or bool(self.dups)  # one test on the hot path for both
         # The common case, counted by a shorter path in _record: plain reads (no rows, no
         # broadcast; a call that passes one tensor twice takes the general path), nothing
-        # written in place, at most one new output, an activation (its code but for the
-        # allocation number is fixed: out_code).
+        # written in place, at most one new output, written (its code but for the
+        # allocation number is fixed: out_code; a join onto a KV cache is KV cache).
         self.fast = (_FAST and not self.special and not writes_in and all(r[3] == 0 for r in reads)
                      and (not writes_out or (isinstance(out, Tensor) and len(writes_out) == 1
-                                             and writes_out[0][1] > 0 and self.out_role == ACT)))
+                                             and writes_out[0][1] > 0)))
         self.fast_reads = tuple((i, nbytes) for i, nbytes, _, _ in reads)
         self.out_bytes = writes_out[0][1] if self.fast and writes_out else 0
-        self.out_code = (self.out_bytes << _SIZE) | _WRITTEN | ACT if self.out_bytes else None
+        self.out_code = ((self.out_bytes << _SIZE) | _WRITTEN | self.out_role
+                         if self.out_bytes else None)
 
     @property
     def packet(self):
@@ -353,7 +354,6 @@ class PerformanceCounterMode(TorchDispatchMode):
         self._roles: dict[int, int] = {}  # storage -> role code
         self._refs: dict[int, StorageWeakRef] = {}  # storage -> weak ref, for weights and KV
         self._gen = 0  # allocation counter, in steps of _STEP (see _READ)
-        self._sizes: dict[int, int] = {}  # allocation -> storage bytes
         self._kv_written: dict[int, int] = {}  # KV allocation -> bytes of valid positions
         self._kv_gens: set[int] = set()  # allocations that became KV cache (kept across blocks)
         self._active = False
@@ -385,9 +385,8 @@ class PerformanceCounterMode(TorchDispatchMode):
         self._roles = roles = {s: c ^ (c & _FLAGS) for s, c in self._roles.items()
                                if not c & 6 and s in refs and not _expired(refs[s].cdata)}
         self._refs = {s: refs[s] for s in roles}
-        if len(self._sizes) > 2 * len(roles) + 64:  # forget dead allocations now and then
+        if len(self._kv_written) > 2 * len(roles) + 64:  # forget dead allocations now and then
             live = {(c >> _SHIFT) & _ALLOC for c in roles.values()}
-            self._sizes = {g: n for g, n in self._sizes.items() if g in live}
             self._kv_written = {g: n for g, n in self._kv_written.items() if g in live}
             self._kv_gens = {g for g in self._kv_gens if g in live}
         self._kv_gens = set(self._kv_gens)  # a new set: old blocks keep theirs
@@ -422,7 +421,7 @@ class PerformanceCounterMode(TorchDispatchMode):
             self._trace = None  # built on first request: trace() (keeps exit cheap)
             self._block = _Block(self._log, self._view_log,
                                  (self._comp, self._whole, self._touched, self._extra, self._kv_gens),
-                                 self._kv_valid, self._overhead, self._sizes)
+                                 self._kv_valid, self._overhead)
             if self.display or self.debug:  # asked for explicitly: torchao printed here
                 self._show()
 
@@ -542,9 +541,20 @@ class PerformanceCounterMode(TorchDispatchMode):
                             self._read_part(sid, code, t.storage_offset() * t.element_size(), nbytes)
                 if entry.out_code is not None:
                     self._gen = gen = self._gen + _STEP
-                    roles[_storage_id(out)] = entry.out_code | gen
-                    self._comp[1][ACT] += entry.out_bytes
-                    sig = sig * 8 + ACT
+                    r = entry.out_role
+                    if r == JOINED:  # onto a KV cache (a role digit 1 in sig): KV cache
+                        x = sig
+                        for _ in entry.fast_reads:
+                            if x & 7 == KV:
+                                r = KV
+                                break
+                            x >>= 3
+                    if r == KV:
+                        self._kv_output(out, gen, entry.out_bytes)
+                    else:
+                        roles[_storage_id(out)] = entry.out_code | gen
+                        self._comp[1][r] += entry.out_bytes
+                    sig = sig * 8 + r
                 self._log.append((self._tracker.current, entry, sig))
                 return
         skip = ()
@@ -607,7 +617,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                 off = t.storage_offset() * t.element_size()
             if not code & _PART_WRITTEN:
                 roles[sid] = code | _PART_WRITTEN
-            self._touch_part((((code >> _SHIFT) & _ALLOC) << 1) | 1, off, nbytes, r)
+            self._touch_part((((code >> _SHIFT) & _ALLOC) << 1) | 1, off, nbytes, code)
         if entry.writes_out:  # new storages: a fresh allocation each, written whole
             outs = (out,) if isinstance(out, Tensor) else _flat_tensors(out)
             r = entry.out_role
@@ -617,32 +627,38 @@ class PerformanceCounterMode(TorchDispatchMode):
             for j, nbytes in entry.writes_out:
                 gen += _STEP
                 o = outs[j]
-                if nbytes:
+                if r == KV:
+                    self._kv_output(o, gen, nbytes)
+                elif nbytes:
                     roles[_storage_id(o)] = (nbytes << _SIZE) | gen | r | _WRITTEN
                     comp_written[r] += nbytes
                 else:  # an empty() is not written
                     roles[_storage_id(o)] = (o.untyped_storage().nbytes() << _SIZE) | gen | r
-                if r != ACT:  # may be or become KV cache: its size bounds the valid part
-                    self._sizes[gen >> _SHIFT] = nbytes or o.untyped_storage().nbytes()
-                    if r == KV:
-                        self._kv_written[gen >> _SHIFT] = nbytes
-                        self._refs[_storage_id(o)] = StorageWeakRef(o.untyped_storage())
                 sig = sig * 8 + r
             self._gen = gen
         self._log.append((self._tracker.current, entry, sig))
+
+    def _kv_output(self, o, gen: int, nbytes: int) -> None:
+        """A new storage that is KV cache from the start (a cache grown by concatenation)."""
+        sid = _storage_id(o)
+        self._roles[sid] = (nbytes << _SIZE) | gen | KV | _WRITTEN
+        self._comp[1][KV] += nbytes
+        self._kv_written[gen >> _SHIFT] = nbytes
+        self._refs[sid] = StorageWeakRef(o.untyped_storage())
 
     def _read_part(self, sid: int, code: int, off: int, nbytes: int) -> None:
         """A read of part of a storage (off -1: scattered rows), for the compulsory model."""
         if not code & _PART_READ:
             self._roles[sid] = code | _PART_READ
-        self._touch_part(((code >> _SHIFT) & _ALLOC) << 1, off, nbytes, code & 7)
+        self._touch_part(((code >> _SHIFT) & _ALLOC) << 1, off, nbytes, code)
 
-    def _touch_part(self, k: int, off: int, nbytes: int, role: int) -> None:
+    def _touch_part(self, k: int, off: int, nbytes: int, code: int) -> None:
         """Note a partial access (k = allocation << 1 | is_write) for the compulsory model:
-        the first region of a storage in _touched, further distinct ones in _extra."""
+        the first region of a storage in _touched (with its role and size), further
+        distinct ones in _extra."""
         prev = self._touched.get(k)
         if prev is None:
-            self._touched[k] = (off, nbytes, role)
+            self._touched[k] = (off, nbytes, code & 7, code >> _SIZE)
         elif prev[0] != off or prev[1] != nbytes:
             self._extra.append((k, off, nbytes))
 
@@ -651,7 +667,6 @@ class PerformanceCounterMode(TorchDispatchMode):
         nbytes = storage.nbytes()
         self._gen += _STEP
         code = self._roles[st] = (nbytes << _SIZE) | self._gen | role
-        self._sizes[self._gen >> _SHIFT] = nbytes
         if role <= KV:  # kept for the next block: while the storage lives (see _reset)
             self._refs[st] = StorageWeakRef(storage)
         return code
@@ -688,7 +703,7 @@ class PerformanceCounterMode(TorchDispatchMode):
         new = self._roles[storage._cdata] = (code & ~7) | KV
         self._refs[storage._cdata] = StorageWeakRef(storage)
         self._kv_gens.add(gen)
-        size = self._sizes.get(gen, 0)
+        size = code >> _SIZE
         for flag, comp in ((_READ, self._comp[0]), (_WRITTEN, self._comp[1])):
             if code & flag and old != KV:
                 comp[old] -= size
@@ -705,7 +720,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                     if code & 7 != KV:
                         self._make_kv(tensors[i], code)
                     self._kv_written[gen] = min(self._kv_written.get(gen, 0) + nbytes,
-                                                self._sizes.get(gen, nbytes))
+                                                code >> _SIZE)
         else:
             k = None
             for i, nbytes, _, _ in entry.reads[1:3]:  # key, value
@@ -717,9 +732,9 @@ class PerformanceCounterMode(TorchDispatchMode):
                 gen = (code >> _SHIFT) & _ALLOC
                 if code & 7 in (INPUT, JOINED):
                     code = self._make_kv(t, code)
-                    self._kv_written[gen] = self._sizes.get(gen, nbytes)
+                    self._kv_written[gen] = code >> _SIZE
                 if code & 7 == KV:
-                    size = self._sizes.get(gen) or nbytes
+                    size = (code >> _SIZE) or nbytes
                     valid = min(1.0, self._kv_written.get(gen, size) / size)
                     self._kv_valid += int(nbytes * valid)
 
@@ -818,11 +833,11 @@ class _Block:
     """One `with` block's raw log (module, entry, roles per op call) and compulsory-IO
     state, turned into a Trace only when someone asks."""
 
-    __slots__ = ("log", "view_log", "touched", "kv_valid", "overhead", "sizes")
+    __slots__ = ("log", "view_log", "touched", "kv_valid", "overhead")
 
-    def __init__(self, log, view_log, touched, kv_valid, overhead, sizes):
+    def __init__(self, log, view_log, touched, kv_valid, overhead):
         self.log, self.view_log, self.touched = log, view_log, touched
-        self.kv_valid, self.overhead, self.sizes = kv_valid, overhead, sizes
+        self.kv_valid, self.overhead = kv_valid, overhead
 
 
 def build_trace(blocks: list[_Block]) -> Trace:
@@ -868,7 +883,7 @@ def build_trace(blocks: list[_Block]) -> Trace:
                           f"its FLOPs are not (listed in uncounted_ops)", stacklevel=2)
     read, written = [0] * len(ROLES), [0] * len(ROLES)
     for b in blocks:
-        r, w = _compulsory(b.touched, b.sizes)
+        r, w = _compulsory(b.touched)
         read = [x + y for x, y in zip(read, r)]
         written = [x + y for x, y in zip(written, w)]
     return Trace(records=list(records.values()), compulsory_read=read,
@@ -877,7 +892,7 @@ def build_trace(blocks: list[_Block]) -> Trace:
                  overhead_s=sum(b.overhead for b in blocks))
 
 
-def _compulsory(touched, sizes) -> tuple[list[int], list[int]]:
+def _compulsory(touched) -> tuple[list[int], list[int]]:
     """Bytes by role when each storage region is read at most once and written at most once.
 
     Whole-storage accesses were summed while counting; partial ones are merged here:
@@ -892,7 +907,7 @@ def _compulsory(touched, sizes) -> tuple[list[int], list[int]]:
     more: dict[int, list] = {}
     for k, off, nbytes in extra:
         more.setdefault(k, []).append((off, nbytes))
-    for k, (off, nbytes, role) in first.items():
+    for k, (off, nbytes, role, size) in first.items():
         gen, is_write = k >> 1, k & 1
         if gen in whole[is_write]:
             continue
@@ -905,8 +920,7 @@ def _compulsory(touched, sizes) -> tuple[list[int], list[int]]:
                     nbytes += o + n - lo
                 end = max(end, o + n)
             nbytes += sum(n for o, n in regions if o < 0)
-        size = sizes.get(gen)
-        if size is not None and nbytes > size:
+        if nbytes > size:
             nbytes = size
         (written if is_write else read)[1 if gen in kv_gens else _ROLE_INDEX[role]] += nbytes
     return read, written
