@@ -2,10 +2,13 @@
 
 For each op it records FLOPs by kind (costs.py), bytes read and written by the
 role of each tensor (weight, KV cache, activation, input) and the module it ran
-under; on exit the counts become a `Trace` (trace.py). The hot path runs for
-every op (~2,000 per decode step), so everything that depends only on
+under; each call is logged as (module, entry, roles) and the logs of one or
+more blocks become a `Trace` (trace.py) when someone asks. The hot path runs
+for every op (~2,000 per decode step), so everything that depends only on
 (op, shapes, dtypes, arguments) is computed once and cached in an `_Entry`;
-per call the mode only looks up tensor roles and counts.
+per call the mode looks up one code per tensor storage (role, size, whether
+the block already read or wrote it whole) and, for most ops, takes a short
+path that a test holds equal to the general one.
 
 Roles are kept per storage: a parameter's storage is `weight`; a storage that
 an op produced in this phase is `activation`; one that existed before the
