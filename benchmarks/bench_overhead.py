@@ -7,6 +7,7 @@ of each variant divided by the plain step's median. Variants:
 
   plain        the model alone
   null-mode    a TorchDispatchMode that does nothing (the floor of any counter)
+  null+hooks   the same plus the module hooks perfcounter uses for module paths
   flopcounter  torch.utils.flop_counter.FlopCounterMode
   perfcounter  TransformerPerformanceCounter.count("decode") around each step (FLOPs by
                kind, bytes by role, module paths, compulsory IO); building the phase's
@@ -27,11 +28,26 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from perfcounter import TransformerPerformanceCounter
 from perfcounter.loading import default_checkpoint
+from perfcounter.mode import _ModulePath
 
 
 class NullMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
+
+
+class NullModeWithHooks:
+    """NullMode inside the module tracker a PerformanceCounterMode keeps (names cached)."""
+
+    tracker = _ModulePath(depth=10)
+
+    def __enter__(self):
+        self.tracker.__enter__()
+        self.mode = NullMode().__enter__()
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+        self.tracker.__exit__(*exc)
 
 
 def load_model():
@@ -52,6 +68,7 @@ def main(*, steps: int = 15, rounds: int = 3, context: int = 64, grad_mode: str 
     variants = {
         "plain": None,
         "null-mode": NullMode,
+        "null+hooks": NullModeWithHooks,
         "flopcounter": lambda: FlopCounterMode(display=False),
         "perfcounter": lambda: counter.count("decode", num_tokens=1),
     }

@@ -21,8 +21,8 @@ device is synchronized before and after and CUDA events time the block.
 The bookkeeping time the mode measures in itself is CPU time; on CUDA it
 overlaps kernels still in flight, so the net latency is then a lower bound.
 What it measures is its per-op work after each op returns; dispatching ops
-to Python at all and the module hooks (together ~1.2x a plain CPU decode
-step of a small model) stay in the net latency.
+to Python at all and the module hooks (together 1.2-1.3x a plain CPU decode
+step of a small model: README, Overhead) stay in the net latency.
 """
 from __future__ import annotations
 

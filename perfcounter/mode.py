@@ -541,7 +541,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                             if code & _PART_READ:
                                 self._whole[0].add((code >> _SHIFT) & _ALLOC)
                         else:
-                            self._read_part(sid, code, t.storage_offset() * t.element_size(), nbytes)
+                            self._touch_part(sid, code, t.storage_offset() * t.element_size(), nbytes)
                 if entry.out_code is not None:
                     self._gen = gen = self._gen + _STEP
                     r = entry.out_role
@@ -575,10 +575,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                 sig = sig * 8 + SKIP
                 continue
             t = tensors[i]
-            sid = _storage_id(t)
-            code = roles.get(sid)
-            if code is None:
-                code = self._first_sight(t, sid)
+            sid, code = self._lookup(t)
             r = code & 7
             sig = sig * 8 + r
             if r == KV:
@@ -597,13 +594,10 @@ class PerformanceCounterMode(TorchDispatchMode):
                 off = -1
             else:  # a broadcast view never reads more than its storage
                 off, nbytes = t.storage_offset() * size, min(nbytes, t.untyped_storage().nbytes())
-            self._read_part(sid, code, off, nbytes)
+            self._touch_part(sid, code, off, nbytes)
         for i, nbytes, scattered in entry.writes_in:
             t = tensors[i]
-            sid = _storage_id(t)
-            code = roles.get(sid)
-            if code is None:
-                code = self._first_sight(t, sid)
+            sid, code = self._lookup(t)
             r = code & 7
             sig = sig * 8 + r
             if code & _WRITTEN:
@@ -618,9 +612,7 @@ class PerformanceCounterMode(TorchDispatchMode):
                         self._whole[1].add((code >> _SHIFT) & _ALLOC)
                     continue
                 off = t.storage_offset() * t.element_size()
-            if not code & _PART_WRITTEN:
-                roles[sid] = code | _PART_WRITTEN
-            self._touch_part((((code >> _SHIFT) & _ALLOC) << 1) | 1, off, nbytes, code)
+            self._touch_part(sid, code, off, nbytes, write=1)
         if entry.writes_out:  # new storages: a fresh allocation each, written whole
             outs = (out,) if isinstance(out, Tensor) else _flat_tensors(out)
             r = entry.out_role
@@ -649,16 +641,14 @@ class PerformanceCounterMode(TorchDispatchMode):
         self._kv_written[gen >> _SHIFT] = nbytes
         self._refs[sid] = StorageWeakRef(o.untyped_storage())
 
-    def _read_part(self, sid: int, code: int, off: int, nbytes: int) -> None:
-        """A read of part of a storage (off -1: scattered rows), for the compulsory model."""
-        if not code & _PART_READ:
-            self._roles[sid] = code | _PART_READ
-        self._touch_part(((code >> _SHIFT) & _ALLOC) << 1, off, nbytes, code)
-
-    def _touch_part(self, k: int, off: int, nbytes: int, code: int) -> None:
-        """Note a partial access (k = allocation << 1 | is_write) for the compulsory model:
-        the first region of a storage in _touched (with its role and size), further
-        distinct ones in _extra."""
+    def _touch_part(self, sid: int, code: int, off: int, nbytes: int, write: int = 0) -> None:
+        """A read (write=1: a write) of part of a storage, for the compulsory model: flag the
+        storage's code; note its first region in _touched (key allocation << 1 | write, with
+        its role and size), further distinct ones in _extra. off -1: scattered rows."""
+        flag = _PART_WRITTEN if write else _PART_READ
+        if not code & flag:
+            self._roles[sid] = code | flag
+        k = (((code >> _SHIFT) & _ALLOC) << 1) | write
         prev = self._touched.get(k)
         if prev is None:
             self._touched[k] = (off, nbytes, code & 7, code >> _SIZE)
@@ -693,10 +683,15 @@ class PerformanceCounterMode(TorchDispatchMode):
         r = WEIGHT if isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter) else INPUT
         return self._new_code(sid, r, t.untyped_storage())
 
-    def _code(self, t) -> int:
+    def _lookup(self, t) -> tuple[int, int]:
+        """(storage id, code) of t's storage; a storage seen for the first time gets a code.
+        (The short path in _record does the same inline.)"""
         sid = _storage_id(t)
         code = self._roles.get(sid)
-        return self._first_sight(t, sid) if code is None else code
+        return sid, (self._first_sight(t, sid) if code is None else code)
+
+    def _code(self, t) -> int:
+        return self._lookup(t)[1]
 
     def _make_kv(self, t, code: int) -> int:
         """Mark t's storage as KV cache; move what the block already counted for it
