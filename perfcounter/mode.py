@@ -27,10 +27,11 @@ from collections import Counter
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils.module_tracker import ModuleTracker
 
 from perfcounter import costs
-from perfcounter.trace import KINDS, ROLES, OpRecord, Trace
+from perfcounter.trace import KINDS, ROLES, ModuleInfo, OpRecord, Trace, merge_modules
 
 aten = torch.ops.aten
 Tensor = torch.Tensor
@@ -261,6 +262,23 @@ def _schema_args(func, args, kwargs, n_tensors) -> list[tuple[bool, str]]:
     return result + [(False, "")] * (n_tensors - len(result))
 
 
+def _module_info(name: str, mod) -> ModuleInfo:
+    params = list(mod.parameters(recurse=False))
+    return ModuleInfo(name, type(mod).__name__, 0, sum(p.numel() for p in params),
+                      sum(p.numel() * p.element_size() for p in params))
+
+
+def _fill_io(info: ModuleInfo, args, kwargs, output) -> None:
+    """A module's first call: the shapes of its tensor arguments and the bytes of its input
+    and output (the first tensor of each)."""
+    tensors = _flat_tensors(list(args)) + _flat_tensors(list(kwargs.values()))
+    info.input_shapes = "x".join(str(list(t.shape)) for t in tensors)
+    info.input_bytes = tensors[0].numel() * tensors[0].element_size() if tensors else 0
+    outs = _flat_tensors(output if isinstance(output, (Tensor, list, tuple)) else
+                         list(output.values()) if isinstance(output, dict) else [])
+    info.output_bytes = outs[0].numel() * outs[0].element_size() if outs else 0
+
+
 class _ModulePath(ModuleTracker):
     """ModuleTracker that also knows the innermost module, truncated to `depth` parts.
 
@@ -273,7 +291,8 @@ class _ModulePath(ModuleTracker):
         self.on_new_module = on_new_module
         self.stack: list[tuple] = []  # entries of _names() for the modules running now
         self.current = ""
-        # id(module) -> (weakref, full name, name truncated to depth, id): ModuleTracker's
+        self.modules: dict[str, ModuleInfo] = {}  # full name -> info, this block's modules
+        # id(module) -> (weakref, full name, name truncated to depth, id, listed in modules): ModuleTracker's
         # weak dictionaries are slow on a path that runs twice per module call
         self._by_id: dict[int, tuple] = {}
 
@@ -281,7 +300,7 @@ class _ModulePath(ModuleTracker):
         """The _by_id entry of a module seen for the first time (or whose id was reused)."""
         name = self._get_mod_name(mod)
         hit = self._by_id[id(mod)] = (weakref.ref(mod), name, ".".join(name.split(".")[: self.depth]),
-                                      id(mod))
+                                      id(mod), len(name.split(".")) <= self.depth)
         if self.on_new_module is not None:
             self.on_new_module(mod)
         return hit
@@ -294,9 +313,27 @@ class _ModulePath(ModuleTracker):
             hit = self._name(mod)
         self.stack.append(hit)
         self.current = hit[2]
+        if hit[4]:
+            info = self.modules.get(hit[1])
+            if info is None:
+                info = self.modules[hit[1]] = _module_info(hit[1], mod)
+            info.calls += 1
 
-    def _fw_post_hook(self, mod, input, output) -> None:
+    def __enter__(self):
+        self._fw_pre_handle = register_module_forward_pre_hook(self._fw_pre_hook)
+        self._fw_post_handle = register_module_forward_hook(self._fw_post_hook, with_kwargs=True)
+        return self
+
+    def __exit__(self, *args):
+        self._fw_pre_handle.remove()
+        self._fw_post_handle.remove()
+
+    def _fw_post_hook(self, mod, args, kwargs, output) -> None:
         stack = self.stack
+        if stack and stack[-1][4] and stack[-1][3] == id(mod):
+            info = self.modules[stack[-1][1]]
+            if info.calls == 1 and not info.input_shapes:
+                _fill_io(info, args, kwargs, output)
         if stack and stack[-1][3] == id(mod):  # the module is alive: its id is its own
             stack.pop()
         else:  # a module left out of order: drop its entry wherever it is
@@ -381,6 +418,7 @@ class PerformanceCounterMode(TorchDispatchMode):
         self._overhead = 0.0
         self._tracker.stack.clear()
         self._tracker.current = ""
+        self._tracker.modules = {}
         # only weights (role 0) and KV caches (1) keep their role from one block to the
         # next, and only while their storage lives (else its address may come back as
         # another tensor's)
@@ -424,7 +462,7 @@ class PerformanceCounterMode(TorchDispatchMode):
             self._trace = None  # built on first request: trace() (keeps exit cheap)
             self._block = _Block(self._log, self._view_log,
                                  (self._comp, self._whole, self._touched, self._extra, self._kv_gens),
-                                 self._kv_valid, self._overhead)
+                                 self._kv_valid, self._overhead, list(self._tracker.modules.values()))
             if self.display or self.debug:  # asked for explicitly: torchao printed here
                 self._show()
 
@@ -831,11 +869,11 @@ class _Block:
     """One `with` block's raw log (module, entry, roles per op call) and compulsory-IO
     state, turned into a Trace only when someone asks."""
 
-    __slots__ = ("log", "view_log", "touched", "kv_valid", "overhead")
+    __slots__ = ("log", "view_log", "touched", "kv_valid", "overhead", "modules")
 
-    def __init__(self, log, view_log, touched, kv_valid, overhead):
+    def __init__(self, log, view_log, touched, kv_valid, overhead, modules):
         self.log, self.view_log, self.touched = log, view_log, touched
-        self.kv_valid, self.overhead = kv_valid, overhead
+        self.kv_valid, self.overhead, self.modules = kv_valid, overhead, modules
 
 
 def build_trace(blocks: list[_Block]) -> Trace:
@@ -879,6 +917,9 @@ def build_trace(blocks: list[_Block]) -> Trace:
             _WARNED.add(name)
             warnings.warn(f"perfcounter: no cost formula for {name}; its bytes are counted, "
                           f"its FLOPs are not (listed in uncounted_ops)", stacklevel=2)
+    modules: list[ModuleInfo] = []
+    for b in blocks:
+        modules = merge_modules(modules, b.modules)
     read, written = [0] * len(ROLES), [0] * len(ROLES)
     for b in blocks:
         r, w = _compulsory(b.touched)
@@ -887,7 +928,7 @@ def build_trace(blocks: list[_Block]) -> Trace:
     return Trace(records=list(records.values()), compulsory_read=read,
                  compulsory_written=written, kv_cache_valid_read=sum(b.kv_valid for b in blocks),
                  uncounted_ops=uncounted, steps=len(blocks),
-                 overhead_s=sum(b.overhead for b in blocks))
+                 overhead_s=sum(b.overhead for b in blocks), modules=modules)
 
 
 def _compulsory(touched) -> tuple[list[int], list[int]]:

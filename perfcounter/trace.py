@@ -18,8 +18,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from perfcounter._util import did_you_mean
+
 KINDS = ("add", "mul", "div", "sqrt", "exp", "special", "cmp")
 ROLES = ("weight", "kv_cache", "activation", "input")
+IO_MODELS = ("per_op", "compulsory")
+
+
+def check_io_model(io_model) -> str:
+    """io_model itself when it is one of IO_MODELS; else a ValueError naming the valid ones."""
+    if io_model not in IO_MODELS:
+        raise ValueError(f"unknown io_model {io_model!r}; valid: {', '.join(IO_MODELS)}"
+                         f"{did_you_mean(io_model, IO_MODELS, n=1, quote=True)}")
+    return io_model
 
 
 def _zeros() -> list[int]:
@@ -90,6 +101,48 @@ class OpRecord:
                    [d["written"][r] for r in ROLES], d["has_formula"])
 
 
+@dataclass(slots=True)
+class ModuleInfo:
+    """One module that ran in a phase (modules are listed in the order they first ran).
+
+    path is the module's full name as records carry it ("LlamaForCausalLM.model.layers.0.mlp");
+    only modules no deeper than the counter's depth are listed. params / param_bytes: the
+    parameters the module owns itself (not its children's). input_shapes / input_bytes: its
+    first call's tensor arguments (positional, then keyword), and the bytes of the first one
+    (the layer's input x, what a transfer point sends); output_bytes: the bytes of the first
+    tensor it returned (per call)."""
+
+    path: str
+    cls: str
+    calls: int = 0
+    params: int = 0
+    param_bytes: int = 0
+    input_shapes: str = ""
+    input_bytes: int = 0
+    output_bytes: int = 0
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "cls": self.cls, "calls": self.calls, "params": self.params,
+                "param_bytes": self.param_bytes, "input_shapes": self.input_shapes,
+                "input_bytes": self.input_bytes, "output_bytes": self.output_bytes}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModuleInfo":
+        return cls(d["path"], d["cls"], d["calls"], d["params"], d["param_bytes"],
+                   d["input_shapes"], d["input_bytes"], d.get("output_bytes", 0))
+
+
+def merge_modules(a: list[ModuleInfo], b: list[ModuleInfo]) -> list[ModuleInfo]:
+    """a then b's new modules, in first-run order; calls of a module in both are summed."""
+    out = {m.path: ModuleInfo(**m.to_dict()) for m in a}
+    for m in b:
+        if m.path in out:
+            out[m.path].calls += m.calls
+        else:
+            out[m.path] = ModuleInfo(**m.to_dict())
+    return list(out.values())
+
+
 @dataclass
 class Trace:
     """One phase's records plus its whole-phase figures.
@@ -109,6 +162,7 @@ class Trace:
     uncounted_ops: dict[str, int] = field(default_factory=dict)  # op -> calls
     steps: int = 1
     overhead_s: float = 0.0  # time spent inside the counter's own bookkeeping
+    modules: list[ModuleInfo] = field(default_factory=list)  # in the order they first ran
 
     # -- totals ------------------------------------------------------------
     @property
@@ -168,6 +222,7 @@ class Trace:
             uncounted_ops=uncounted,
             steps=self.steps + other.steps,
             overhead_s=self.overhead_s + other.overhead_s,
+            modules=merge_modules(self.modules, other.modules),
         )
 
     def to_dict(self) -> dict:
@@ -179,6 +234,7 @@ class Trace:
             "uncounted_ops": dict(self.uncounted_ops),
             "steps": self.steps,
             "overhead_s": self.overhead_s,
+            "modules": [m.to_dict() for m in self.modules],
         }
 
     @classmethod
@@ -191,4 +247,5 @@ class Trace:
             uncounted_ops=dict(d["uncounted_ops"]),
             steps=d["steps"],
             overhead_s=d["overhead_s"],
+            modules=[ModuleInfo.from_dict(m) for m in d.get("modules", [])],
         )
