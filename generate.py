@@ -31,10 +31,12 @@ import torch
 from torch import Tensor
 
 from perfcounter import TransformerPerformanceCounter, get_device_spec
+from perfcounter.config_only import count_config_only
 from perfcounter.devices import DeviceSpecError, default_device_spec
-from perfcounter.loading import (CheckpointError, default_checkpoint, fake_model, load_hf_model,
-                                 load_model, read_config, write_json_atomic)
+from perfcounter.loading import (CheckpointError, default_checkpoint, load_hf_model, load_model,
+                                 read_config, write_json_atomic)
 from perfcounter.model import ModelArgs, UnknownModelError, count_params
+from perfcounter.report import format_table, scaled, si
 from perfcounter.tokenizer import TokenizerError
 
 PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -158,18 +160,6 @@ def _load(checkpoint_path, model_name, config, hf: bool, device, dtype, log):
     return loaded
 
 
-def count_config_only(args: ModelArgs, counter, *, batch_size: int, prompt_length: int,
-                      max_new_tokens: int, dtype, device: str, **sampling_kwargs):
-    """Count one generation of a weightless model (FakeTensorMode): no data, no memory."""
-    if "cuda" in device and not torch.cuda.is_available():
-        device = "cpu"  # fake CUDA modules cannot be initialised without CUDA; counts agree
-    model, fake_mode = fake_model(args, dtype=dtype, device=device)
-    with fake_mode:
-        x = torch.zeros(batch_size, prompt_length, dtype=torch.int64, device=device)
-        generate(model, x, max_new_tokens, phase=counter.count, **sampling_kwargs)
-    return model
-
-
 def run_checkpoint(model, x: Tensor, counter, *, max_new_tokens: int, num_samples: int,
                    compile: bool, device: str, progress: bool, **sampling_kwargs):
     """Count one eager generation, then time `num_samples` uncounted ones (compiled with
@@ -231,7 +221,8 @@ def main(*, prompt: str = "Hello, my name is", prompt_length: int | None = None,
         log(f"Config only: {args} under FakeTensorMode (no weights), synthetic prompt of "
             f"{length} tokens, batch {batch_size}")
         net = count_config_only(args, counter, batch_size=batch_size, prompt_length=length,
-                                max_new_tokens=max_new_tokens, dtype=dtype, device=device, **sampling)
+                                max_new_tokens=max_new_tokens, dtype=dtype, device=device,
+                                generate=generate, **sampling)
     else:
         loaded = _load(checkpoint_path, model, config, hf, device, dtype, log)
         net, tokenizer, args = loaded.model, loaded.tokenizer, loaded.args
@@ -264,10 +255,10 @@ def main(*, prompt: str = "Hello, my name is", prompt_length: int | None = None,
         for i, t in enumerate(seconds):
             log(f"  Time for inference {i + 1}: {length} prompt tokens {max_new_tokens} tokens "
                 f"generated, {t:.02f} sec total, {tokens / t:.02f} tokens/sec")
-            log(f"  Bandwidth achieved: {model_bytes * tokens / t / 1e9:.02f} GB/s")
+            log(f"  Bandwidth achieved: {si(model_bytes * tokens / t, 'B/s', prefix='G')}")
         log(RULE + "\nGPTFast Aggregate Stats")
         log(f"  Average tokens/sec: {sum(tokens / t for t in seconds) / len(seconds):.2f}")
-        log(f"  Memory used: {_memory_used(device) / 1e9:.02f} GB")
+        log(f"  Memory used: {si(_memory_used(device), 'B', prefix='G')}")
     measured = {label: measured.get(label) for label in labels}
     print_predicted_vs_measured(counter, labels, measured,
                                 compiled=compile and not config_only)
@@ -291,23 +282,17 @@ def print_predicted_vs_measured(counter, labels: list[str], measured: dict, comp
     measured latency of the uncounted runs with its ratio to the roofline."""
     print(RULE + f"\nPredicted vs measured on {counter.device_spec.name}"
           + (" (compiled run)" if compiled else ""))
-    print(f"  {'phase':<8} {'tokens':>7} {'GFLOPs':>10} {'GB':>9} {'roofline':>11} {'bound':>8} "
-          f"{'energy':>9} {'measured':>11} {'meas/roof':>9}")
+    head = ["phase", "tokens", "GFLOPs", "GB", "roofline", "bound", "energy", "measured",
+            "meas/roof"]
+    rows = []
     for label in labels:
         s = counter.counts[label]
         roof, real = s.roofline_latency, measured.get(label)
         ratio = "n/a" if real is None or not roof else f"{real / roof:.2f}x"
-        print(f"  {label:<8} {s.num_tokens:>7} {s.total_flops / 1e9:>10.2f} {s.total_io / 1e9:>9.3f} "
-              f"{_ms(roof):>11} {s.bound or 'n/a':>8} {_joules(s.energy_j):>9} {_ms(real):>11} "
-              f"{ratio:>9}")
-
-
-def _ms(seconds) -> str:
-    return "n/a" if seconds is None else f"{seconds * 1e3:.3f} ms"
-
-
-def _joules(value) -> str:
-    return "n/a" if value is None else f"{value:.3g} J"
+        rows.append([label, s.num_tokens, scaled(s.total_flops, "G", 2), scaled(s.total_io, "G", 3),
+                     si(roof, "s", 3, prefix="m"), s.bound or "n/a", si(s.energy_j, "J"),
+                     si(real, "s", 3, prefix="m"), ratio])
+    print(format_table(rows, head, widths=[8, 7, 10, 9, 11, 8, 9, 11, 9], sep=" ", indent=2))
 
 
 def _memory_used(device) -> float:

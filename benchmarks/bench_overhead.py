@@ -28,7 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from perfcounter import TransformerPerformanceCounter
 from perfcounter.loading import default_checkpoint
-from perfcounter.mode import _ModulePath
+from perfcounter.module_path import ModulePath
 
 
 class NullMode(TorchDispatchMode):
@@ -39,9 +39,10 @@ class NullMode(TorchDispatchMode):
 class NullModeWithHooks:
     """NullMode inside the module tracker a PerformanceCounterMode keeps (names cached)."""
 
-    tracker = _ModulePath(depth=10)
+    tracker = ModulePath(depth=10)
 
     def __enter__(self):
+        self.tracker.reset()
         self.tracker.__enter__()
         self.mode = NullMode().__enter__()
 
@@ -112,9 +113,12 @@ def main(*, steps: int = 15, rounds: int = 3, context: int = 64, grad_mode: str 
         med = statistics.median(ts)
         print(f"{name:<12} {med * 1e3:>10.2f} {med / plain:>7.2f}")
     trace = stats.trace
-    print(f"perfcounter: {sum(r.calls for r in trace.records) / trace.steps:.0f} ops per step, "
+    ops = sum(r.calls for r in trace.records) / trace.steps
+    above = statistics.median(times["perfcounter"]) - statistics.median(times["null+hooks"])
+    print(f"perfcounter: {ops:.0f} ops per step, "
           f"{statistics.median(inside) * 1e3:.2f} ms of bookkeeping per step measured inside the mode "
           f"(median of rounds; subtracted from the latency it reports)")
+    print(f"perfcounter above null+hooks: {above * 1e3:.2f} ms per step, {above / ops * 1e6:.2f} us per op")
 
 
 if __name__ == "__main__":

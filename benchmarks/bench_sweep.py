@@ -11,17 +11,15 @@ it found, so the speed claim and the numbers come from one run.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from generate import count_config_only  # noqa: E402  (the script's own config-only path)
-from perfcounter import TransformerPerformanceCounter  # noqa: E402
-from perfcounter.model import ModelArgs  # noqa: E402
+from perfcounter import TransformerPerformanceCounter
+from perfcounter.config_only import count_config_only
+from perfcounter.model import ModelArgs
+from perfcounter.report import format_table, scaled
 
 PRESETS = ["smollm2-135m", "llama-3.2-1b", "llama-2-7b", "llama-3-8b", "mixtral-8x7b", "llama-3-70b"]
 DEVICES = ["h100-sxm", "a100-sxm4-80gb", "pim-ai-4chip"]
@@ -43,7 +41,8 @@ def main(*, repeats: int = 3, prompt_length: int = 128, max_new_tokens: int = 4)
     print(f"config-only counts, bf16, prompt {prompt_length}, {max_new_tokens} new tokens, "
           f"priced on {', '.join(DEVICES)}; median of {repeats}")
     count_once(PRESETS[0], 8, 1)  # warm up: imports and the op cost cache
-    print(f"{'model':<14} {'seconds':>8} {'prefill GFLOPs':>15} {'decode GB/token':>16}")
+    header, widths = ["model", "seconds", "prefill GFLOPs", "decode GB/token"], [14, 8, 15, 16]
+    print(format_table([], header, widths=widths, sep=" "))
     for name in PRESETS:
         times = []
         for _ in range(repeats):
@@ -51,8 +50,10 @@ def main(*, repeats: int = 3, prompt_length: int = 128, max_new_tokens: int = 4)
             counts, _ = count_once(name, prompt_length, max_new_tokens)
             times.append(time.perf_counter() - t0)
         decode = counts["decode"]
-        print(f"{name:<14} {statistics.median(times):>8.2f} {counts['prefill'].total_flops / 1e9:>15.1f} "
-              f"{decode.total_io / decode.num_tokens / 1e9:>16.2f}")
+        row = [name, scaled(statistics.median(times)),
+               scaled(counts["prefill"].total_flops, "G", 1),
+               scaled(decode.total_io / decode.num_tokens, "G", 2)]
+        print(format_table([row], widths=widths, sep=" "))
 
 
 if __name__ == "__main__":

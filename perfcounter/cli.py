@@ -18,13 +18,11 @@ import torch
 from perfcounter.devices import (DeviceSpec, DeviceSpecError, calibrated_spec_path,
                                  dtype_name, get_device_spec, list_device_specs,
                                  register_device_specs)
+from perfcounter.report import format_table, scaled, si
 
 _TABLE = ("name", "type", "memory", "bandwidth", "dtype", "bf16 TFLOP/s", "balance",
           "source")
-
-
-def _fmt(value, scale: float, unit: str = "", digits: int = 0) -> str:
-    return "-" if value is None else f"{value / scale:,.{digits}f}{unit}"
+_ALIGN = "llrrlrrl"  # numbers right-aligned
 
 
 def device_row(spec: DeviceSpec, source_width: int = 48) -> tuple[str, ...]:
@@ -33,24 +31,12 @@ def device_row(spec: DeviceSpec, source_width: int = 48) -> tuple[str, ...]:
     source = spec.source.get("bandwidth") or spec.source.get("flops_by_dtype") or "-"
     if source_width and len(source) > source_width:
         source = source[: source_width - 3] + "..."
-    return (spec.name, spec.device_type, _fmt(spec.vram, 1e9, " GB"),
-            _fmt(spec.bandwidth, 1e9, " GB/s", 1 if spec.bandwidth and spec.bandwidth < 1e11
-                 else 0),
+    bw_digits = 1 if spec.bandwidth and spec.bandwidth < 1e11 else 0
+    return (spec.name, spec.device_type, si(spec.vram, "B", 0, prefix="G", na="-"),
+            si(spec.bandwidth, "B/s", bw_digits, prefix="G", na="-"),
             dtype_name(spec.dtype) if spec.dtype is not None else "-",
-            _fmt(bf16, 1e12, "", 1), _fmt(spec.roofline_balancepoint, 1, " FLOP/B", 1), source)
-
-
-def format_table(rows: list[tuple[str, ...]], header=_TABLE) -> str:
-    """Plain fixed-width columns; numbers right-aligned."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    right = {2, 3, 5, 6}
-    lines = []
-    for row in [header, *rows]:
-        cells = [c.rjust(w) if i in right else c.ljust(w)
-                 for i, (c, w) in enumerate(zip(row, widths))]
-        lines.append("  ".join(cells).rstrip())
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+            scaled(bf16, "T", 1, na="-"),
+            si(spec.roofline_balancepoint, "FLOP/B", 1, prefix="", na="-"), source)
 
 
 def _describe(spec: DeviceSpec) -> str:
@@ -81,7 +67,8 @@ def _devices(args) -> int:
         print("\n\n".join(_describe(s) for s in specs))
     else:
         width = 0 if args.wide else 48
-        print(format_table([device_row(s, width) for s in specs]))
+        print(format_table([device_row(s, width) for s in specs], _TABLE, align=_ALIGN,
+                           rule=True))
         print(f"\n{len(specs)} devices. memory: 1e9 B; bandwidth: 1e9 B/s; balance: peak "
               "FLOP/s at dtype / bandwidth. `perfcounter devices NAME` shows every figure "
               "and its source.")
@@ -89,7 +76,7 @@ def _devices(args) -> int:
 
 
 def _calibrate(args) -> int:
-    from perfcounter.calibrate import calibrate, describe, save_calibrated
+    from perfcounter.devices.calibrate import calibrate, describe, save_calibrated
     array_bytes = None if args.array_mb is None else int(args.array_mb * (1 << 20))
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     cal = calibrate(device=args.device, array_bytes=array_bytes, repeats=args.repeats,
@@ -137,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="YAML file to write (default: the file above)")
     p.add_argument("--no-write", action="store_true", help="measure and print only")
     p.set_defaults(run=_calibrate)
+
+    from perfcounter.sim_cli import add_parser as add_simulate  # perfcounter simulate
+    add_simulate(sub)
     return parser
 
 

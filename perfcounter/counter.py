@@ -27,19 +27,18 @@ step of a small model: README, Overhead) stay in the net latency.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import itertools
 import json
 import os
-import tempfile
 import time
 from contextlib import contextmanager
 
 import torch
 
-from perfcounter.roofline import IO_MODELS
-from perfcounter.stats import PerformanceStats, spec_from_dict
-from perfcounter.trace import Trace
+from perfcounter._util import atomic_write, did_you_mean
+from perfcounter.report import Comparison, format_stats
+from perfcounter.stats import PerformanceStats, check_depth, spec_from_dict, sum_or_none
+from perfcounter.trace import Trace, check_io_model
 
 SCHEMA = "perfcounter.counts"
 SCHEMA_VERSION = 1
@@ -63,14 +62,6 @@ def _resolve_spec(spec):
         raise CountArgumentError(f"device_spec must be a DeviceSpec, a registry name or a YAML "
                                  f"path, got {spec!r} ({type(spec).__name__})")
     return spec
-
-
-def _check_io_model(io_model: str) -> str:
-    if io_model not in IO_MODELS:
-        close = difflib.get_close_matches(str(io_model), IO_MODELS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown io_model {io_model!r}; valid: {', '.join(IO_MODELS)}{hint}")
-    return io_model
 
 
 def _fake_mode_active() -> bool:
@@ -142,11 +133,9 @@ class TransformerPerformanceCounter:
         # A dispatch mode imports torch._dynamo on its first op (~1.4 s); do it
         # here so that the first timed block does not pay for it.
         import torch._dynamo  # noqa: F401
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth must be a positive int, got {depth!r}")
+        self._depth = check_depth(depth)
         self.device_spec = _resolve_spec(device_spec)
-        self.io_model = _check_io_model(io_model)
-        self._depth = depth
+        self.io_model = check_io_model(io_model)
         self.mode = PerformanceCounterMode(depth=depth)
         self._built: dict[str, PerformanceStats] = {}
         # blocks counted but not yet turned into stats: label -> [blocks, tokens, net, raw, timing]
@@ -190,7 +179,7 @@ class TransformerPerformanceCounter:
     _MAX_PENDING = 64  # bounds the memory raw blocks hold (a log entry per op call)
 
     def _pend(self, label: str, num_tokens: int, block, raw: float | None, timing: str):
-        net = None if raw is None else max(raw - block.overhead, 0.0)
+        net = None if raw is None else max(raw - block.overhead_s, 0.0)
         p = self._pending.get(label)
         if p is None:
             self._pending[label] = [[block], num_tokens, net, raw, timing]
@@ -205,7 +194,7 @@ class TransformerPerformanceCounter:
                 self._build(label)
 
     def _build(self, label: str) -> None:
-        from perfcounter.mode import build_trace
+        from perfcounter.trace import build_trace
 
         blocks, num_tokens, net, raw, timing = self._pending.pop(label)
         self._add(label, num_tokens, build_trace(blocks), raw, timing, net)
@@ -225,8 +214,8 @@ class TransformerPerformanceCounter:
         if old is not None:
             trace = old.trace.merge(trace)
             num_tokens += old.num_tokens
-            net = None if net is None or old.latency is None else net + old.latency
-            raw = None if raw is None or old.raw_latency is None else raw + old.raw_latency
+            net = sum_or_none(net, old.latency)
+            raw = sum_or_none(raw, old.raw_latency)
             if net is None:
                 timing = old.timing if old.latency is None else timing
         self._built[label] = PerformanceStats(label, num_tokens, net, trace, self.device_spec,
@@ -261,8 +250,7 @@ class TransformerPerformanceCounter:
     @property
     def total_time(self) -> float | None:
         """Σ measured latencies; None when a phase was not measured."""
-        lat = [s.latency for s in self._phases.values()]
-        return None if any(v is None for v in lat) else sum(lat)
+        return sum_or_none(*(s.latency for s in self._phases.values()))
 
     def _summarize_stat(self, key: str) -> dict:
         return {label: getattr(s, key) for label, s in self.counts.items()}
@@ -285,10 +273,9 @@ class TransformerPerformanceCounter:
 
     def _lookup(self, label: str) -> PerformanceStats:
         if label not in self._phases:
-            close = difflib.get_close_matches(str(label), list(self._phases), n=3)
-            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
             known = ", ".join(map(repr, self._phases)) or "none yet"
-            raise KeyError(f"no phase labelled {label!r} (counted: {known}){hint}")
+            raise KeyError(f"no phase labelled {label!r} (counted: {known})"
+                           f"{did_you_mean(label, self._phases, quote=True)}")
         return self._current(self._phases[label])
 
     def summary(self, labels: list[str] | None = None) -> PerformanceStats:
@@ -298,8 +285,8 @@ class TransformerPerformanceCounter:
         for s in phases:
             trace = trace.merge(s.trace)
             tokens += s.num_tokens
-            net = None if net is None or s.latency is None else net + s.latency
-            raw = None if raw is None or s.raw_latency is None else raw + s.raw_latency
+            net = sum_or_none(net, s.latency)
+            raw = sum_or_none(raw, s.raw_latency)
         timing = ", ".join(sorted({s.timing for s in phases}))
         return PerformanceStats(SUMMARY_LABEL, tokens, net, trace, self.device_spec,
                                 self.io_model, raw, timing)
@@ -312,7 +299,6 @@ class TransformerPerformanceCounter:
                       module_depth: int | None = 4) -> str:
         """The report of each labelled phase, or of all phases summed when no
         labels are given; printed too when show=True."""
-        from perfcounter.report import format_stats
         if labels is None:
             texts = [format_stats(self.stats_summary, module_depth=module_depth)]
         else:
@@ -325,12 +311,11 @@ class TransformerPerformanceCounter:
     def compare(self, devices, labels: list[str] | None = None, io_model: str | None = None):
         """Every phase priced on each device (names, YAML paths or DeviceSpecs):
         roofline latency, bound, tokens/s and energy per token."""
-        from perfcounter.report import Comparison
         if isinstance(devices, (str, os.PathLike)) or not hasattr(devices, "__iter__"):
             devices = [devices]
         specs = [_resolve_spec(d) for d in devices]
         labels = list(self._phases) if labels is None else list(labels)
-        io_model = _check_io_model(io_model or self.io_model)
+        io_model = check_io_model(io_model or self.io_model)
         rows = [(spec, self._lookup(lb).on(spec, io_model)) for spec in specs for lb in labels]
         return Comparison(rows)
 
@@ -350,7 +335,7 @@ class TransformerPerformanceCounter:
                "device": None if self.device_spec is None else self.device_spec.to_dict(),
                "counts": self.to_dict(), "summary": summary}
         if path is not None:
-            _write_atomic(os.fspath(path), json.dumps(doc, indent=2, allow_nan=False) + "\n")
+            atomic_write(path, json.dumps(doc, indent=2, allow_nan=False) + "\n")
         return doc
 
     @classmethod
@@ -383,19 +368,3 @@ class TransformerPerformanceCounter:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}: not valid JSON ({e})") from None
         return cls.from_dict(doc, source=path)
-
-
-def _write_atomic(path: str, text: str) -> None:
-    """Write text to path through a temporary file and os.replace."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".perfcounter-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

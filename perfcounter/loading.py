@@ -16,10 +16,8 @@ and what was expected.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib.util
 import json
-import os
 import re
 import tempfile
 from pathlib import Path
@@ -28,8 +26,10 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn as nn
 
+from perfcounter._util import atomic_write, did_you_mean
 from perfcounter.model import ModelArgs, Transformer, UnknownModelError
-from perfcounter.tokenizer import Tokenizer, TransformersTokenizer, find_tokenizer, load_tokenizer
+from perfcounter.tokenizer import (Tokenizer, TransformersTokenizer, find_tokenizer, load_tokenizer,
+                                   offline_transformers)
 
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "mixtral")
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -50,13 +50,6 @@ class Loaded(NamedTuple):
     args: Optional[ModelArgs]  # None for a model run through transformers
     kind: str
     source: Path
-
-
-def _offline_transformers():
-    """transformers, never reaching the network (everything here is local files)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import transformers
-    return transformers
 
 
 def default_checkpoint() -> Path:
@@ -89,10 +82,9 @@ def model_args_from_dict(data: dict, source) -> ModelArgs:
     valid = [f.name for f in dataclasses.fields(ModelArgs)]
     unknown = [k for k in data if k not in valid]
     if unknown:
-        close = difflib.get_close_matches(unknown[0], valid, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise CheckpointError(f"{source}: unknown ModelArgs field {unknown[0]!r}{hint}; "
-                              f"valid fields: {', '.join(valid)}")
+        hint = did_you_mean(unknown[0], valid, n=1, quote=True).removeprefix("; ")
+        raise CheckpointError(f"{source}: unknown ModelArgs field {unknown[0]!r}"
+                              f"{f' ({hint})' if hint else ''}; valid fields: {', '.join(valid)}")
     try:
         return ModelArgs(**data)
     except (TypeError, ValueError) as e:
@@ -329,7 +321,7 @@ def _weights_file(path: Path, kind: str) -> Path:
 
 
 def _hf_from_gguf(path: Path, dtype=None):
-    transformers = _offline_transformers()
+    transformers = offline_transformers()
     try:
         return transformers.AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=dtype or torch.float32,
@@ -398,7 +390,7 @@ class HFCausalLM(nn.Module):
         return self.model.get_output_embeddings()
 
     def setup_caches(self, max_batch_size: int, max_seq_length: int) -> None:
-        transformers = _offline_transformers()
+        transformers = offline_transformers()
         self.cache = transformers.StaticCache(config=self.model.config, max_cache_len=max_seq_length)
 
     def forward(self, idx: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
@@ -420,7 +412,7 @@ def load_hf_model(path, *, device="cpu", dtype=None) -> Loaded:
     else:
         weights = path if path.is_dir() else path.parent
         try:
-            hf = _offline_transformers().AutoModelForCausalLM.from_pretrained(
+            hf = offline_transformers().AutoModelForCausalLM.from_pretrained(
                 str(weights), dtype=dtype or torch.float32, local_files_only=True).eval()
         except Exception as e:
             raise CheckpointError(f"{weights}: transformers could not load this folder ({e})") from e
@@ -445,25 +437,9 @@ def fake_model(args: ModelArgs, *, dtype=torch.float32, device="cpu"):
 
 
 # -- saving and conversion -------------------------------------------------------
-def _atomic_write(path: Path, write) -> None:
-    """write(tmp_path) into a temporary file beside `path`, then os.replace it over."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_json_atomic(path, doc: dict) -> None:
-    """`doc` as indented JSON at `path`, through a temporary file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
-    _atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    """`doc` as indented JSON at `path` (its folder made when missing), written atomically."""
+    atomic_write(path, json.dumps(doc, indent=2, allow_nan=False) + "\n", mkdir=True)
 
 
 def save_checkpoint(out_dir, args: ModelArgs, state: dict) -> Path:
@@ -481,13 +457,9 @@ def save_checkpoint(out_dir, args: ModelArgs, state: dict) -> Path:
         tensors[k] = v.clone() if ptr in seen else v  # safetensors refuses shared storage
         seen.add(ptr)
     target = out_dir / "model.safetensors"
-    _atomic_write(target, lambda tmp: save_file(tensors, tmp, metadata={_META_KEY: config}))
-    _atomic_write(out_dir / "config.json", lambda tmp: Path(tmp).write_text(config + "\n"))
+    atomic_write(target, writer=lambda tmp: save_file(tensors, tmp, metadata={_META_KEY: config}))
+    atomic_write(out_dir / "config.json", config + "\n")
     return target
-
-
-def _copy_atomic(src: Path, dst: Path) -> None:
-    _atomic_write(dst, lambda tmp: Path(tmp).write_bytes(src.read_bytes()))
 
 
 def convert_checkpoint(src, out_dir, *, dtype=None, model_name=None, config_path=None) -> Path:
@@ -502,11 +474,11 @@ def convert_checkpoint(src, out_dir, *, dtype=None, model_name=None, config_path
             TransformersTokenizer.from_gguf(weights).save(tmp)
             for name in ("tokenizer.json", "tokenizer_config.json"):
                 if (Path(tmp) / name).is_file():
-                    os.replace(Path(tmp) / name, out_dir / name)
+                    atomic_write(out_dir / name, (Path(tmp) / name).read_bytes())
     else:
         found = find_tokenizer(weights)
         if found is not None:
             for name in (found.name, "tokenizer_config.json"):
                 if (found.parent / name).is_file() and found.parent != out_dir:
-                    _copy_atomic(found.parent / name, out_dir / name)
+                    atomic_write(out_dir / name, (found.parent / name).read_bytes())
     return target

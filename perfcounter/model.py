@@ -15,7 +15,6 @@ static cache under a mask, as gpt-fast does.
 """
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass, fields
 from typing import Optional
@@ -25,6 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
+
+from perfcounter._util import did_you_mean
 
 
 def find_multiple(n: int, k: int) -> int:
@@ -88,10 +89,9 @@ class ModelArgs:
         key = str(name).strip().rstrip("/").lower()
         if key not in _LOOKUP:
             key = key.rsplit("/", 1)[-1]  # "meta-llama/Llama-2-7b-hf" or a checkpoint folder
-        if key not in _LOOKUP:
-            close = difflib.get_close_matches(key, list(_LOOKUP), n=3)
-            hint = f"did you mean {', '.join(sorted({_LOOKUP[c] for c in close}))}? " if close else ""
-            raise UnknownModelError(f"unknown model {name!r}; {hint}presets: {', '.join(PRESETS)}")
+        if key not in _LOOKUP:  # a close name may be an alias: each one is a valid input
+            raise UnknownModelError(f"unknown model {name!r}{did_you_mean(key, _LOOKUP) or ';'} "
+                                    f"presets: {', '.join(PRESETS)}")
         return cls(**PRESETS[_LOOKUP[key]])
 
 

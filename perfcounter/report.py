@@ -1,11 +1,17 @@
-"""Rendering of phases: the text report, markdown tables, device comparisons.
+"""All of perfcounter's text formatting: numbers, tables, phase reports, device comparisons.
 
-The text report keeps the layout of torchao's TransformerPerfCounter output
-(Latency / Tokens / IO / FLOPs / Utilization blocks) and adds the roofline,
-energy, coverage, scopes and a per-module table. Numbers are scaled to the
-nearest SI prefix (13.25 GB, 0.37 ms); utilizations, stored as fractions, are
-printed as percents. A figure that cannot be known is printed "n/a".
-Nothing here prints: every function returns a string.
+Numbers: `si` scales to the nearest SI prefix (13.25 GB, 0.37 ms) or, for a table
+column, to a fixed one (3,350 GB/s); `scaled` is the bare number at a fixed prefix
+(989.5 under a "TFLOP/s" header); `rate` is a throughput in words (4.77 tokens/s);
+`percent` prints a fraction, as utilizations are stored, as a percent (1.13 %).
+A figure that cannot be known is printed "n/a". Tables: `format_table`, fixed-width
+text or markdown. Phases: `format_stats` keeps the layout of torchao's
+TransformerPerfCounter output (Latency / Tokens / IO / FLOPs / Utilization blocks)
+and adds the roofline, energy, coverage, scopes and a per-module table.
+
+Nothing here prints, and nothing here imports what it renders: a phase is any
+object with PerformanceStats' attributes (stats.py imports this module for
+`PerformanceStats.__str__`), so every part of the package can format with it.
 """
 from __future__ import annotations
 
@@ -13,17 +19,27 @@ import math
 import re
 from dataclasses import dataclass
 
-from perfcounter.stats import PerformanceStats
-
 _PREFIXES = {-12: "p", -9: "n", -6: "µ", -3: "m", 0: "", 3: "K", 6: "M", 9: "G", 12: "T", 15: "P"}
+_POWERS = {prefix: power for power, prefix in _PREFIXES.items()}
 NA = "n/a"
 
 
-def si(value, unit: str, precision: int = 2) -> str:
-    """'13.25 GB', '0.37 ms': the value scaled to an SI prefix (torchao's
-    choice below one: the prefix nearest the magnitude, so 0.16 s stays s)."""
+def scaled(value, prefix: str = "", digits: int = 2, *, na: str = NA) -> str:
+    """The number in units of a fixed SI prefix, without a unit, thousands separated:
+    scaled(13.345e9, "G", 3) == "13.345" (for a column whose header names the unit)."""
     if value is None:
-        return NA
+        return na
+    return f"{value / 10 ** _POWERS[prefix]:,.{digits}f}"
+
+
+def si(value, unit: str, digits: int = 2, *, prefix: str | None = None, na: str = NA) -> str:
+    """'13.25 GB', '0.37 ms': the value scaled to an SI prefix (torchao's choice below
+    one: the prefix nearest the magnitude, so 0.16 s stays s). prefix="G" fixes the
+    prefix instead, as a table column wants: si(3.35e12, "B/s", 0, prefix="G") == "3,350 GB/s"."""
+    if value is None:
+        return na
+    if prefix is not None:
+        return f"{scaled(value, prefix, digits)} {prefix}{unit}"
     if value == 0:
         return f"0 {unit}"
     power = math.floor(math.log10(abs(value)))
@@ -33,7 +49,7 @@ def si(value, unit: str, precision: int = 2) -> str:
         nearest = min(_PREFIXES, key=lambda p: (abs(p - power), p))
     if nearest == 0 and float(value).is_integer():
         return f"{int(value):,} {unit}"
-    return f"{value / 10 ** nearest:,.{precision}f} {_PREFIXES[nearest]}{unit}"
+    return f"{scaled(value, _PREFIXES[nearest], digits)} {_PREFIXES[nearest]}{unit}"
 
 
 def percent(fraction) -> str:
@@ -53,15 +69,47 @@ def rate(value, unit: str) -> str:
     return f"{value:,.0f} {unit}" if abs(value) >= 100 else f"{value:,.2f} {unit}"
 
 
-def _device_line(stats: PerformanceStats) -> str:
+def format_table(rows, header=None, *, align: str | None = None, widths=None, indent: int = 0,
+                 sep: str = "  ", rule: bool = False, markdown: bool = False) -> str:
+    """Rows of cells as a fixed-width text table, or as a markdown table (markdown=True).
+
+    align: a letter per column, "l" or "r" (default: the first column left, the others
+    right, as numbers are); widths: the least width of each column; rule: a dashed line
+    under the header. Lines carry no trailing blanks."""
+    head = None if header is None else [str(c) for c in header]
+    body = [[str(c) for c in row] for row in rows]
+    if markdown:
+        lines = [] if head is None else ["| " + " | ".join(head) + " |",
+                                         "|" + "|".join("---" for _ in head) + "|"]
+        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])
+    table = ([] if head is None else [head]) + body
+    if not table:
+        return ""
+    ncols = max(len(row) for row in table)
+    align = align or "l" + "r" * (ncols - 1)
+    width = [max([len(row[i]) for row in table if i < len(row)] + [widths[i] if widths else 0])
+             for i in range(ncols)]
+    pad = " " * indent
+
+    def line(cells: list[str]) -> str:
+        return (pad + sep.join(c.rjust(width[i]) if align[i] == "r" else c.ljust(width[i])
+                               for i, c in enumerate(cells))).rstrip()
+
+    lines = [line(row) for row in table]
+    if rule and head is not None:
+        lines.insert(1, pad + sep.join("-" * w for w in width))
+    return "\n".join(lines)
+
+
+def _device_line(stats) -> str:
     spec = stats.device_spec
     dtype = getattr(spec, "dtype", None)
     dtype = str(dtype).replace("torch.", "") if dtype is not None else "default dtype"
     return f"{spec.name} ({getattr(spec, 'device_type', '?')}, {dtype})"
 
 
-def format_stats(stats: PerformanceStats, module_depth: int | None = 4) -> str:
-    """One phase as text, in seed 004's layout plus roofline, energy, scopes
+def format_stats(stats, module_depth: int | None = 4) -> str:
+    """One phase (a PerformanceStats) as text, in seed 004's layout plus roofline, energy, scopes
     and a per-module table down to `module_depth` (None: no module table)."""
     s = stats
     latency = si(s.latency, "s")
@@ -116,16 +164,16 @@ def format_stats(stats: PerformanceStats, module_depth: int | None = 4) -> str:
             f"{op} x{n}" for op, n in sorted(s.uncounted_ops.items())))
     scopes = {k: v for k, v in s.scopes().items() if v["calls"]}
     if set(scopes) - {"transformer"}:  # a model with recognised parts
-        lines += ["  Scopes"] + _table(scopes, s, indent=4)
+        lines += ["  Scopes", _table(scopes, s, indent=4)]
     if module_depth is not None:
         rows = merged_modules(s, module_depth)
         if rows:
-            lines += [f"  Modules (depth {module_depth}, layer indices merged as *)"]
-            lines += _table(rows, s, indent=4)
+            lines += [f"  Modules (depth {module_depth}, layer indices merged as *)",
+                      _table(rows, s, indent=4)]
     return "\n".join(lines)
 
 
-def merged_modules(stats: PerformanceStats, depth: int) -> dict[str, dict]:
+def merged_modules(stats, depth: int) -> dict[str, dict]:
     """stats.modules(depth) with numeric path components (layer indices) merged."""
     out: dict[str, dict] = {}
     for path, row in stats.modules(depth).items():
@@ -138,7 +186,8 @@ def merged_modules(stats: PerformanceStats, depth: int) -> dict[str, dict]:
     return out
 
 
-def _table(rows: dict[str, dict], stats: PerformanceStats, indent: int) -> list[str]:
+def _table(rows: dict[str, dict], stats, indent: int) -> str:
+    """The scopes / modules table: calls, FLOPs, bytes and, when priced, roofline and share."""
     head = ["", "Calls", "FLOPs", "Read", "Written"]
     total = stats.roofline_latency
     if total is not None:
@@ -150,21 +199,11 @@ def _table(rows: dict[str, dict], stats: PerformanceStats, indent: int) -> list[
         if total is not None:
             cells += [si(r["roofline_s"], "s"), percent(r["roofline_s"] / total if total else None)]
         body.append(cells)
-    widths = [max(len(str(c[i])) for c in [head] + body) for i in range(len(head))]
-    pad = " " * indent
-    fmt = lambda c: pad + "  ".join(  # noqa: E731
-        str(x).ljust(w) if i == 0 else str(x).rjust(w) for i, (x, w) in enumerate(zip(c, widths)))
-    return [fmt(head).rstrip()] + [fmt(c) for c in body]
+    return format_table(body, head, indent=indent)
 
 
-def _markdown(head: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in body]
-    return "\n".join(lines)
-
-
-def to_markdown(phases: list[PerformanceStats]) -> str:
-    """One markdown table, a row per phase."""
+def to_markdown(phases) -> str:
+    """One markdown table, a row per phase (PerformanceStats)."""
     head = ["Phase", "Tokens", "Steps", "Latency", "FLOPs", "IO", "Tokens/s", "BW util",
             "FLOP util", "Roofline", "Bound", "Energy/token"]
     body = [[s.label, str(s.num_tokens), str(s.steps), si(s.latency, "s"),
@@ -172,14 +211,14 @@ def to_markdown(phases: list[PerformanceStats]) -> str:
              percent(s.bandwidth_utilization), percent(s.flops_utilization),
              si(s.roofline_latency, "s"), s.bound or NA, si(s.energy_per_token_j, "J")]
             for s in phases]
-    return _markdown(head, body)
+    return format_table(body, head, markdown=True)
 
 
 @dataclass
 class Comparison:
     """Phases priced on several devices: (device spec, stats on it) pairs."""
 
-    rows: list[tuple[object, PerformanceStats]]
+    rows: list[tuple]  # (DeviceSpec, PerformanceStats)
 
     _HEAD = ["Device", "Phase", "Roofline", "Bound", "Tokens/s", "Energy", "Energy/token"]
 
@@ -195,11 +234,7 @@ class Comparison:
                 for spec, s in self.rows]
 
     def to_markdown(self) -> str:
-        return _markdown(self._HEAD, self._cells())
+        return format_table(self._cells(), self._HEAD, markdown=True)
 
     def __str__(self) -> str:
-        body = self._cells()
-        widths = [max(len(c[i]) for c in [self._HEAD] + body) for i in range(len(self._HEAD))]
-        return "\n".join("  ".join(x.ljust(w) if i < 2 else x.rjust(w)
-                                   for i, (x, w) in enumerate(zip(c, widths))).rstrip()
-                         for c in [self._HEAD] + body)
+        return format_table(self._cells(), self._HEAD, align="llrrrrr")

@@ -10,7 +10,7 @@ Host-link transfers are added on top for devices that sit behind a link.
 
 Per-element costs. A spec may give softmax / SiLU / RMSNorm costs in ns per
 element (UPMEM's profiles do); they replace the FLOP side of the ops that
-implement those functions, matched as follows:
+implement those functions, as the costs registry tags them (`per_element=`):
 - softmax: aten._softmax, aten.softmax, aten._safe_softmax records;
 - SiLU:    aten.silu, aten.silu_ records;
 - RMSNorm: aten.rms_norm / aten._fused_rms_norm records, and norms written
@@ -33,13 +33,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from perfcounter.trace import ROLES, OpRecord, Trace
+from perfcounter.costs import op_info_by_name
+from perfcounter.trace import ROLES, OpRecord, Trace, check_io_model
 
-IO_MODELS = ("per_op", "compulsory")
-
-_SOFTMAX_OPS = frozenset({"aten._softmax", "aten.softmax", "aten._safe_softmax"})
-_SILU_OPS = frozenset({"aten.silu", "aten.silu_"})
-_RMSNORM_OPS = frozenset({"aten.rms_norm", "aten._fused_rms_norm"})
 _SHAPE = re.compile(r"\[([\d,\s]*)\]")
 _INPUT = ROLES.index("input")
 _WEIGHT = ROLES.index("weight")
@@ -103,17 +99,24 @@ class OpCost:
         return "memory" if self.memory_s >= self.compute_s else "compute"
 
 
+def per_element_tag(op: str) -> str | None:
+    """The function an op implements for per-element pricing ("softmax", "silu",
+    "rmsnorm"), as the costs registry tags it (`per_element=`), or None."""
+    info = op_info_by_name(op)
+    return info.per_element if info is not None else None
+
+
 def _compute_rule(record: OpRecord, spec, norm_anchor: bool, in_norm: bool):
     """(rule, ns per element) for a record, or ("flops", None)."""
-    packet = op_packet(record.op)
+    tag = per_element_tag(record.op)
     softmax = getattr(spec, "softmax_ns_per_element", None)
     silu = getattr(spec, "silu_ns_per_element", None)
     rmsnorm = getattr(spec, "rmsnorm_ns_per_element", None)
-    if softmax is not None and packet in _SOFTMAX_OPS:
+    if softmax is not None and tag == "softmax":
         return "softmax", softmax
-    if silu is not None and packet in _SILU_OPS:
+    if silu is not None and tag == "silu":
         return "silu", silu
-    if rmsnorm is not None and (packet in _RMSNORM_OPS or norm_anchor):
+    if rmsnorm is not None and (tag == "rmsnorm" or norm_anchor):
         return "rmsnorm", rmsnorm
     if rmsnorm is not None and in_norm:
         return "rmsnorm-part", 0.0
@@ -127,7 +130,7 @@ def op_costs(trace: Trace, spec) -> list[OpCost]:
     # in a norm written op by op, the record reading the weight stands for the
     # whole RMSNorm; a norm module that ran a fused rms_norm op needs no anchor
     anchored = {r.module for r in trace.records
-                if is_norm_module(r.module) and op_packet(r.op) in _RMSNORM_OPS}
+                if is_norm_module(r.module) and per_element_tag(r.op) == "rmsnorm"}
     costs = []
     for r in trace.records:
         in_norm = is_norm_module(r.module) and r.module not in anchored
@@ -202,8 +205,7 @@ class Roofline:
 
 def roofline(trace: Trace, spec, io_model: str = "per_op") -> Roofline:
     """The roofline latency of a trace on a device under an io model."""
-    if io_model not in IO_MODELS:
-        raise ValueError(f"unknown io_model {io_model!r}; valid: {', '.join(IO_MODELS)}")
+    check_io_model(io_model)
     costs = op_costs(trace, spec)
     compute = sum(c.compute_s for c in costs)
     if io_model == "per_op":

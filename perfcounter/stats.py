@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from perfcounter.energy import Energy, energy
-from perfcounter.roofline import IO_MODELS, Roofline, op_costs, op_packet, peak_flops, roofline
-from perfcounter.trace import ROLES, Trace
+from perfcounter.report import format_stats
+from perfcounter.roofline import Roofline, op_costs, op_packet, peak_flops, roofline
+from perfcounter.trace import ROLES, Trace, check_io_model
 
 GLOBAL = "Global"
 
@@ -55,16 +56,47 @@ def record_scopes(module: str) -> list[str]:
 
 
 def spec_from_dict(d: dict):
-    """A DeviceSpec from DeviceSpec.to_dict() (a CUDADeviceSpec comes back as
-    a plain DeviceSpec with the same figures)."""
-    from dataclasses import fields
+    """A DeviceSpec from DeviceSpec.to_dict(): see DeviceSpec.from_dict."""
     from perfcounter.devices import DeviceSpec
-    names = {f.name for f in fields(DeviceSpec)}
-    return DeviceSpec(**{k: v for k, v in d.items() if k in names})
+    return DeviceSpec.from_dict(d)
 
 
 def _div(a, b):
     return None if a is None or not b else a / b
+
+
+def sum_or_none(*values):
+    """Σ values, or None when any is None: a phase that was not measured has no total."""
+    return None if any(v is None for v in values) else sum(values)
+
+
+def check_depth(depth, *, none_ok: bool = False):
+    """depth itself when it is a positive int (or None, with none_ok); else a ValueError."""
+    if depth is None and none_ok:
+        return None
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"depth must be a positive int{' or None' if none_ok else ''}, "
+                         f"got {depth!r}")
+    return depth
+
+
+def by_module_and_op(records, value) -> dict[str, dict[str, int]]:
+    """{module path or 'Global': {op packet: Σ value(record)}}: torchao's flop_counts shape,
+    each record counted under 'Global' and under every prefix of its module path."""
+    out: dict[str, dict[str, int]] = {GLOBAL: {}}
+    for r in records:
+        v = value(r)
+        if not v:
+            continue
+        op = op_packet(r.op)
+        paths = [GLOBAL]
+        if r.module:
+            parts = r.module.split(".")
+            paths += [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+        for p in paths:
+            ops = out.setdefault(p, {})
+            ops[op] = ops.get(op, 0) + v
+    return out
 
 
 @dataclass(frozen=True)
@@ -81,8 +113,7 @@ class PerformanceStats:
     timing: str = ""  # how latency was measured
 
     def __post_init__(self):
-        if self.io_model not in IO_MODELS:
-            raise ValueError(f"unknown io_model {self.io_model!r}; valid: {', '.join(IO_MODELS)}")
+        check_io_model(self.io_model)
 
     def __getitem__(self, key: str):
         """torchao's dict-like access: stats['total_flops']."""
@@ -102,12 +133,12 @@ class PerformanceStats:
     @cached_property
     def flop_counts(self) -> dict[str, dict[str, int]]:
         """FLOPs by module path (every parent included) and op; 'Global' = all."""
-        return self._by_module_and_op(lambda r: r.flops)
+        return by_module_and_op(self.trace.records, lambda r: r.flops)
 
     @cached_property
     def io_counts(self) -> dict[str, dict[str, int]]:
         """Per-op bytes by module path (every parent included) and op."""
-        return self._by_module_and_op(lambda r: r.bytes)
+        return by_module_and_op(self.trace.records, lambda r: r.bytes)
 
     @property
     def flops_summary(self) -> dict[str, int]:
@@ -263,26 +294,10 @@ class PerformanceStats:
                                 f"not measured on {getattr(device_spec, 'name', 'this device')}")
 
     # -- breakdowns ----------------------------------------------------------
-    def _by_module_and_op(self, value) -> dict[str, dict[str, int]]:
-        out: dict[str, dict[str, int]] = {GLOBAL: {}}
-        for r in self.trace.records:
-            op, v = op_packet(r.op), value(r)
-            if not v:
-                continue
-            paths = [GLOBAL]
-            if r.module:
-                parts = r.module.split(".")
-                paths += [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
-            for p in paths:
-                ops = out.setdefault(p, {})
-                ops[op] = ops.get(op, 0) + v
-        return out
-
     def modules(self, depth: int | None = None) -> dict[str, dict]:
         """Totals per module path, every record rolled up to each parent prefix;
         paths deeper than `depth` components are folded into their parent."""
-        if depth is not None and depth < 1:
-            raise ValueError(f"depth must be a positive int or None, got {depth!r}")
+        check_depth(depth, none_ok=True)
         costs = op_costs(self.trace, self.device_spec) if self.priced else None
         out: dict[str, dict] = {}
         for i, r in enumerate(self.trace.records):
@@ -362,5 +377,4 @@ class PerformanceStats:
                    spec, d["io_model"], d["raw_latency"], d["timing"])
 
     def __str__(self) -> str:
-        from perfcounter.report import format_stats
         return format_stats(self)

@@ -19,6 +19,13 @@ class TokenizerError(ValueError):
     """A tokenizer file that is missing, unreadable or of an unknown kind."""
 
 
+def offline_transformers():
+    """transformers, never reaching the network (everything here is local files)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+    return transformers
+
+
 class Tokenizer:
     bos_id: Optional[int] = None
     eos_id: Optional[int] = None
@@ -87,9 +94,8 @@ class TransformersTokenizer(Tokenizer):
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> "TransformersTokenizer":
-        from perfcounter.loading import _offline_transformers
         path = Path(path)
-        transformers = _offline_transformers()
+        transformers = offline_transformers()
         try:
             tok = transformers.AutoTokenizer.from_pretrained(
                 str(path.parent), gguf_file=path.name, local_files_only=True)

@@ -1,7 +1,8 @@
 """What counting produces: plain data, no torch state.
 
-The dispatch mode (mode.py) aggregates every aten op it sees into `OpRecord`s,
-one per (op, module, dtype, shape signature). A `Trace` is the records of one
+The dispatch mode (mode.py) logs every aten op it sees into a `Block`;
+`build_trace` aggregates one or more blocks into `OpRecord`s, one per (op,
+module, segment, dtype, shape signature). A `Trace` is the records of one
 phase plus the per-phase figures that cannot be summed op by op (compulsory
 IO, which counts each storage once). Everything downstream — stats, roofline,
 energy, reports — reads a Trace, so a phase can be re-costed for any device
@@ -13,15 +14,20 @@ Conventions (see DESIGN.md):
   blocks); equals flops for every other op. The roofline uses this one.
 - kinds: primitive counts by KINDS (a matmul is M·N·K mul + M·N·K add).
 - read / written: bytes by ROLES, the region each op touches (numel·itemsize).
+- segment: where in its module's forward the op ran: k = after the module's k-th
+  child call returned (0: before any); with `ModuleInfo.children` it gives the
+  time order of one forward (simulate.py places a parent's own ops with it).
 """
 from __future__ import annotations
 
+import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 
 from perfcounter._util import did_you_mean
 
 KINDS = ("add", "mul", "div", "sqrt", "exp", "special", "cmp")
-ROLES = ("weight", "kv_cache", "activation", "input")
+ROLES = ("weight", "kv_cache", "activation", "input", "buffer")
 IO_MODELS = ("per_op", "compulsory")
 
 
@@ -34,7 +40,12 @@ def check_io_model(io_model) -> str:
 
 
 def _zeros() -> list[int]:
-    return [0, 0, 0, 0]
+    return [0] * len(ROLES)
+
+
+def _by_role(d: dict) -> list[int]:
+    """A {role: bytes} dict as a list by ROLES (a role added since a file was written: 0)."""
+    return [d.get(r, 0) for r in ROLES]
 
 
 @dataclass(slots=True)
@@ -56,14 +67,15 @@ class OpRecord:
     read: list[int] = field(default_factory=_zeros)  # bytes, by ROLES
     written: list[int] = field(default_factory=_zeros)  # bytes, by ROLES
     has_formula: bool = True
+    segment: int = 0  # see the module doc
 
     @property
     def bytes(self) -> int:
         return sum(self.read) + sum(self.written)
 
     @property
-    def key(self) -> tuple[str, str, str, str]:
-        return (self.op, self.module, self.dtype, self.shapes)
+    def key(self) -> tuple[str, str, int, str, str]:
+        return (self.op, self.module, self.segment, self.dtype, self.shapes)
 
     def add(self, other: "OpRecord") -> None:
         """Accumulate another record with the same key into this one."""
@@ -79,7 +91,7 @@ class OpRecord:
     def copy(self) -> "OpRecord":
         return OpRecord(self.op, self.module, self.dtype, self.shapes, self.calls,
                         self.flops, self.executed_flops, list(self.kinds),
-                        list(self.read), list(self.written), self.has_formula)
+                        list(self.read), list(self.written), self.has_formula, self.segment)
 
     def to_dict(self) -> dict:
         return {
@@ -90,6 +102,7 @@ class OpRecord:
             "read": dict(zip(ROLES, self.read)),
             "written": dict(zip(ROLES, self.written)),
             "has_formula": self.has_formula,
+            "segment": self.segment,
         }
 
     @classmethod
@@ -97,8 +110,8 @@ class OpRecord:
         return cls(d["op"], d["module"], d["dtype"], d["shapes"], d["calls"],
                    d["flops"], d["executed_flops"],
                    [d["kinds"][k] for k in KINDS],
-                   [d["read"][r] for r in ROLES],
-                   [d["written"][r] for r in ROLES], d["has_formula"])
+                   _by_role(d["read"]), _by_role(d["written"]), d["has_formula"],
+                   d.get("segment", 0))
 
 
 @dataclass(slots=True)
@@ -110,7 +123,8 @@ class ModuleInfo:
     parameters the module owns itself (not its children's). input_shapes / input_bytes: its
     first call's tensor arguments (positional, then keyword), and the bytes of the first one
     (the layer's input x, what a transfer point sends); output_bytes: the bytes of the first
-    tensor it returned (per call)."""
+    tensor it returned (per call). children: the paths of the listed modules it called
+    during its first call, in call order (a module called twice appears twice)."""
 
     path: str
     cls: str
@@ -120,26 +134,34 @@ class ModuleInfo:
     input_shapes: str = ""
     input_bytes: int = 0
     output_bytes: int = 0
+    children: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"path": self.path, "cls": self.cls, "calls": self.calls, "params": self.params,
                 "param_bytes": self.param_bytes, "input_shapes": self.input_shapes,
-                "input_bytes": self.input_bytes, "output_bytes": self.output_bytes}
+                "input_bytes": self.input_bytes, "output_bytes": self.output_bytes,
+                "children": list(self.children)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModuleInfo":
         return cls(d["path"], d["cls"], d["calls"], d["params"], d["param_bytes"],
-                   d["input_shapes"], d["input_bytes"], d.get("output_bytes", 0))
+                   d["input_shapes"], d["input_bytes"], d.get("output_bytes", 0),
+                   list(d.get("children", [])))
 
 
-def merge_modules(a: list[ModuleInfo], b: list[ModuleInfo]) -> list[ModuleInfo]:
-    """a then b's new modules, in first-run order; calls of a module in both are summed."""
-    out = {m.path: ModuleInfo(**m.to_dict()) for m in a}
-    for m in b:
-        if m.path in out:
-            out[m.path].calls += m.calls
-        else:
-            out[m.path] = ModuleInfo(**m.to_dict())
+def merge_modules(*lists: list[ModuleInfo]) -> list[ModuleInfo]:
+    """The modules of several phases or blocks, in first-run order (a module's first
+    sighting describes it); calls of a module seen in several are summed."""
+    out: dict[str, ModuleInfo] = {}
+    for modules in lists:
+        for m in modules:
+            seen = out.get(m.path)
+            if seen is None:
+                out[m.path] = ModuleInfo(m.path, m.cls, m.calls, m.params, m.param_bytes,
+                                         m.input_shapes, m.input_bytes, m.output_bytes,
+                                         list(m.children))
+            else:
+                seen.calls += m.calls
     return list(out.values())
 
 
@@ -241,11 +263,81 @@ class Trace:
     def from_dict(cls, d: dict) -> "Trace":
         return cls(
             records=[OpRecord.from_dict(r) for r in d["records"]],
-            compulsory_read=[d["compulsory_read"][r] for r in ROLES],
-            compulsory_written=[d["compulsory_written"][r] for r in ROLES],
+            compulsory_read=_by_role(d["compulsory_read"]),
+            compulsory_written=_by_role(d["compulsory_written"]),
             kv_cache_valid_read=d["kv_cache_valid_read"],
             uncounted_ops=dict(d["uncounted_ops"]),
             steps=d["steps"],
             overhead_s=d["overhead_s"],
             modules=[ModuleInfo.from_dict(m) for m in d.get("modules", [])],
         )
+
+
+@dataclass(slots=True)
+class Block:
+    """One counted block, raw: built into a Trace only when someone asks.
+
+    log: one (scope, plan, roles) per counted call, where scope is (module, segment) and
+    plan an op_plan.OpPlan; views: one (scope, op name) per view call; compulsory: the
+    block's storage.Compulsory state (its `totals()` are bytes by ROLES)."""
+
+    log: list
+    views: list
+    compulsory: object
+    kv_valid_read: int
+    overhead_s: float
+    modules: list[ModuleInfo]
+
+
+_WARNED: set[str] = set()
+
+
+def build_trace(blocks: list[Block]) -> Trace:
+    """One Trace from one or more blocks (steps = len(blocks)): calls are counted before
+    records are built, so a phase of many decode steps is built once."""
+    calls, views = Counter(), Counter()
+    for b in blocks:
+        calls.update(b.log)
+        views.update(b.views)
+    records: dict[tuple, OpRecord] = {}
+    uncounted: dict[str, int] = {}
+    for ((module, segment), plan, roles), n in calls.items():
+        key = (plan.name, module, segment, plan.dtype, plan.shapes)
+        rec = records.get(key)
+        if rec is None:
+            rec = records[key] = OpRecord(plan.name, module, plan.dtype, plan.shapes,
+                                          has_formula=plan.has_formula, segment=segment)
+        rec.calls += n
+        rec.flops += n * plan.flops
+        rec.executed_flops += n * plan.executed_flops
+        for i, c in enumerate(plan.cost.kinds):
+            if c:
+                rec.kinds[i] += n * c
+        read, written = plan.contribution(roles)
+        for i in range(len(ROLES)):
+            rec.read[i] += n * read[i]
+            rec.written[i] += n * written[i]
+        if not plan.has_formula:
+            uncounted[plan.name] = uncounted.get(plan.name, 0) + n
+    for ((module, segment), name), n in views.items():
+        key = (name, module, segment, "", "")
+        rec = records.get(key) or records.setdefault(key, OpRecord(name, module, "", "",
+                                                                   segment=segment))
+        rec.calls += n
+    for name in uncounted:
+        if name not in _WARNED:
+            _WARNED.add(name)
+            warnings.warn(f"perfcounter: no cost formula for {name}; its bytes are counted, "
+                          f"its FLOPs are not (listed in uncounted_ops)", stacklevel=3)
+    read, written = _zeros(), _zeros()
+    modules = merge_modules(*(b.modules for b in blocks))
+    for m in modules:  # the tracker keeps shapes raw (torch.Size tuples): written out once here
+        if not isinstance(m.input_shapes, str):
+            m.input_shapes = "x".join(str(list(s)) for s in m.input_shapes)
+    for b in blocks:
+        r, w = b.compulsory.totals()
+        read = [x + y for x, y in zip(read, r)]
+        written = [x + y for x, y in zip(written, w)]
+    return Trace(records=list(records.values()), compulsory_read=read, compulsory_written=written,
+                 kv_cache_valid_read=sum(b.kv_valid_read for b in blocks), uncounted_ops=uncounted,
+                 steps=len(blocks), overhead_s=sum(b.overhead_s for b in blocks), modules=modules)

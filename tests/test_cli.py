@@ -5,16 +5,18 @@ import re
 import pytest
 import torch
 
-from perfcounter import calibrate as cal_mod
-from perfcounter import device_registry, devices
+from perfcounter import devices
+from perfcounter.devices import calibrate as cal_mod
+from perfcounter.devices import registry
+from perfcounter.devices import spec as spec_module
 from perfcounter.cli import main
 from perfcounter.devices import get_device_spec, list_device_specs
 
 
 @pytest.fixture(autouse=True)
 def isolated_registry(monkeypatch, tmp_path):
-    monkeypatch.setattr(device_registry, "_user_specs", [])
-    monkeypatch.setattr(devices, "_warned", set())
+    monkeypatch.setattr(registry, "_user_specs", [])
+    monkeypatch.setattr(spec_module, "_warned", set())
     monkeypatch.setenv("PERFCOUNTER_HOME", str(tmp_path / "home"))
 
 

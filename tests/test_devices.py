@@ -7,13 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from perfcounter import device_registry, devices
-from perfcounter.device_schema import (FIGURES, load_device_specs, parse_device_specs,
-                                       write_device_specs)
+from perfcounter import devices
+from perfcounter.cli import main
 from perfcounter.devices import (CUDADeviceSpec, DeviceSpec, DeviceSpecError,
                                  UnknownDeviceError, UnknownDtypeError, default_device_spec,
                                  find_cuda_device_spec, get_device_spec, list_device_specs,
                                  register_device_specs, shipped_spec_files)
+from perfcounter.devices import registry
+from perfcounter.devices import spec as spec_module
+from perfcounter.devices.schema import (FIGURES, load_device_specs, parse_device_specs,
+                                        write_device_specs)
 
 REFERENCE = Path("/work/shared/reference")
 
@@ -21,8 +24,8 @@ REFERENCE = Path("/work/shared/reference")
 @pytest.fixture(autouse=True)
 def isolated_registry(monkeypatch, tmp_path):
     """No user files from other tests, no calibrated file from this machine."""
-    monkeypatch.setattr(device_registry, "_user_specs", [])
-    monkeypatch.setattr(devices, "_warned", set())
+    monkeypatch.setattr(registry, "_user_specs", [])
+    monkeypatch.setattr(spec_module, "_warned", set())
     monkeypatch.setenv("PERFCOUNTER_HOME", str(tmp_path / "home"))
 
 
@@ -34,7 +37,7 @@ def test_every_shipped_file_validates_and_every_figure_has_a_source():
     specs = [s for f in files for s in load_device_specs(f)]
     assert len(specs) >= 30
     for spec in specs:
-        figures = {f for f in (t for t, _, _ in FIGURES.values())
+        figures = {f for f in (figure.field for figure in FIGURES.values())
                    if getattr(spec, f) not in (None, {})}
         assert figures >= {"bandwidth", "flops_by_dtype"}, spec.name
         missing = figures - {k for k, v in spec.source.items() if v.strip()}
@@ -407,3 +410,132 @@ def test_default_device_spec(monkeypatch):
     spec = default_device_spec()
     assert isinstance(spec, CUDADeviceSpec) and spec.flops_per_s == 121e12  # bf16, 242 / 2
     assert math.isclose(default_device_spec("fp8").flops_per_s, 242.5e12)
+
+
+# ---------------------------------------------------------------- one validator, from_dict
+
+def test_the_constructor_is_the_one_number_check_and_names_the_field():
+    with pytest.raises(DeviceSpecError) as info:
+        DeviceSpec(name="x", flops_by_dtype={"bf16": 0})  # a peak of 0 FLOP/s is no peak
+    assert (info.value.field, info.value.dtype) == ("flops_by_dtype", torch.bfloat16)
+    assert info.value.expected == "a positive number"
+    assert "flops_by_dtype[bfloat16] must be a positive finite number, got 0" in str(info.value)
+    DeviceSpec(name="x", pj_per_flop_by_dtype={"bf16": 0})  # 0 pJ/FLOP is allowed
+
+
+def test_from_dict_beside_to_dict(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "NVIDIA L4")
+    cuda = CUDADeviceSpec(dtype=torch.bfloat16)
+    hash(cuda)
+    back = DeviceSpec.from_dict(json.loads(json.dumps(cuda.to_dict())))
+    assert type(back) is DeviceSpec and back.to_dict() == {
+        k: v for k, v in cuda.to_dict().items() if k != "use_tensorcores"}
+    with pytest.raises(DeviceSpecError, match="expected a dict from DeviceSpec.to_dict"):
+        DeviceSpec.from_dict("h100-sxm")
+    with pytest.raises(DeviceSpecError, match="bandwidth must be a positive"):
+        DeviceSpec.from_dict(cuda.to_dict() | {"bandwidth": -1})
+
+
+def test_a_yaml_dtype_that_is_not_one_names_the_file(tmp_path):
+    path = _write(tmp_path, GOOD.replace("    device_type: cuda\n",
+                                         "    device_type: cuda\n    dtype: float33\n"))
+    with pytest.raises(DeviceSpecError) as info:
+        load_device_specs(path)
+    for part in [str(path), "entry 'my-gpu'", "field 'dtype'", "did you mean float32"]:
+        assert part in str(info.value)
+
+
+# ---------------------------------------------------------------- a key given twice
+
+@pytest.mark.parametrize("text, expect", [
+    (GOOD + "    bandwidth_GBs: 2000\n",
+     "entry 'my-gpu': field 'bandwidth_GBs' is given twice (lines 5 and 8)"),
+    (GOOD.replace("{bfloat16: 100, float32: 10}", "{bfloat16: 100, bfloat16: 10}"),
+     "entry 'my-gpu': field 'tflops.bfloat16' is given twice (line 6)"),
+    (GOOD + GOOD.replace("devices:\n", ""), "entry 'my-gpu' is given twice (lines 3 and 9)"),
+    ("source: a\n" + GOOD + "source: b\n", "top-level field 'source' is given twice"),
+    (UPMEM_TEXT + "    mem_bw_GBs: 2\n", "entry 'Other_one': field 'mem_bw_GBs' is given twice"),
+], ids=["field", "nested-field", "entry", "top-level", "upmem-field"])
+def test_a_key_given_twice_is_refused_with_file_entry_and_field(tmp_path, text, expect):
+    path = _write(tmp_path, text)
+    with pytest.raises(DeviceSpecError) as info:
+        get_device_spec(f"{path}:my-gpu")
+    assert str(info.value).startswith(f"{path}: ") and expect in str(info.value)
+
+
+def test_a_merge_key_may_be_overridden(tmp_path):
+    path = _write(tmp_path, "source: lab\ndevices:\n"
+                            "  base: &b {device_type: cuda, bandwidth_GBs: 1, tflops: 1}\n"
+                            "  fast: {<<: *b, bandwidth_GBs: 5}\n")
+    assert [s.bandwidth for s in load_device_specs(path)] == [1e9, 5e9]
+
+
+# ---------------------------------------------------------------- cuda_names: names and globs
+
+def _cuda_file(tmp_path, patterns):
+    return _write(tmp_path, GOOD.replace("    device_type: cuda\n",
+                                         f"    device_type: cuda\n    cuda_names: {patterns}\n"))
+
+
+def test_cuda_names_are_literal_or_whole_name_globs(tmp_path):
+    register_device_specs(_cuda_file(tmp_path, "['NVIDIA H100*', 'Lab GPU v1.0', 'Rig-?']"))
+    assert find_cuda_device_spec("NVIDIA H100 80GB HBM3").name == "my-gpu"  # user file first
+    assert find_cuda_device_spec("nvidia h100 pcie").name == "my-gpu"  # case is ignored
+    assert find_cuda_device_spec("Lab GPU v1.0").name == "my-gpu"
+    assert find_cuda_device_spec("Rig-7").name == "my-gpu"
+    for other in ("Lab GPU v1x0", "Lab GPU v1.0 rev2", "Rig-77", "Big NVIDIA H100"):
+        with pytest.raises(UnknownDeviceError, match="no device spec matches"):
+            find_cuda_device_spec(other)  # '.' is a dot; the whole name must match
+
+
+@pytest.mark.parametrize("pattern", ["(a+)+b", "NVIDIA H100.*", "^NVIDIA A100", "A|B",
+                                     "(NVIDIA )?GeForce RTX 3090"])
+def test_a_regular_expression_in_cuda_names_is_refused(tmp_path, pattern):
+    path = _cuda_file(tmp_path, f"[{pattern!r}]")
+    with pytest.raises(DeviceSpecError) as info:
+        load_device_specs(path)
+    for part in [str(path), "entry 'my-gpu'", "field 'cuda_names'", repr(pattern),
+                 "glob", "regular expressions are not read"]:
+        assert part in str(info.value)
+
+
+def test_a_glob_matches_in_polynomial_time():
+    # as a regex, (a*)*b-like backtracking would take longer than the universe
+    assert not registry.cuda_name_matches("*a*a*a*a*a*a*a*a*a*a*a*a*b", "a" * 5000)
+
+
+# ---------------------------------------------------------------- calibrate: bad input
+
+TINY = ["calibrate", "--array-mb", "1", "--repeats", "1", "--matmul-n", "16",
+        "--min-time", "0.01", "--dtypes", "float32"]
+
+
+@pytest.mark.parametrize("content", ["devices: [1, 2\n", "\x00\xff\xfe binary",
+                                     "devices: {calibrated: {device_type: cpu}}\n"])
+def test_calibrate_replaces_a_corrupt_calibrated_file_and_keeps_the_old_one(
+        capsys, monkeypatch, content):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    path = devices.calibrated_spec_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    with pytest.warns(UserWarning) as warned:
+        assert main(argv=TINY) == 0
+    replacing = [str(w.message) for w in warned if "replacing" in str(w.message)]
+    assert len(replacing) == 1 and str(path) in replacing[0]
+    assert f"kept as {path}.corrupt" in replacing[0]
+    assert path.with_name("calibrated.yaml.corrupt").read_text() == content
+    (spec,) = load_device_specs(path)
+    assert spec.name == "calibrated" and spec.dtype == torch.float32
+
+
+@pytest.mark.parametrize("device, expect", [
+    ("tpu", "cannot calibrate device 'tpu'; valid: cpu"),
+    ("cuda", "cannot calibrate device 'cuda': no CUDA GPU is available here (valid: cpu)"),
+    ("cuda:1", "cannot calibrate device 'cuda:1': no CUDA GPU is available here (valid: cpu)"),
+    ("mps", "cannot calibrate device 'mps'; valid: cpu"),
+])
+def test_calibrate_refuses_a_device_it_cannot_measure(capsys, monkeypatch, device, expect):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(argv=["calibrate", "--device", device, "--no-write"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"perfcounter calibrate: error: {expect}\n"

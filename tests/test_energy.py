@@ -82,7 +82,7 @@ def test_energy_per_token_over_accumulated_steps(pim):
 
 def test_compulsory_io_prices_compulsory_bytes(pim):
     t = decode_trace()
-    t.compulsory_read = [8_192, 0, 0, 128]  # pretend half the weight was shared
+    t.compulsory_read = [8_192, 0, 0, 128, 0]  # pretend half the weight was shared
     s = PerformanceStats("decode", 1, None, t, pim, io_model="compulsory")
     # (8,192 + 128 + 256) B * 8 * 0.95 pJ/bit = 65,177.6 pJ
     assert s.energy.memory_j == pytest.approx(65_177.6e-12)
@@ -100,7 +100,7 @@ def test_missing_figures_are_none_not_zero():
 
 def test_integer_ops_use_the_compute_dtype_silently(pim, recwarn):
     rec = OpRecord("aten.add.Tensor", "M", "int64", "[6], 1", 1, 6, 6, [6, 0, 0, 0, 0, 0, 0],
-                   [0, 0, 48, 0], [0, 0, 48, 0])
+                   [0, 0, 48, 0, 0], [0, 0, 48, 0, 0])
     s = PerformanceStats("p", 1, None, Trace(records=[rec]), pim)
     assert s.energy.compute_j == pytest.approx(6 * 0.4e-12)
     assert s.roofline.compute_s == pytest.approx(6 / 20e12)

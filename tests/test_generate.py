@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from conftest import make_hf_model, tiny_args
 from perfcounter import PerformanceCounterMode, TransformerPerformanceCounter
+from perfcounter.config_only import count_config_only
 from perfcounter.devices import DeviceSpecError
 from perfcounter.loading import CheckpointNotFoundError, load_model, save_checkpoint
 from perfcounter.model import UnknownModelError
@@ -71,6 +72,22 @@ def test_config_only_llama_2_7b_reproduces_seed_004():
     assert counts["prefill"].num_tokens == 6 and counts["decode"].num_tokens == 1
     assert counts["decode"].latency is None and result["measured"] == {"prefill": None, "decode": None}
     assert result["params"] == (6_607_343_616, 6_738_415_616)
+
+
+def test_config_only_counting_from_the_package():
+    counter = TransformerPerformanceCounter(device_spec="generic-cpu")
+    count_config_only(tiny_args(), counter, batch_size=2, prompt_length=5, max_new_tokens=3)
+    prefill, decode = counter.counts["prefill"], counter.counts["decode"]
+    # greedy by default: prefill of 2 sequences * 5 tokens, then 3 - 1 decode steps of 2 tokens
+    assert (prefill.num_tokens, decode.num_tokens, decode.steps) == (10, 4, 2)
+    assert prefill.latency is None and prefill.total_flops > 0  # fake tensors: counted, not timed
+    # generate.py's own generation (sampling included) counts the same model, plus its sampling
+    sampled = TransformerPerformanceCounter(device_spec="generic-cpu")
+    count_config_only(tiny_args(), sampled, batch_size=2, prompt_length=5, max_new_tokens=3,
+                      generate=gen.generate, temperature=0.8, top_k=10)
+    mm = [sum(r.flops for r in c.counts["prefill"].trace.records if r.op.startswith("aten.mm"))
+          for c in (counter, sampled)]
+    assert mm[0] == mm[1] and sampled.counts["prefill"].total_flops > prefill.total_flops
 
 
 def test_config_only_moe_decode_reads_only_the_routed_experts(tmp_path):

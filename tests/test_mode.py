@@ -9,7 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from perfcounter.mode import PerformanceCounterMode
 from perfcounter.trace import ROLES
 
-W, KV, ACT, INP = range(4)
+W, KV, ACT, INP, BUF = range(5)
 
 
 def _tiny(arch: str):
@@ -52,8 +52,8 @@ def test_linear_without_bias(grad):
     t = count(lambda: F.linear(x, w), grad=grad)
     assert t.flops == 480  # 2 * 6 * 8 * 5
     # reads x (6*8*4 = 192 B, input) and w (5*8*4 = 160 B, weight); writes 6*5*4 = 120 B
-    assert t.per_op_read == [160, 0, 0, 192]
-    assert t.per_op_written == [0, 0, 120, 0]
+    assert t.per_op_read == [160, 0, 0, 192, 0]
+    assert t.per_op_written == [0, 0, 120, 0, 0]
 
 
 @pytest.mark.parametrize("grad", [torch.no_grad, torch.inference_mode])
@@ -62,7 +62,7 @@ def test_linear_module_with_bias(grad):
     x = torch.randn(6, 8)
     t = count(lambda: lin(x), grad=grad)
     assert t.flops == 510  # 2 * 6 * 8 * 5 + 6 * 5
-    assert t.per_op_read == [180, 0, 0, 192]  # weight 160 + bias 20, input 192
+    assert t.per_op_read == [180, 0, 0, 192, 0]  # weight 160 + bias 20, input 192
     assert {r.module for r in t.records if r.flops} == {"Linear"}
 
 
@@ -87,15 +87,15 @@ def test_inplace_add_reads_and_writes_target_and_slices_count_region():
     x, y = torch.randn(8, 4), torch.randn(2, 4)
     t = count(lambda: x[2:4].add_(y))
     # reads the 2x4 slice of x and y (32 + 32 B), writes the slice (32 B): never the 128 B storage
-    assert t.per_op_read == [0, 0, 0, 64]
-    assert t.per_op_written == [0, 0, 0, 32]
+    assert t.per_op_read == [0, 0, 0, 64, 0]
+    assert t.per_op_written == [0, 0, 0, 32, 0]
     assert one(t, "aten.add_").flops == 8
 
 
 def test_tensor_passed_twice_is_read_once():
     x = torch.randn(10)
     t = count(lambda: x * x)
-    assert t.per_op_read == [0, 0, 0, 40]  # one read of 10 * 4 B
+    assert t.per_op_read == [0, 0, 0, 40, 0]  # one read of 10 * 4 B
 
 
 def test_softmax_silu_rmsnorm():
@@ -127,8 +127,8 @@ def test_embedding_reads_rows_not_table():
     emb = torch.nn.Embedding(1000, 16)
     ids = torch.tensor([[1, 2, 3]])
     t = count(lambda: emb(ids))
-    assert t.per_op_read == [3 * 16 * 4, 0, 0, 3 * 8]  # 3 rows of 16 floats, 3 int64 ids
-    assert t.per_op_written == [0, 0, 3 * 16 * 4, 0]
+    assert t.per_op_read == [3 * 16 * 4, 0, 0, 3 * 8, 0]  # 3 rows of 16 floats, 3 int64 ids
+    assert t.per_op_written == [0, 0, 3 * 16 * 4, 0, 0]
 
 
 def test_sdpa_causal_and_not_and_gqa():
@@ -146,7 +146,7 @@ def test_sdpa_causal_and_not_and_gqa():
     assert gqa.flops == dense.flops
     # q is an input (4*8*16*4 = 2048 B); k is v, read once (2*8*16*4 = 1024 B), and a buffer
     # that existed before the block and is read as keys/values is KV cache
-    assert gqa.per_op_read == [0, 1024, 0, 2048]
+    assert gqa.per_op_read == [0, 1024, 0, 2048, 0]
 
 
 def test_sdpa_under_inference_mode_priced_whole_or_decomposed_as_it_runs():
@@ -226,7 +226,7 @@ def test_a_dead_caches_address_is_not_kv_in_the_next_block():
         x = torch.randn(1, 2, 16, 8)
         with torch.no_grad(), mode:
             x * 2
-        assert mode.trace().per_op_read == [0, 0, 0, 1024]  # an input (2*16*8*4 B), never KV
+        assert mode.trace().per_op_read == [0, 0, 0, 1024, 0]  # an input (2*16*8*4 B), never KV
 
 
 def test_tied_weights_count_once_in_compulsory():
@@ -297,47 +297,23 @@ def test_no_uncounted_ops_prefill_and_decode(arch, tiny_model_factory):
             assert 0 < mode.trace().kv_cache_valid_read < mode.trace().per_op_read[KV]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_fast_path_counts_what_the_general_path_counts(arch, tiny_model_factory, monkeypatch):
-    """_record's short path for common ops must agree with its general path exactly."""
-    import perfcounter.mode as pm
-    from transformers import StaticCache
+def test_plan_cache_is_typed_and_has_an_api():
+    """A plan is made once per typed signature: aten.full([3], 1.0) writes float32 (12 B),
+    aten.full([3], 1) int64 (24 B); 1 and 1.0 hash alike, so the key carries the type."""
+    from perfcounter.op_plan import PLANS
 
-    model, ids = tiny_model_factory(arch)
-
-    def run():
-        pm._ENTRIES.clear()  # entries decide the path when they are made
-        pm._CONTRIB.clear()
-        mode, traces = PerformanceCounterMode(), []
-        for grad in (torch.no_grad, torch.inference_mode):
-            with grad():
-                for cache in (None, StaticCache(config=model.config, max_cache_len=16)):
-                    with mode:
-                        out = model(ids, past_key_values=cache, use_cache=True)
-                    traces.append(mode.trace())
-                    with mode:
-                        model(ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
-                    traces.append(mode.trace())
-                x, y = torch.randn(4, 8), torch.randn(4, 8)
-                with mode:  # a tensor passed twice, a slice read, a broadcast, in place
-                    z = x * x + y
-                    w = z[1:] * y[0]
-                    w.add_(1.0)
-                    F.scaled_dot_product_attention(z[None, None], y[None, None], y[None, None])
-                traces.append(mode.trace())
-        return [(sorted((r.op, r.module, r.shapes, r.calls, r.flops, tuple(r.read), tuple(r.written))
-                        for r in t.records), t.compulsory_read, t.compulsory_written,
-                 t.kv_cache_valid_read) for t in traces]
-
-    fast = run()
-    assert any(e.fast for e in pm._ENTRIES.values())
-    monkeypatch.setattr(pm, "_FAST", False)
-    general = run()
-    assert not any(e.fast for e in pm._ENTRIES.values())
-    monkeypatch.undo()
-    pm._ENTRIES.clear()
-    pm._CONTRIB.clear()
-    assert fast == general
+    PLANS.cache_clear()
+    assert PLANS.cache_info() == (0, 0, 0)
+    mode = PerformanceCounterMode()
+    with mode:
+        torch.full([3], 1.0)
+        torch.full([3], 1)
+        torch.full([3], 1.0)
+    full = [r for r in mode.trace().records if r.op == "aten.full.default"]
+    per_call = {r.dtype: (r.calls, r.written[ACT] // r.calls) for r in full}
+    assert per_call == {"float32": (2, 12), "": (1, 24)}  # 3 * 4 B and 3 * 8 B (int64, no float)
+    hits, misses, size = PLANS.cache_info()
+    assert (hits, misses) == (1, 2) and size == 2
 
 
 def test_llama2_7b_config_under_fake_tensors():
@@ -419,7 +395,7 @@ def test_mode_refuses_nesting_and_bad_arguments():
 
 
 def test_roles_are_named():
-    assert ROLES == ("weight", "kv_cache", "activation", "input")
+    assert ROLES == ("weight", "kv_cache", "activation", "input", "buffer")
 
 
 def test_compulsory_merges_regions_of_one_storage():

@@ -60,6 +60,8 @@ def test_unknown_name_lists_presets_and_suggests():
     msg = str(err.value)
     assert "'llama-2-8b'" in msg and "did you mean" in msg and "llama-2-7b" in msg
     assert all(name in msg for name in PRESETS)
+    with pytest.raises(UnknownModelError, match="unknown model 'gpt2'; presets: llama-2-7b, "):
+        ModelArgs.from_name("gpt2")  # nothing close: the presets alone
     with pytest.raises(KeyError):  # no substring matching: "llama" alone is no model
         ModelArgs.from_name("llama")
 

@@ -23,10 +23,10 @@ def test_wheel_ships_device_specs(tmp_path):
 
 
 def test_registry_finds_the_installed_layout(tmp_path, monkeypatch):
-    import perfcounter.device_registry as reg
+    import perfcounter.devices.registry as reg
 
     pkg = tmp_path / "perfcounter"
     (pkg / "device_specs").mkdir(parents=True)
     (pkg / "device_specs" / "x.yaml").write_text("{}")
-    monkeypatch.setattr(reg, "__file__", str(pkg / "device_registry.py"))
+    monkeypatch.setattr(reg, "__file__", str(pkg / "devices" / "registry.py"))
     assert reg._shipped_dir() == pkg / "device_specs"

@@ -10,17 +10,17 @@ import pytest
 import torch
 
 from perfcounter.devices import DeviceSpec
-from perfcounter.report import (Comparison, format_stats, merged_modules, percent, rate, si,
-                                to_markdown)
+from perfcounter.report import (Comparison, format_stats, format_table, merged_modules, percent,
+                                rate, scaled, si, to_markdown)
 from perfcounter.stats import PerformanceStats
 from perfcounter.trace import OpRecord, Trace
 
 
 def one_record_trace(flops, nbytes, module="Llama.model"):
     rec = OpRecord("aten.mm.default", module, "bfloat16", "[6, 4096], [4096, 4096]", 1,
-                   flops, flops, [flops // 2, flops // 2, 0, 0, 0, 0, 0], [nbytes, 0, 0, 0],
-                   [0, 0, 0, 0])
-    return Trace(records=[rec], compulsory_read=[nbytes, 0, 0, 0])
+                   flops, flops, [flops // 2, flops // 2, 0, 0, 0, 0, 0], [nbytes, 0, 0, 0, 0],
+                   [0, 0, 0, 0, 0])
+    return Trace(records=[rec], compulsory_read=[nbytes, 0, 0, 0, 0])
 
 
 @pytest.fixture
@@ -104,7 +104,7 @@ def test_raw_latency_and_overhead_are_both_shown():
 
 def test_module_table_merges_layer_indices(rtx3090):
     recs = [OpRecord("aten.mm.default", f"Llama.model.layers.{i}.mlp", "bfloat16", "", 1, 100,
-                     100, read=[1000, 0, 0, 0]) for i in range(3)]
+                     100, read=[1000, 0, 0, 0, 0]) for i in range(3)]
     s = PerformanceStats("p", 1, 1.0, Trace(records=recs), rtx3090)
     rows = merged_modules(s, 4)
     assert list(rows) == ["Llama", "Llama.model", "Llama.model.layers", "Llama.model.layers.*"]
@@ -149,3 +149,30 @@ def test_comparison_table(rtx3090):
     assert "1.00 M tok/s" in row
     assert table.to_dict()[0]["roofline_latency"] == pytest.approx(1e-6)
     assert table.to_markdown().splitlines()[2].startswith("| rtx-3090 | decode | 1.00 µs |")
+
+
+def test_fixed_prefix_for_table_columns():
+    assert si(3.35e12, "B/s", 0, prefix="G") == "3,350 GB/s"  # one scale down a column
+    assert si(0.260636, "s", 3, prefix="m") == "260.636 ms"
+    assert si(51.2e9, "B/s", 1, prefix="G") == "51.2 GB/s"
+    assert scaled(13.345e9, "G", 3) == "13.345"  # the unit is in the column header
+    assert scaled(989.5e12, "T", 1) == "989.5"
+    assert scaled(None, "T", na="-") == "-" and si(None, "B", prefix="G", na="-") == "-"
+
+
+def test_format_table_text_and_markdown():
+    rows = [["a", 1, "10 ms"], ["bbb", 22, "3 s"]]
+    # widths 4, 2, 5; first column left, numbers right; two blanks between columns
+    assert format_table(rows, ["name", "n", "time"]).splitlines() == [
+        "name   n   time",
+        "a      1  10 ms",
+        "bbb   22    3 s"]
+    assert format_table(rows, ["name", "n", "time"], align="lrl", rule=True,
+                        indent=2).splitlines() == [
+        "  name   n  time",
+        "  ----  --  -----",
+        "  a      1  10 ms",
+        "  bbb   22  3 s"]  # no trailing blanks
+    assert format_table([["x", 1]], widths=[3, 4], sep=" ") == "x      1"
+    assert format_table(rows, ["name", "n", "time"], markdown=True).splitlines() == [
+        "| name | n | time |", "|---|---|---|", "| a | 1 | 10 ms |", "| bbb | 22 | 3 s |"]

@@ -13,8 +13,9 @@ import torch
 
 from perfcounter.devices import DeviceSpec
 from perfcounter.roofline import largest_numel, roofline
-from perfcounter.stats import PerformanceStats, record_scopes, spec_from_dict
-from perfcounter.trace import OpRecord, Trace
+from perfcounter.stats import (PerformanceStats, by_module_and_op, check_depth, record_scopes,
+                               spec_from_dict, sum_or_none)
+from perfcounter.trace import ROLES, OpRecord, Trace
 
 
 def mm_record(m, k, n, module="M.lin", dtype="bfloat16", elem=2, calls=1):
@@ -22,13 +23,13 @@ def mm_record(m, k, n, module="M.lin", dtype="bfloat16", elem=2, calls=1):
     flops = 2 * m * n * k * calls
     return OpRecord("aten.mm.default", module, dtype, f"[{m}, {k}], [{k}, {n}]", calls,
                     flops, flops, [flops // 2, flops // 2, 0, 0, 0, 0, 0],
-                    [k * n * elem * calls, 0, 0, m * k * elem * calls],
-                    [0, 0, m * n * elem * calls, 0])
+                    [k * n * elem * calls, 0, 0, m * k * elem * calls, 0],
+                    [0, 0, m * n * elem * calls, 0, 0])
 
 
 def trace_of(*records, compulsory_read=None, compulsory_written=None):
-    read = compulsory_read or [sum(r.read[i] for r in records) for i in range(4)]
-    written = compulsory_written or [sum(r.written[i] for r in records) for i in range(4)]
+    read = compulsory_read or [sum(r.read[i] for r in records) for i in range(len(ROLES))]
+    written = compulsory_written or [sum(r.written[i] for r in records) for i in range(len(ROLES))]
     return Trace(records=list(records), compulsory_read=read, compulsory_written=written)
 
 
@@ -52,8 +53,8 @@ def test_matmul_without_device():
                  "energy_per_token_j"):
         assert getattr(s, name) is None, name
     assert s.flops_by_kind["mul"] == 120 and s.flops_by_kind["add"] == 120  # 4*5*6 each
-    assert s.io_by_role == {"read": {"weight": 60, "kv_cache": 0, "activation": 0, "input": 48},
-                            "written": {"weight": 0, "kv_cache": 0, "activation": 40, "input": 0}}
+    assert s.io_by_role == {"read": {"weight": 60, "kv_cache": 0, "activation": 0, "input": 48, "buffer": 0},
+                            "written": {"weight": 0, "kv_cache": 0, "activation": 40, "input": 0, "buffer": 0}}
     assert s.arithmetic_intensity == pytest.approx(240 / 148)
 
 
@@ -91,7 +92,7 @@ def test_roofline_sums_ops_and_compulsory_is_one_max(toy):
     # two records: A = 4x6x5 bf16 (0.24 s compute, 1.48 s memory),
     # B = 64^3 fp32 (1048.576 s compute, 491.52 s memory)
     a, b = mm_record(4, 6, 5), mm_record(64, 64, 64, module="M.other", dtype="float32", elem=4)
-    t = trace_of(a, b, compulsory_read=[1000, 0, 0, 0], compulsory_written=[0, 0, 500, 0])
+    t = trace_of(a, b, compulsory_read=[1000, 0, 0, 0, 0], compulsory_written=[0, 0, 500, 0, 0])
     per_op = PerformanceStats("p", 1, None, t, toy)
     assert per_op.roofline_latency == pytest.approx(1.48 + 1048.576)  # Σ max per op
     assert per_op.bound == "compute"  # 1048.576 s compute-bound vs 1.48 s memory-bound
@@ -213,15 +214,15 @@ def test_per_element_costs_replace_flops():
                       dtype=torch.bfloat16, softmax_ns_per_element=0.1,
                       silu_ns_per_element=0.15, rmsnorm_ns_per_element=0.275)
     softmax = OpRecord("aten._softmax.default", "M.attn", "bfloat16", "[1, 4, 6, 6], -1, False",
-                       2, 1000, 1000, read=[0, 0, 576, 0], written=[0, 0, 576, 0])
+                       2, 1000, 1000, read=[0, 0, 576, 0, 0], written=[0, 0, 576, 0, 0])
     silu = OpRecord("aten.silu.default", "M.mlp", "bfloat16", "[1, 6, 48]", 1, 288, 288,
-                    read=[0, 0, 576, 0], written=[0, 0, 576, 0])
+                    read=[0, 0, 576, 0, 0], written=[0, 0, 576, 0, 0])
     # a norm written out op by op: pow (no weight) and the weight multiply
     pow_ = OpRecord("aten.pow.Tensor_Scalar", "M.layers.0.input_layernorm", "float32",
-                    "[1, 6, 32], 2", 1, 192, 192, read=[0, 0, 768, 0], written=[0, 0, 768, 0])
+                    "[1, 6, 32], 2", 1, 192, 192, read=[0, 0, 768, 0, 0], written=[0, 0, 768, 0, 0])
     scale = OpRecord("aten.mul.Tensor", "M.layers.0.input_layernorm", "bfloat16",
-                     "[32], [1, 6, 32]", 1, 192, 192, read=[64, 0, 384, 0],
-                     written=[0, 0, 384, 0])
+                     "[32], [1, 6, 32]", 1, 192, 192, read=[64, 0, 384, 0, 0],
+                     written=[0, 0, 384, 0, 0])
     line = roofline(Trace(records=[softmax, silu, pow_, scale]), spec)
     # softmax 2 calls * 144 elements * 0.1 ns = 28.8 ns; SiLU 288 * 0.15 ns = 43.2 ns;
     # RMSNorm 192 elements * 0.275 ns = 52.8 ns; the pow keeps memory time only
@@ -251,3 +252,26 @@ def test_spec_without_bandwidth_is_not_priced():
     s = PerformanceStats("p", 4, 1.0, trace_of(mm_record(4, 6, 5)), spec)
     assert s.roofline is None and s.energy_j is None and s.bandwidth_utilization is None
     assert math.isclose(s.flops_utilization, 0.24)  # 240 FLOP/s achieved / 1000
+
+
+def test_by_module_and_op_rolls_records_up_every_parent():
+    recs = [mm_record(4, 6, 5, module="M.a"), mm_record(4, 6, 5, module="M.b.c"),
+            OpRecord("aten.add.Tensor", "", "bfloat16", "[4]", 1, 4, 4)]
+    # 240 FLOPs per matmul; the add outside any module counts under Global only
+    assert by_module_and_op(recs, lambda r: r.flops) == {
+        "Global": {"aten.mm": 480, "aten.add": 4}, "M": {"aten.mm": 480},
+        "M.a": {"aten.mm": 240}, "M.b": {"aten.mm": 240}, "M.b.c": {"aten.mm": 240}}
+    assert by_module_and_op(recs, lambda r: 0) == {"Global": {}}  # zeros leave no entry
+
+
+def test_depth_check_and_none_propagating_sums():
+    assert check_depth(3) == 3 and check_depth(None, none_ok=True) is None
+    for bad in (0, -1, True, 2.5, None):
+        with pytest.raises(ValueError, match="depth must be a positive int, got"):
+            check_depth(bad)
+    with pytest.raises(ValueError, match="depth must be a positive int or None, got 0"):
+        check_depth(0, none_ok=True)
+    with pytest.raises(ValueError, match="positive int or None"):
+        PerformanceStats("p", 1, None, trace_of(mm_record(4, 6, 5))).modules(depth=0)
+    assert sum_or_none(0.5, 0.25) == 0.75 and sum_or_none() == 0
+    assert sum_or_none(0.5, None) is None  # a phase that was not measured has no total

@@ -7,7 +7,7 @@ Our schema (device_specs/*.yaml, and what `perfcounter calibrate` writes):
       h100-sxm:
         device_type: cuda            # cuda, cpu, mps, tpu, mobile, pim, ...
         aliases: [h100]              # exact, case-insensitive alternative names
-        cuda_names: ['NVIDIA H100 80GB HBM3']   # full-match regexes for autodetection
+        cuda_names: ['NVIDIA H100 80GB HBM3', 'NVIDIA H100*']   # names or globs
         dtype: bfloat16              # compute dtype (default bfloat16)
         vram_GB: 80
         bandwidth_GBs: 3350
@@ -22,42 +22,55 @@ file — entries at the top level, no `devices:` — loads as is: its names
 become lower case with hyphens ("PIM_AI_4chip" -> "pim-ai-4chip", the original
 kept as an alias), `tflops` is bfloat16 and pj_per_tflop 0.4e+12 is 0.4 pJ/FLOP.
 
-Every error names the file, the entry, the field, the value and what was expected.
+`cuda_names` are compared with torch.cuda.get_device_name() as a whole and
+case-insensitively: literally, or as a glob (* any text, ? one character,
+[abc] one of) — never as a regular expression. A key given twice in one
+mapping is an error (plain PyYAML keeps the last one silently), and 1e12 is
+read as the number it means (YAML 1.2), not as a string.
+
+Figures are checked by DeviceSpec itself; every error names the file, the
+entry, the field, the value and what was expected.
 """
 from __future__ import annotations
 
-import difflib
-import math
-import os
 import re
-import tempfile
+import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
-from perfcounter.devices import DeviceSpec, DeviceSpecError, as_dtype, dtype_name
+from perfcounter._util import atomic_write, did_you_mean
+from perfcounter.devices.spec import DeviceSpec, DeviceSpecError, as_dtype, dtype_name, rate_key
 
-# YAML figure -> (DeviceSpec field, scale to SI units, must be > 0)
+
+class Figure(NamedTuple):
+    """Where a YAML figure lands: the DeviceSpec field, and the factor to SI units."""
+
+    field: str
+    scale: float
+
+
 FIGURES = {
-    "bandwidth_GBs": ("bandwidth", 1e9, True),
-    "mem_bw_GBs": ("bandwidth", 1e9, True),
-    "vram_GB": ("vram", 1e9, True),
-    "tflops": ("flops_by_dtype", 1e12, True),
-    "tflops_int4": ("flops_by_dtype", 1e12, True),
-    "pj_per_flop": ("pj_per_flop_by_dtype", 1.0, False),
-    "pj_per_tflop": ("pj_per_flop_by_dtype", 1e-12, False),
-    "mem_pj_per_bit": ("mem_pj_per_bit", 1.0, False),
-    "host_to_device_bw_GBs": ("host_to_device_bw", 1e9, True),
-    "host_to_device_pj_per_bit": ("host_to_device_pj_per_bit", 1.0, False),
-    "device_to_host_bw_GBs": ("device_to_host_bw", 1e9, True),
-    "device_to_host_pj_per_bit": ("device_to_host_pj_per_bit", 1.0, False),
-    "softmax_ns_per_element": ("softmax_ns_per_element", 1.0, True),
-    "SiLU_ns_per_element": ("silu_ns_per_element", 1.0, True),
-    "silu_ns_per_element": ("silu_ns_per_element", 1.0, True),
-    "RMSNorm_ns_per_element": ("rmsnorm_ns_per_element", 1.0, True),
-    "rmsnorm_ns_per_element": ("rmsnorm_ns_per_element", 1.0, True),
-    "tdp_W": ("tdp_w", 1.0, True),
-    "static_W": ("static_w", 1.0, False),
+    "bandwidth_GBs": Figure("bandwidth", 1e9),
+    "mem_bw_GBs": Figure("bandwidth", 1e9),
+    "vram_GB": Figure("vram", 1e9),
+    "tflops": Figure("flops_by_dtype", 1e12),
+    "tflops_int4": Figure("flops_by_dtype", 1e12),
+    "pj_per_flop": Figure("pj_per_flop_by_dtype", 1.0),
+    "pj_per_tflop": Figure("pj_per_flop_by_dtype", 1e-12),
+    "mem_pj_per_bit": Figure("mem_pj_per_bit", 1.0),
+    "host_to_device_bw_GBs": Figure("host_to_device_bw", 1e9),
+    "host_to_device_pj_per_bit": Figure("host_to_device_pj_per_bit", 1.0),
+    "device_to_host_bw_GBs": Figure("device_to_host_bw", 1e9),
+    "device_to_host_pj_per_bit": Figure("device_to_host_pj_per_bit", 1.0),
+    "softmax_ns_per_element": Figure("softmax_ns_per_element", 1.0),
+    "SiLU_ns_per_element": Figure("silu_ns_per_element", 1.0),
+    "silu_ns_per_element": Figure("silu_ns_per_element", 1.0),
+    "RMSNorm_ns_per_element": Figure("rmsnorm_ns_per_element", 1.0),
+    "rmsnorm_ns_per_element": Figure("rmsnorm_ns_per_element", 1.0),
+    "tdp_W": Figure("tdp_w", 1.0),
+    "static_W": Figure("static_w", 1.0),
 }
 OTHER_FIELDS = ("device_type", "dtype", "aliases", "cuda_names", "source", "notes")
 UPMEM_REQUIRED = ("host_to_device_bw_GBs", "host_to_device_pj_per_bit",
@@ -65,11 +78,88 @@ UPMEM_REQUIRED = ("host_to_device_bw_GBs", "host_to_device_pj_per_bit",
                   "mem_pj_per_bit", "tflops", "pj_per_tflop")
 UPMEM_FIELDS = UPMEM_REQUIRED + ("tflops_int4", "softmax_ns_per_element",
                                  "SiLU_ns_per_element", "RMSNorm_ns_per_element")
-_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+# a cuda_names pattern with one of these is a regular expression, not a name or a glob
+_REGEX_SIGNS = ("\\", "|", ".*", ".+", ")?", ")*", ")+", "(?", "^", "$")
 
 
-def _scaled(value: float, scale: float) -> float:
-    """value in SI units; divides by the inverse of a small scale so 0.4e12 / 1e12 is 0.4."""
+# ---------------------------------------------------------------- YAML
+
+class _DuplicateKey(Exception):
+    """A mapping gives `path[-1]` twice; `lines` are both places (1-based); `upmem`
+    (set by the loader, which sees the whole file) whether the file is in UPMEM's format."""
+
+    def __init__(self, path: tuple, lines: tuple[int, int]):
+        super().__init__(path, lines)
+        self.path, self.lines, self.upmem = path, lines, False
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (plain PyYAML keeps
+    the last one silently) and reads 1e12 as a float (YAML 1.2), not as a string."""
+
+    def construct_document(self, node):
+        try:
+            self._check_keys(node, (), set())
+        except _DuplicateKey as dup:
+            dup.upmem = not (isinstance(node, yaml.MappingNode)
+                             and any(k.value == "devices" for k, _ in node.value))
+            raise
+        return super().construct_document(node)
+
+    def _check_keys(self, node, path: tuple, done: set) -> None:
+        if id(node) in done:  # an alias met again
+            return
+        done.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            for i, child in enumerate(node.value):
+                self._check_keys(child, (*path, i), done)
+        elif isinstance(node, yaml.MappingNode):
+            first = {}
+            for key_node, child in node.value:
+                key = key_node.value
+                if key_node.tag != "tag:yaml.org,2002:merge":  # `<<: *base` may be overridden
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        earlier = first.setdefault(key, key_node)
+                    except TypeError:  # an unhashable key: SafeLoader refuses it later
+                        earlier = key_node
+                    if earlier is not key_node:
+                        raise _DuplicateKey((*path, key), (earlier.start_mark.line + 1,
+                                                           key_node.start_mark.line + 1))
+                self._check_keys(child, (*path, key), done)
+
+
+_SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def _duplicate_error(origin: str, dup: _DuplicateKey) -> DeviceSpecError:
+    path, (first, second) = dup.path, dup.lines
+    where = (f"(line {first})" if first == second else f"(lines {first} and {second})") \
+        + "; give it once"
+    if dup.upmem:
+        entry, rest = path[0], path[1:]
+    elif path[0] == "devices" and len(path) > 1:
+        entry, rest = path[1], path[2:]
+    else:
+        return DeviceSpecError(f"{origin}: top-level field "
+                               f"{'.'.join(map(str, path))!r} is given twice {where}")
+    if not rest:
+        return DeviceSpecError(f"{origin}: entry {entry!r} is given twice {where}")
+    return DeviceSpecError(f"{origin}: entry {entry!r}: field "
+                           f"{'.'.join(map(str, rest))!r} is given twice {where}")
+
+
+# ---------------------------------------------------------------- reading
+
+def _scaled(value, scale: float):
+    """value in SI units; what is not a number is passed on for DeviceSpec to refuse.
+
+    NB: divides by the inverse of a small scale, so that 0.4e12 / 1e12 is exactly 0.4."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
     return value * scale if scale >= 1 else value / round(1 / scale)
 
 
@@ -86,19 +176,6 @@ class _Entry:
         return self.error(f"field {key!r}: got {value!r}; expected {expected}")
 
 
-def _number(ctx: _Entry, key: str, value, positive: bool) -> float:
-    what = "a positive number" if positive else "a non-negative number"
-    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
-        parsed = float(value)  # PyYAML reads 1e12 (no dot, no sign) as a string
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        parsed = float(value)
-    else:
-        raise ctx.bad(key, value, what)
-    if not math.isfinite(parsed) or parsed < 0 or (positive and parsed == 0):
-        raise ctx.bad(key, value, what)
-    return parsed
-
-
 def _strings(ctx: _Entry, key: str, value) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
@@ -107,10 +184,13 @@ def _strings(ctx: _Entry, key: str, value) -> tuple[str, ...]:
     return tuple(v.strip() for v in value)
 
 
-def _per_dtype(ctx: _Entry, key: str, value, scale: float, positive: bool, dtypes) -> dict:
-    """{dtype: figure} from a number (applies to `dtypes`) or a {dtype name: number} map."""
+def _per_dtype(ctx: _Entry, key: str, value, dtypes, given: dict) -> dict:
+    """{dtype: figure in SI units} from a number (applies to `dtypes`) or a
+    {dtype name: number} map; `given` learns which YAML key and value fed each dtype."""
+    field, scale = FIGURES[key]
     if not isinstance(value, dict):
-        return {d: _scaled(_number(ctx, key, value, positive), scale) for d in dtypes}
+        given.update({(field, rate_key(d)): (key, value) for d in dtypes})
+        return {d: _scaled(value, scale) for d in dtypes}
     out = {}
     for name, figure in value.items():
         try:
@@ -119,7 +199,8 @@ def _per_dtype(ctx: _Entry, key: str, value, scale: float, positive: bool, dtype
             raise ctx.bad(f"{key}.{name}", name, f"a dtype name ({exc})") from None
         if dtype in out:
             raise ctx.bad(key, value, f"each dtype once ({dtype_name(dtype)} repeated)")
-        out[dtype] = _scaled(_number(ctx, f"{key}.{name}", figure, positive), scale)
+        out[dtype] = _scaled(figure, scale)
+        given[(field, rate_key(dtype))] = (f"{key}.{name}", figure)
     if not out:
         raise ctx.bad(key, value, "a number or a non-empty {dtype: number} map")
     return out
@@ -128,8 +209,7 @@ def _per_dtype(ctx: _Entry, key: str, value, scale: float, positive: bool, dtype
 def _check_fields(ctx: _Entry, entry: dict, allowed, required) -> None:
     for key in entry:
         if key not in allowed:
-            close = difflib.get_close_matches(str(key), list(allowed), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = did_you_mean(key, allowed, n=1, quote=True)
             raise ctx.error(f"unknown field {key!r}{hint} (valid: {', '.join(allowed)})")
     for key in required:
         names = key if isinstance(key, tuple) else (key,)
@@ -164,15 +244,22 @@ def _sources(ctx: _Entry, entry: dict, default: str | None) -> dict:
         if not text:
             raise ctx.error(f"figure {key!r} has no source; add source: {{{key}: "
                             "'<datasheet name or URL>'}} (or a file-level source:)")
-        target = FIGURES[key][0]
+        target = FIGURES[key].field
         out[target] = text if out.get(target) in (None, text) else f"{out[target]}; {text}"
     return out
 
 
+def _dtype(ctx: _Entry, value):
+    try:
+        return as_dtype(value)
+    except DeviceSpecError as exc:
+        raise ctx.bad("dtype", value, f"a dtype name ({exc})") from None
+
+
 def _build(ctx: _Entry, name: str, entry: dict, device_type: str, aliases, source) -> DeviceSpec:
-    dtype = as_dtype(entry["dtype"]) if "dtype" in entry else None
-    tflops = entry["tflops"]
-    flops = _per_dtype(ctx, "tflops", tflops, 1e12, True, [dtype or as_dtype("bfloat16")])
+    given: dict = {}  # (DeviceSpec field, dtype or None) -> (YAML key, YAML value)
+    dtype = _dtype(ctx, entry["dtype"]) if "dtype" in entry else None
+    flops = _per_dtype(ctx, "tflops", entry["tflops"], [dtype or as_dtype("bfloat16")], given)
     if dtype is None:
         dtype = as_dtype("bfloat16")
         if dtype not in flops:
@@ -185,30 +272,36 @@ def _build(ctx: _Entry, name: str, entry: dict, device_type: str, aliases, sourc
         int4 = as_dtype("int4")
         if int4 in flops:
             raise ctx.error("int4 is given both in 'tflops' and in 'tflops_int4'")
-        flops[int4] = _number(ctx, "tflops_int4", entry["tflops_int4"], True) * 1e12
+        flops[int4] = _scaled(entry["tflops_int4"], 1e12)
+        given[("flops_by_dtype", int4)] = ("tflops_int4", entry["tflops_int4"])
     pj = {}
     for key in ("pj_per_flop", "pj_per_tflop"):
         if key in entry:
-            pj = _per_dtype(ctx, key, entry[key], FIGURES[key][1], False, list(flops))
+            pj = _per_dtype(ctx, key, entry[key], list(flops), given)
     kwargs = {}
-    for key, (target, scale, positive) in FIGURES.items():
+    for key, (target, scale) in FIGURES.items():
         if key in entry and target not in ("flops_by_dtype", "pj_per_flop_by_dtype"):
-            kwargs[target] = _scaled(_number(ctx, key, entry[key], positive), scale)
+            kwargs[target] = _scaled(entry[key], scale)
+            given[(target, None)] = (key, entry[key])
+    cuda_names = _patterns(ctx, entry.get("cuda_names", []))
     try:
         return DeviceSpec(device_type=device_type, name=name, dtype=dtype, flops_by_dtype=flops,
                           pj_per_flop_by_dtype=pj, source=source, aliases=aliases,
-                          cuda_names=_patterns(ctx, entry.get("cuda_names", [])), **kwargs)
+                          cuda_names=cuda_names, **kwargs)
     except DeviceSpecError as exc:
+        where = given.get((exc.field, exc.dtype))
+        if where is not None and exc.expected:
+            raise ctx.bad(*where, exc.expected) from None
         raise ctx.error(str(exc)) from None
 
 
 def _patterns(ctx: _Entry, value) -> tuple[str, ...]:
     patterns = _strings(ctx, "cuda_names", value) if value else ()
     for p in patterns:
-        try:
-            re.compile(p)
-        except re.error as exc:
-            raise ctx.bad("cuda_names", p, f"a regular expression ({exc})") from None
+        if any(sign in p for sign in _REGEX_SIGNS):
+            raise ctx.bad("cuda_names", p, "a CUDA device name or a glob (* any text, "
+                          "? one character, [abc] one of), matched to the whole name "
+                          "ignoring case; regular expressions are not read")
     return patterns
 
 
@@ -278,17 +371,17 @@ def load_device_specs(path) -> list[DeviceSpec]:
         hint = f" (.yaml files there: {', '.join(nearby)})" if nearby else ""
         raise DeviceSpecError(f"{path}: no such device spec file{hint}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_SpecLoader)
+    except _DuplicateKey as dup:
+        raise _duplicate_error(str(path), dup) from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise DeviceSpecError(f"{path}: not a valid YAML file: {exc}") from None
+    except OSError as exc:
+        raise DeviceSpecError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     return parse_device_specs(data, str(path))
 
 
 # ---------------------------------------------------------------- writing
-
-_BACK = {"bandwidth": "bandwidth_GBs", "vram": "vram_GB", "flops_by_dtype": "tflops",
-         "pj_per_flop_by_dtype": "pj_per_flop"}
-
 
 def spec_to_entry(spec: DeviceSpec) -> dict:
     """A DeviceSpec as one entry of our schema (the inverse of parsing)."""
@@ -300,9 +393,9 @@ def spec_to_entry(spec: DeviceSpec) -> dict:
     if spec.dtype is not None:
         entry["dtype"] = dtype_name(spec.dtype)
     targets = {}
-    for key, (target, scale, _) in FIGURES.items():
+    for key, (target, scale) in FIGURES.items():
         if target in targets.values() or key[0].isupper():
-            continue
+            continue  # one YAML name per field: ours, not UPMEM's spelling
         targets[key] = target
         value = getattr(spec, target)
         if target in ("flops_by_dtype", "pj_per_flop_by_dtype"):
@@ -315,24 +408,36 @@ def spec_to_entry(spec: DeviceSpec) -> dict:
     return entry
 
 
+def _spare_name(path: Path, suffix: str) -> Path:
+    """path + suffix, or + suffix.1, .2, ... : the first that does not exist."""
+    candidate, n = path.with_name(path.name + suffix), 0
+    while candidate.exists() or candidate.is_symlink():
+        n += 1
+        candidate = path.with_name(f"{path.name}{suffix}.{n}")
+    return candidate
+
+
 def write_device_specs(path, specs: list[DeviceSpec], *, header: str = "") -> Path:
-    """Write specs to `path` in our schema, atomically; other entries already there are kept."""
+    """Write specs to `path` in our schema, atomically; other entries already there are kept.
+
+    NB: an old file that no longer loads cannot be merged: it is copied to
+    NAME.corrupt (or NAME.corrupt.N) and replaced, with a warning naming both.
+    """
     path = Path(path).expanduser()
     devices: dict = {}
+    broken = None
     if path.is_file():
-        for old in load_device_specs(path):
-            devices[old.name] = spec_to_entry(old)
+        try:
+            devices = {old.name: spec_to_entry(old) for old in load_device_specs(path)}
+        except DeviceSpecError as exc:
+            broken = exc
     for spec in specs:
         devices[spec.name] = spec_to_entry(spec)
     parse_device_specs({"devices": devices}, str(path))  # never write what cannot be read
     text = yaml.safe_dump({"devices": devices}, sort_keys=False, width=100)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(("".join(f"# {line}\n" for line in header.splitlines())) + text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    if broken is not None:
+        kept = atomic_write(_spare_name(path, ".corrupt"), path.read_bytes())
+        warnings.warn(f"replacing {path}, which does not load ({broken}); "
+                      f"the old file is kept as {kept}", stacklevel=2)
+    return atomic_write(path, "".join(f"# {line}\n" for line in header.splitlines()) + text,
+                        mkdir=True)

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import torch
 
-from perfcounter.devices import DeviceSpec, as_dtype, calibrated_spec_path, dtype_name
+from perfcounter.devices.registry import calibrated_spec_path
+from perfcounter.devices.schema import write_device_specs
+from perfcounter.devices.spec import DeviceSpec, as_dtype, dtype_name
 
 MiB = 1 << 20
 TRIAD_BYTES_PER_ELEMENT = 3 * 4  # read b, read c, write a; float32
@@ -145,11 +147,29 @@ def _memory_bytes(device: torch.device) -> int | None:
         return None
 
 
+def measurable_device(device) -> torch.device:
+    """`device` as a torch.device that calibrate can time here: the CPU, or a CUDA
+    (ROCm) GPU that is present; anything else is a ValueError naming what is valid."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    valid = ", ".join(["cpu"] + (["cuda"] + [f"cuda:{i}" for i in range(gpus)] if gpus else []))
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        parsed = None
+    if parsed is not None and parsed.type == "cuda" and not gpus:
+        raise ValueError(f"cannot calibrate device {str(device)!r}: no CUDA GPU is available "
+                         f"here (valid: {valid})")
+    if parsed is None or parsed.type not in ("cpu", "cuda") or (
+            parsed.type == "cuda" and (parsed.index or 0) >= gpus):
+        raise ValueError(f"cannot calibrate device {str(device)!r}; valid: {valid}")
+    return parsed
+
+
 def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10,
               matmul_n: int = 1024, dtypes=("float32", "bfloat16"),
               min_time: float = 0.2) -> Calibration:
     """Measure bandwidth (triad) and matmul FLOP/s for each of `dtypes` on `device`."""
-    device = torch.device(device)
+    device = measurable_device(device)
     if array_bytes is None:
         array_bytes = default_array_bytes()
     if array_bytes <= 0 or repeats <= 0 or matmul_n <= 0 or min_time <= 0:
@@ -164,8 +184,8 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
 
 
 def save_calibrated(spec: DeviceSpec, path=None) -> Path:
-    """Write `spec` into the calibrated file (other entries there are kept)."""
-    from perfcounter.device_schema import write_device_specs
+    """Write `spec` into the calibrated file (other entries there are kept; a file
+    that no longer loads is replaced, and kept beside as NAME.corrupt, with a warning)."""
     path = Path(path) if path is not None else calibrated_spec_path()
     header = ("This machine's figures, measured by `perfcounter calibrate`; rerun it to\n"
               "update. Entries are found by name: get_device_spec(NAME).")

@@ -1,33 +1,38 @@
-"""DeviceSpec: what a device can do, and the registry of known devices.
+"""DeviceSpec: what one device can do, as plain data; its errors and dtype names.
 
-A `DeviceSpec` is plain data: memory bandwidth (B/s), peak FLOP/s per dtype
-(dense, not sparse), memory size, and the energy figures the energy model
-needs (pJ per bit of memory traffic, pJ per FLOP, host-link bandwidth and
-pJ/bit each way, optional per-element costs of softmax / SiLU / RMSNorm).
-Field names and units of torchao's removed `DeviceSpec` are kept.
+A `DeviceSpec` holds memory bandwidth (B/s), peak FLOP/s per dtype (dense,
+not sparse), memory size, and the energy figures the energy model needs (pJ
+per bit of memory traffic, pJ per FLOP, host-link bandwidth and pJ/bit each
+way, optional per-element costs of softmax / SiLU / RMSNorm). Field names and
+units of torchao's removed `DeviceSpec` are kept. `__post_init__` is the one
+place where a figure is checked; a file reader learns which field was wrong
+from `DeviceSpecError.field`.
 
-The registry is `device_specs/*.yaml` (one file per device family, every
-figure with a `source:`), plus the spec `perfcounter calibrate` wrote for this
-machine, plus any file a user passes by path. Lookups live in
-`perfcounter.device_registry` (re-exported here: get_device_spec,
-list_device_specs, register_device_specs, default_device_spec, ...); the YAML
-schema and the UPMEM accelerator format are read by `perfcounter.device_schema`.
-
-    spec = get_device_spec("h100-sxm", dtype=torch.bfloat16)
-    spec = get_device_spec("my_accels.yaml:PIM_AI_4chip")
-    spec = CUDADeviceSpec(dtype=torch.bfloat16)   # from torch.cuda.get_device_name()
+Lookups by name (and the CUDA autodetecting `CUDADeviceSpec`) are in
+`registry.py`; the YAML formats in `schema.py`.
 """
 from __future__ import annotations
 
-import difflib
 import math
 import warnings
 from dataclasses import dataclass, field, fields, replace
 
 import torch
 
+from perfcounter._util import did_you_mean
+
+
 class DeviceSpecError(ValueError):
-    """A device spec (a file, an entry or a constructor argument) is invalid."""
+    """A device spec (a file, an entry or a constructor argument) is invalid.
+
+    `field` names the DeviceSpec field at fault (with `dtype` for a per-dtype
+    table) and `expected` what it should be, when one figure is to blame.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, dtype=None,
+                 expected: str | None = None):
+        super().__init__(message)
+        self.field, self.dtype, self.expected = field, dtype, expected
 
 
 class UnknownDeviceError(DeviceSpecError, KeyError):
@@ -76,9 +81,8 @@ def as_dtype(value) -> torch.dtype | str:
         return dtype
     known = sorted(set(_DTYPE_ALIASES) | {"float64", "float32", "bfloat16", "float16",
                                           "int8", "int4", TF32})
-    close = difflib.get_close_matches(name, known, n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
-    raise UnknownDtypeError(f"unknown dtype {value!r}{hint} (valid: {', '.join(known)})")
+    raise UnknownDtypeError(f"unknown dtype {value!r}{did_you_mean(name, known)} "
+                            f"(valid: {', '.join(known)})")
 
 
 def dtype_name(dtype) -> str:
@@ -86,32 +90,10 @@ def dtype_name(dtype) -> str:
     return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
 
 
-def _rate_key(dtype):
+def rate_key(dtype):
+    """The dtype whose peak `dtype` runs at (every float8 shares one rate, as do int4/uint4)."""
     dtype = as_dtype(dtype)
     return _RATE_CLASS.get(dtype, dtype)
-
-
-def _check_number(owner: str, name: str, value, *, positive: bool):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise DeviceSpecError(f"DeviceSpec {owner!r}: {name} must be a number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        need = "a positive" if positive else "a non-negative"
-        raise DeviceSpecError(f"DeviceSpec {owner!r}: {name} must be {need} finite number, "
-                              f"got {value!r}")
-    return value
-
-
-def _dtype_table(owner: str, name: str, table) -> dict:
-    out = {}
-    for key, value in dict(table or {}).items():
-        k = _rate_key(key)
-        if k in out:
-            raise DeviceSpecError(f"DeviceSpec {owner!r}: {name} lists {dtype_name(k)} twice")
-        out[k] = _check_number(owner, f"{name}[{dtype_name(k)}]", value, positive=False)
-    return out
 
 
 _warned: set[tuple[str, str, str]] = set()
@@ -127,11 +109,13 @@ def _warn_once(kind: str, spec: "DeviceSpec", dtype, used) -> None:
 
 # ---------------------------------------------------------------- DeviceSpec
 
+# figures that must be > 0, and those that may be 0 (an energy figure)
 _POSITIVE = ("bandwidth", "flops_per_s", "vram", "roofline_balancepoint",
              "host_to_device_bw", "device_to_host_bw", "softmax_ns_per_element",
-             "silu_ns_per_element", "rmsnorm_ns_per_element", "tdp_w")
+             "silu_ns_per_element", "rmsnorm_ns_per_element", "tdp_w", "flops_by_dtype")
 _NON_NEGATIVE = ("mem_pj_per_bit", "host_to_device_pj_per_bit", "device_to_host_pj_per_bit",
-                 "static_w")
+                 "static_w", "pj_per_flop_by_dtype")
+_TABLES = ("flops_by_dtype", "pj_per_flop_by_dtype")
 
 
 @dataclass(frozen=True)
@@ -165,33 +149,68 @@ class DeviceSpec:
     static_w: float | None = None
     source: dict = field(default_factory=dict)  # field name -> citation
     aliases: tuple = ()
-    cuda_names: tuple = ()  # regexes matched against torch.cuda.get_device_name()
+    cuda_names: tuple = ()  # names or globs matched against torch.cuda.get_device_name()
 
     def __post_init__(self):
-        owner = self.name or "<unnamed>"
         put = object.__setattr__
         for name in _POSITIVE + _NON_NEGATIVE:
-            put(self, name, _check_number(owner, name, getattr(self, name),
-                                          positive=name in _POSITIVE))
+            if name not in _TABLES:
+                put(self, name, self._number(name, getattr(self, name)))
         dtype = None if self.dtype is None else as_dtype(self.dtype)
         if dtype == TF32:
-            raise DeviceSpecError(f"DeviceSpec {owner!r}: dtype tf32 is float32 run on tensor "
-                                  "cores; pass dtype=torch.float32 (CUDADeviceSpec "
-                                  "use_tensorcores=True picks the tf32 rate)")
-        flops = _dtype_table(owner, "flops_by_dtype", self.flops_by_dtype)
+            raise DeviceSpecError(f"DeviceSpec {self._owner}: dtype tf32 is float32 run on "
+                                  "tensor cores; pass dtype=torch.float32 (CUDADeviceSpec "
+                                  "use_tensorcores=True picks the tf32 rate)", field="dtype")
+        flops = self._table("flops_by_dtype")
         if self.flops_per_s is not None and dtype is not None:
-            flops.setdefault(_rate_key(dtype), self.flops_per_s)
-        if self.flops_per_s is None and dtype is not None and _rate_key(dtype) in flops:
-            put(self, "flops_per_s", flops[_rate_key(dtype)])
+            flops.setdefault(rate_key(dtype), self.flops_per_s)
+        if self.flops_per_s is None and dtype is not None and rate_key(dtype) in flops:
+            put(self, "flops_per_s", flops[rate_key(dtype)])
         put(self, "dtype", dtype)
         put(self, "flops_by_dtype", flops)
-        put(self, "pj_per_flop_by_dtype",
-            _dtype_table(owner, "pj_per_flop_by_dtype", self.pj_per_flop_by_dtype))
+        put(self, "pj_per_flop_by_dtype", self._table("pj_per_flop_by_dtype"))
         if self.roofline_balancepoint is None and self.flops_per_s and self.bandwidth:
             put(self, "roofline_balancepoint", self.flops_per_s / self.bandwidth)
         put(self, "source", dict(self.source or {}))
         put(self, "aliases", tuple(self.aliases or ()))
         put(self, "cuda_names", tuple(self.cuda_names or ()))
+
+    @property
+    def _owner(self) -> str:
+        return repr(self.name or "<unnamed>")
+
+    def _number(self, name: str, value, dtype=None) -> float | None:
+        """A figure as a float: None stays None; bools, strings, NaN, ±inf and
+        values out of range (see _POSITIVE / _NON_NEGATIVE) are refused."""
+        if value is None:
+            return None
+        kind = "positive" if name in _POSITIVE else "non-negative"
+        expected = f"a {kind} number"
+        label = name if dtype is None else f"{name}[{dtype_name(dtype)}]"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise DeviceSpecError(f"DeviceSpec {self._owner}: {label} must be a number, "
+                                  f"got {value!r}", field=name, dtype=dtype, expected=expected)
+        number = float(value)
+        if not math.isfinite(number) or number < 0 or (kind == "positive" and number == 0):
+            raise DeviceSpecError(f"DeviceSpec {self._owner}: {label} must be a {kind} "
+                                  f"finite number, got {value!r}", field=name, dtype=dtype,
+                                  expected=expected)
+        return number
+
+    def _table(self, name: str) -> dict:
+        """A {dtype: figure} table keyed by rate_key, each figure checked."""
+        table = getattr(self, name) or {}
+        if not isinstance(table, dict):
+            raise DeviceSpecError(f"DeviceSpec {self._owner}: {name} must be a "
+                                  f"{{dtype: number}} dict, got {table!r}", field=name)
+        out = {}
+        for key, value in table.items():
+            k = rate_key(key)
+            if k in out:
+                raise DeviceSpecError(f"DeviceSpec {self._owner}: {name} lists "
+                                      f"{dtype_name(k)} twice", field=name)
+            out[k] = self._number(name, value, k)
+        return out
 
     def __hash__(self):
         return hash((type(self).__name__, self.device_type, self.name, self.dtype,
@@ -217,8 +236,8 @@ class DeviceSpec:
         if dtype is None and self.dtype is None:
             raise UnknownDtypeError(f"device {self.name!r} has no compute dtype; "
                                     "pass one to peak_flops(dtype)")
-        key = _rate_key(self.dtype if dtype is None else dtype)
-        if self.dtype is not None and key == _rate_key(self.dtype) \
+        key = rate_key(self.dtype if dtype is None else dtype)
+        if self.dtype is not None and key == rate_key(self.dtype) \
                 and self.flops_per_s is not None:
             return self.flops_per_s
         if key in self.flops_by_dtype:
@@ -239,10 +258,10 @@ class DeviceSpec:
         """
         if dtype is None and self.dtype is None:
             return None
-        key = _rate_key(self.dtype if dtype is None else dtype)
+        key = rate_key(self.dtype if dtype is None else dtype)
         if key in self.pj_per_flop_by_dtype:
             return self.pj_per_flop_by_dtype[key]
-        own = None if self.dtype is None else _rate_key(self.dtype)
+        own = None if self.dtype is None else rate_key(self.dtype)
         if own in self.pj_per_flop_by_dtype:
             _warn_once("pJ/FLOP", self, key, self.dtype)
             return self.pj_per_flop_by_dtype[own]
@@ -261,75 +280,22 @@ class DeviceSpec:
             value = getattr(self, f.name)
             if f.name == "dtype":
                 value = None if value is None else dtype_name(value)
-            elif f.name in ("flops_by_dtype", "pj_per_flop_by_dtype"):
+            elif f.name in _TABLES:
                 value = {dtype_name(k): v for k, v in value.items()}
             elif isinstance(value, (tuple, dict)):
                 value = list(value) if isinstance(value, tuple) else dict(value)
             out[f.name] = value
         return out
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "DeviceSpec":
+        """A DeviceSpec from to_dict(); every figure is checked again.
 
-@dataclass(frozen=True)
-class CUDADeviceSpec(DeviceSpec):
-    """The spec of the local CUDA (or ROCm) GPU, found by `torch.cuda.get_device_name()`.
-
-    The name is matched against the `cuda_names` patterns of the registry;
-    bandwidth, vram and peaks come from that entry (fields passed explicitly
-    are kept). dtype defaults to torch.get_default_dtype(), as in torchao; with
-    use_tensorcores, float32 is priced at the TF32 tensor-core rate.
-    """
-
-    device_type: str = "cuda"
-    use_tensorcores: bool = True
-
-    def __post_init__(self):
-        put = object.__setattr__
-        name = self.name or _local_cuda_name()
-        from perfcounter.device_registry import find_cuda_device_spec
-        entry = find_cuda_device_spec(name)
-        put(self, "name", name)
-        if self.dtype is None:
-            put(self, "dtype", torch.get_default_dtype())
-        for f in fields(DeviceSpec):
-            if f.name in ("name", "dtype", "flops_per_s", "roofline_balancepoint",
-                          "device_type"):
-                continue
-            if getattr(self, f.name) in (None, {}, ()):
-                put(self, f.name, getattr(entry, f.name))
-        if entry.name not in self.aliases:
-            put(self, "aliases", (entry.name,) + tuple(self.aliases))
-        if self.flops_per_s is None:
-            key, table = _rate_key(self.dtype), self.flops_by_dtype
-            if key == torch.float32 and self.use_tensorcores and TF32 in table:
-                put(self, "flops_per_s", table[TF32])
-            elif key not in table:
-                put(self, "flops_per_s", entry.peak_flops(key))  # warns: entry's fallback
-        super().__post_init__()
-
-    def peak_flops(self, dtype=None, *, strict: bool = False) -> float:
-        key = _rate_key(self.dtype if dtype is None else dtype)
-        if (key != _rate_key(self.dtype) and key == torch.float32 and self.use_tensorcores
-                and TF32 in self.flops_by_dtype):
-            return self.flops_by_dtype[TF32]
-        return super().peak_flops(key, strict=strict)
-
-
-def _local_cuda_name() -> str:
-    try:
-        return torch.cuda.get_device_name()
-    except (AssertionError, RuntimeError) as exc:
-        raise DeviceSpecError("CUDADeviceSpec: no CUDA device to detect "
-                              f"({exc}); pass name='NVIDIA H100 80GB HBM3' or use "
-                              "get_device_spec(NAME)") from None
-
-
-_REGISTRY_NAMES = ("get_device_spec", "list_device_specs", "register_device_specs",
-                   "find_cuda_device_spec", "default_device_spec", "perfcounter_home",
-                   "calibrated_spec_path", "shipped_spec_files")
-
-
-def __getattr__(name):  # the registry's public names, imported on first use
-    if name in _REGISTRY_NAMES:
-        from perfcounter import device_registry
-        return getattr(device_registry, name)
-    raise AttributeError(f"module 'perfcounter.devices' has no attribute {name!r}")
+        NB: always a plain DeviceSpec: a subclass's own fields (CUDADeviceSpec's
+        use_tensorcores) are dropped, the figures it resolved are kept.
+        """
+        if not isinstance(d, dict):
+            raise DeviceSpecError(f"expected a dict from DeviceSpec.to_dict(), "
+                                  f"got {type(d).__name__} {d!r:.60}")
+        names = {f.name for f in fields(DeviceSpec)}
+        return DeviceSpec(**{k: v for k, v in d.items() if k in names})

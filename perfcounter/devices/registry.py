@@ -5,30 +5,32 @@ name or alias: the shipped files (device_specs/*.yaml), the spec `perfcounter
 calibrate` wrote (calibrated_spec_path()), and the files a user passed by path
 (register_device_specs, or get_device_spec("file.yaml[:ENTRY]")). Names match
 exactly, case-insensitively; an unknown name fails with the closest names.
-
-The public names are re-exported by perfcounter.devices.
+`CUDADeviceSpec` is the registry entry of the local GPU, found by its CUDA name.
 """
 from __future__ import annotations
 
-import difflib
+import fnmatch
 import os
 import re
 import warnings
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
 
-from perfcounter.device_schema import load_device_specs
-from perfcounter.devices import (CUDADeviceSpec, DeviceSpec, DeviceSpecError,
-                                 UnknownDeviceError, _local_cuda_name, as_dtype)
+from perfcounter._util import did_you_mean
+from perfcounter.devices.schema import load_device_specs
+from perfcounter.devices.spec import (TF32, DeviceSpec, DeviceSpecError, UnknownDeviceError,
+                                      as_dtype, rate_key)
+
 
 def _shipped_dir() -> Path:
     """device_specs/ inside an installed package, else at the top of a source checkout."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "device_specs", here.parent / "device_specs"):
+    package = Path(__file__).resolve().parent.parent  # perfcounter/
+    for candidate in (package / "device_specs", package.parent / "device_specs"):
         if any(candidate.glob("*.yaml")):
             return candidate
-    return here.parent / "device_specs"
+    return package.parent / "device_specs"
 
 
 _SHIPPED_DIR = _shipped_dir()
@@ -145,11 +147,13 @@ def _split_path(text: str):
 
 
 def _suggest(name: str, index: dict[str, str]) -> str:
+    """The entries one of whose names starts with `name` ("h10": h100-sxm, h100-pcie, ...),
+    else the names and aliases closest to it."""
     query = name.lower()
-    close = difflib.get_close_matches(query, list(index), n=6, cutoff=0.5)
-    close += [k for k in index if k.startswith(query) and query]
-    names = list(dict.fromkeys(index[k] for k in close))[:5]
-    return f"; did you mean {', '.join(names)}?" if names else ""
+    started = {index[k] for k in index if k.startswith(query)}
+    if started:
+        return did_you_mean(query, started, n=5, cutoff=0)
+    return did_you_mean(query, index, n=5, cutoff=0.5)
 
 
 def get_device_spec(name_or_path, dtype=None) -> DeviceSpec:
@@ -194,28 +198,98 @@ def _from_file(path: str, entry: str | None) -> DeviceSpec:
     raise UnknownDeviceError(f"{path}: no entry {entry!r}{_suggest(entry, index)}")
 
 
-def find_cuda_device_spec(cuda_name: str) -> DeviceSpec:
-    """The registry entry whose `cuda_names` pattern matches a CUDA device name.
+# ---------------------------------------------------------------- the local GPU
 
-    Patterns are full-match, case-insensitive regexes; a user file's entry
-    beats the calibrated one, which beats the shipped ones.
+def cuda_name_matches(pattern: str, cuda_name: str) -> bool:
+    """Whether a `cuda_names` pattern names a CUDA device: the whole name, ignoring
+    case, literally or as a glob (* any text, ? one character, [abc] one of).
+
+    NB: never a regular expression (a user's regex could take exponential time);
+    fnmatch's globs match in polynomial time.
+    """
+    pattern, cuda_name = pattern.strip().casefold(), cuda_name.strip().casefold()
+    if not any(sign in pattern for sign in "*?["):
+        return pattern == cuda_name
+    return fnmatch.fnmatchcase(cuda_name, pattern)
+
+
+def find_cuda_device_spec(cuda_name: str) -> DeviceSpec:
+    """The registry entry one of whose `cuda_names` matches a CUDA device name.
+
+    A user file's entry beats the calibrated one, which beats the shipped ones;
+    two matches in one layer are an error.
     """
     specs, _ = _index()
     live = set(id(s) for s in specs.values())
     for layer in reversed(_layers()):
         hits = [s for s in layer if id(s) in live and any(
-            re.fullmatch(p, cuda_name.strip(), re.IGNORECASE) for p in s.cuda_names)]
+            cuda_name_matches(p, cuda_name) for p in s.cuda_names)]
         if len(hits) > 1:
             raise DeviceSpecError(f"CUDA device {cuda_name!r} matches several entries: "
                                   f"{', '.join(s.name for s in hits)}")
         if hits:
             return hits[0]
     known = sorted(s.name for s in specs.values() if s.cuda_names)
+    literal = re.sub(r"([*?[])", r"[\1]", cuda_name.strip())
     raise UnknownDeviceError(
         f"no device spec matches CUDA device {cuda_name!r} (entries with CUDA names: "
-        f"{', '.join(known)}); add `cuda_names: ['{re.escape(cuda_name).replace(chr(92) + ' ', ' ')}']` "
-        "to an entry "
-        "of a YAML file and pass it to register_device_specs, or use get_device_spec(NAME)")
+        f"{', '.join(known)}); add `cuda_names: [{literal!r}]` to an entry of a YAML file "
+        "and pass it to register_device_specs, or use get_device_spec(NAME)")
+
+
+def _local_cuda_name() -> str:
+    try:
+        return torch.cuda.get_device_name()
+    except (AssertionError, RuntimeError) as exc:
+        raise DeviceSpecError("CUDADeviceSpec: no CUDA device to detect "
+                              f"({exc}); pass name='NVIDIA H100 80GB HBM3' or use "
+                              "get_device_spec(NAME)") from None
+
+
+@dataclass(frozen=True)
+class CUDADeviceSpec(DeviceSpec):
+    """The spec of the local CUDA (or ROCm) GPU, found by `torch.cuda.get_device_name()`.
+
+    The name is matched against the `cuda_names` of the registry; bandwidth,
+    vram and peaks come from that entry (fields passed explicitly are kept).
+    dtype defaults to torch.get_default_dtype(), as in torchao; with
+    use_tensorcores, float32 is priced at the TF32 tensor-core rate.
+    """
+
+    device_type: str = "cuda"
+    use_tensorcores: bool = True
+
+    __hash__ = DeviceSpec.__hash__
+
+    def __post_init__(self):
+        put = object.__setattr__
+        name = self.name or _local_cuda_name()
+        entry = find_cuda_device_spec(name)
+        put(self, "name", name)
+        if self.dtype is None:
+            put(self, "dtype", torch.get_default_dtype())
+        for f in fields(DeviceSpec):
+            if f.name in ("name", "dtype", "flops_per_s", "roofline_balancepoint",
+                          "device_type"):
+                continue
+            if getattr(self, f.name) in (None, {}, ()):
+                put(self, f.name, getattr(entry, f.name))
+        if entry.name not in self.aliases:
+            put(self, "aliases", (entry.name,) + tuple(self.aliases))
+        if self.flops_per_s is None:
+            key, table = rate_key(self.dtype), self.flops_by_dtype
+            if key == torch.float32 and self.use_tensorcores and TF32 in table:
+                put(self, "flops_per_s", table[TF32])
+            elif key not in table:
+                put(self, "flops_per_s", entry.peak_flops(key))  # warns: entry's fallback
+        super().__post_init__()
+
+    def peak_flops(self, dtype=None, *, strict: bool = False) -> float:
+        key = rate_key(self.dtype if dtype is None else dtype)
+        if (key != rate_key(self.dtype) and key == torch.float32 and self.use_tensorcores
+                and TF32 in self.flops_by_dtype):
+            return self.flops_by_dtype[TF32]
+        return super().peak_flops(key, strict=strict)
 
 
 def default_device_spec(dtype=None) -> DeviceSpec:

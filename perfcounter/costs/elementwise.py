@@ -1,24 +1,29 @@
-"""Cost formulas for elementwise ops, copies and factories (part of the costs registry).
+"""Cost formulas for elementwise ops (part of the costs registry).
 
 An elementwise op does a fixed mix of primitive operations per output element;
-the table below says which. Copies, casts and factory ops compute nothing but
-still move bytes (the mode counts those from the tensors). Registered into
-`perfcounter.costs.COSTS` when that module is imported.
+the table below says which. Ops whose count depends on an argument (add's
+alpha, pow's exponent, clamp's bounds, gelu's approximation) or on the dtype
+(a complex multiply is 6 real FLOPs) have their own formula. Each op is
+registered with its in-place form (add and add_) where torch has one.
+
+SiLU carries `per_element="silu"`: a device spec that prices SiLU per element
+(roofline.py) replaces its FLOP time.
 """
 from __future__ import annotations
 
-import torch
+from perfcounter.costs._core import Cost, aten, first_shape, is_complex, kinds, numel, register
 
-from perfcounter.costs import ZERO, Cost, _first, kinds, numel, register
 
-aten = torch.ops.aten
+def _outputs(out_shape) -> int:
+    """Output elements of an elementwise op (0 when the caller gave no output shape)."""
+    return numel(first_shape(out_shape)) if out_shape is not None else 0
 
 
 def _per_element(**counts):
     """A formula: `counts` primitive ops for every output element."""
 
     def cost(*args, out_shape=None, **kw) -> Cost:
-        n = numel(_first(out_shape)) if out_shape is not None else 0
+        n = _outputs(out_shape)
         return Cost(kinds(**{k: v * n for k, v in counts.items()}))
 
     cost.__doc__ = "Per output element: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + "."
@@ -41,13 +46,11 @@ def _both(*names):
 # one sqrt (DESIGN: sqrt includes rsqrt); log and friends as one exp.
 _TABLE = [
     (("sub", "rsub", "neg"), dict(add=1)),
-    (("mul",), dict(mul=1)),
     (("div", "reciprocal", "remainder", "fmod", "floor_divide"), dict(div=1)),
     (("sqrt", "rsqrt"), dict(sqrt=1)),
     (("exp", "exp2", "expm1", "log", "log2", "log10", "log1p"), dict(exp=1)),
     (("sin", "cos", "tan", "tanh", "sinh", "cosh", "asin", "acos", "atan", "atan2",
       "erf", "erfc", "erfinv", "sigmoid", "softplus", "hardtanh"), dict(special=1)),
-    (("silu",), dict(special=1, mul=1)),  # x · sigmoid(x)
     (("mish",), dict(special=2, mul=1)),  # x · tanh(softplus(x))
     (("relu", "abs", "sign", "sgn", "floor", "ceil", "round", "trunc", "clamp_min", "clamp_max",
       "eq", "ne", "lt", "le", "gt", "ge", "maximum", "minimum", "fmax", "fmin",
@@ -59,22 +62,45 @@ _TABLE = [
     (("lerp",), dict(add=2, mul=1)),  # x + w · (y - x)
     (("hardswish",), dict(cmp=2, mul=1, div=1, add=1)),  # x · relu6(x + 3) / 6
 ]
-for names, counts in _TABLE:
-    register(*_both(*names))(_per_element(**counts))
+for _names, _counts in _TABLE:
+    register(*_both(*_names))(_per_element(**_counts))
+
+register(*_both("silu"), per_element="silu")(_per_element(special=1, mul=1))  # x · sigmoid(x)
 
 
 @register(*_both("add"))
 def add_cost(a, b=None, *args, alpha=1, out_shape=None, **kw) -> Cost:
     """One add per output element, plus one mul when alpha scales the second operand."""
-    n = numel(_first(out_shape))
+    n = numel(first_shape(out_shape))
     return Cost(kinds(add=n, mul=n if alpha != 1 else 0))
+
+
+@register(*_both("mul"))
+def mul_cost(a, b=None, *args, out_shape=None, **kw) -> Cost:
+    """One mul per output element; complex × complex (a+bi)(c+di) = (ac-bd) + (ad+bc)i:
+    4 mul + 2 add (6 real FLOPs); complex × real: 2 mul.
+
+    NB: an operand is complex when its Shape's dtype is (a plain tuple is real) or when
+    it is a Python complex scalar."""
+    n = _outputs(out_shape)
+    both, one = is_complex(a) and is_complex(b), is_complex(a) or is_complex(b)
+    if both:
+        return Cost(kinds(mul=4 * n, add=2 * n))
+    return Cost(kinds(mul=2 * n if one else n))
+
+
+@register(aten.polar)
+def polar_cost(abs, angle, *args, out_shape=None, **kw) -> Cost:
+    """abs·cos(angle) + i·abs·sin(angle) per element: 2 special (cos, sin), 2 mul (RoPE tables)."""
+    n = _outputs(out_shape)
+    return Cost(kinds(special=2 * n, mul=2 * n))
 
 
 @register(*_both("pow"))
 def pow_cost(base, exponent, *args, out_shape=None, **kw) -> Cost:
     """x**e per element: e=2 one mul, e=3 two muls, e=0.5 one sqrt, e=-0.5 sqrt+div,
     e=-1 one div, e=1 nothing; otherwise exp(e·log x): 2 exp + 1 mul."""
-    n = numel(_first(out_shape))
+    n = numel(first_shape(out_shape))
     cheap = {2: kinds(mul=n), 3: kinds(mul=2 * n), 0.5: kinds(sqrt=n), -0.5: kinds(sqrt=n, div=n),
              -1: kinds(div=n), 1: kinds()}
     if isinstance(exponent, (int, float)) and exponent in cheap:
@@ -85,7 +111,7 @@ def pow_cost(base, exponent, *args, out_shape=None, **kw) -> Cost:
 @register(*_both("clamp"))
 def clamp_cost(x, min=None, max=None, *args, out_shape=None, **kw) -> Cost:
     """One cmp per element per bound given."""
-    n = numel(_first(out_shape))
+    n = numel(first_shape(out_shape))
     return Cost(kinds(cmp=n * ((min is not None) + (max is not None))))
 
 
@@ -93,7 +119,7 @@ def clamp_cost(x, min=None, max=None, *args, out_shape=None, **kw) -> Cost:
 def gelu_cost(x, *args, approximate="none", out_shape=None, **kw) -> Cost:
     """erf form 0.5·x·(1 + erf(x/√2)): 1 special, 3 mul, 1 add per element;
     tanh form 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))): 1 special, 6 mul, 2 add."""
-    n = numel(_first(out_shape))
+    n = numel(first_shape(out_shape))
     if approximate == "tanh":
         return Cost(kinds(special=n, mul=6 * n, add=2 * n))
     return Cost(kinds(special=n, mul=3 * n, add=n))
@@ -102,37 +128,5 @@ def gelu_cost(x, *args, approximate="none", out_shape=None, **kw) -> Cost:
 @register(aten.arange)
 def arange_cost(*args, out_shape=None, **kw) -> Cost:
     """start + i·step per element: one mul and one add (written, not read)."""
-    n = numel(_first(out_shape))
+    n = numel(first_shape(out_shape))
     return Cost(kinds(add=n, mul=n))
-
-
-def data_movement_cost(*args, out_shape=None, **kw) -> Cost:
-    """Copies, casts, concatenation, padding, factory fills: no arithmetic; the
-    mode counts the bytes they read and write."""
-    return ZERO
-
-
-register(
-    aten._to_copy, aten.clone, aten.copy_, aten.copy, aten._copy_from, aten.cat, aten.stack,
-    aten.slice_scatter, aten.select_scatter, aten.diagonal_scatter, aten.as_strided_scatter,
-    aten.repeat, aten.repeat_interleave, aten.roll, aten.flip, aten.constant_pad_nd,
-    aten.fill_, aten.fill, aten.zero_, aten.zeros, aten.ones, aten.full, aten.zeros_like,
-    aten.ones_like, aten.full_like, aten.new_zeros, aten.new_ones, aten.new_full,
-    aten.scalar_tensor, aten.lift_fresh_copy, aten._local_scalar_dense, aten.expand_copy,
-    aten.index_copy, aten.scatter, aten.uniform_, aten.normal_, aten.random_, aten.bernoulli_,
-    aten.rand, aten.randn, aten.randint, aten.rand_like, aten.randn_like, aten.bernoulli,
-    aten.masked_select, aten.nonzero, aten.unique_consecutive, aten._unique2, aten.tensor_split,
-    aten.unfold, aten.tril_indices, aten.triu_indices, aten.one_hot, aten.equal,
-    aten._assert_tensor_metadata, aten.resize_, aten.set_,
-    # composites the mode prices whole when they copy (a view when they do not)
-    aten.to, aten.reshape, aten.contiguous, aten.flatten, aten.type_as,
-)(data_movement_cost)
-
-
-def _allocation(*args, out_shape=None, **kw) -> Cost:
-    """Allocates without writing: no arithmetic and no bytes."""
-    return Cost(write_elems=0)
-
-
-register(aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty,
-         aten.new_empty_strided, aten.empty_permuted)(_allocation)

@@ -1,0 +1,255 @@
+"""`perfcounter simulate`: count a generation, then price it under a layer mapping.
+
+    perfcounter simulate --model llama-2-7b --hf --mapping mapping.yaml --prompt_length 64 \\
+        --max_new_tokens 16 --batch_size 1 --precision bfloat16 --save_path sim.json
+    perfcounter simulate --model llama-2-7b --hf --default_device PIM-AI-4chip
+    perfcounter simulate --model llama-2-7b --hf --search energy \\
+        --devices Snapdragon8gen3,PIM-AI-4chip --max_latency_ms 100
+
+The model: a preset (--model) or a config.json (--config) counted with no
+weights under FakeTensorMode, a checkpoint (--checkpoint_path, a real run on
+this machine, as generate.py loads it), or a counter saved by
+`TransformerPerformanceCounter.to_json` (--counts). --hf builds transformers'
+own model class, so that module names are Hugging Face's (q_proj, lm_head,
+LlamaRMSNorm: the names UPMEM's mappings use); without it perfcounter's gpt-fast
+model runs (wqkv, wo, w1, w2, w3, output, RMSNorm). `cli.py` registers
+`add_parser`; errors are ValueErrors, which the command prints on one line
+(exit 2).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from perfcounter.placement import MappingError
+
+PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class _HFAdapter:
+    """A transformers causal LM behind the (idx, input_pos) -> logits interface that
+    config_only.greedy_generate drives. Not an nn.Module, so module paths start at the
+    transformers class ("LlamaForCausalLM.model.layers.0.self_attn.q_proj")."""
+
+    def __init__(self, model):
+        self.model, self.config, self.cache = model, model.config, None
+
+    def setup_caches(self, max_batch_size: int, max_seq_length: int) -> None:
+        import transformers
+        self.cache = transformers.StaticCache(config=self.config, max_cache_len=max_seq_length)
+
+    def __call__(self, idx, input_pos):
+        positions = input_pos.unsqueeze(0).expand(idx.shape[0], -1)
+        return self.model(input_ids=idx, position_ids=positions, cache_position=input_pos,
+                          past_key_values=self.cache, use_cache=True).logits
+
+
+def hf_config(args=None, config_path=None):
+    """A transformers config: the HF config.json itself, or one built from ModelArgs."""
+    import transformers
+    if config_path is not None:
+        try:
+            data = json.loads(Path(config_path).read_text())
+        except ValueError as exc:
+            raise MappingError(f"{config_path}: not a JSON config ({exc})") from None
+        if "model_type" in data:
+            return transformers.AutoConfig.for_model(**data)
+        from perfcounter.loading import read_config
+        args = read_config(config_path)
+    kind = "mixtral" if args.num_experts else "qwen2" if args.attention_bias else \
+        "mistral" if args.sliding_window else "llama"
+    extra = {"num_local_experts": args.num_experts,
+             "num_experts_per_tok": args.num_activated_experts} if args.num_experts else {}
+    if args.sliding_window:
+        extra["sliding_window"] = args.sliding_window
+    if args.rope_scaling:
+        extra["rope_scaling"] = {"rope_type": "llama3", **args.rope_scaling}
+    return transformers.AutoConfig.for_model(
+        kind, vocab_size=args.vocab_size, hidden_size=args.dim, num_hidden_layers=args.n_layer,
+        intermediate_size=args.intermediate_size, num_attention_heads=args.n_head,
+        num_key_value_heads=args.n_local_heads, head_dim=args.head_dim,
+        max_position_embeddings=args.block_size, rms_norm_eps=args.norm_eps,
+        rope_theta=args.rope_base, tie_word_embeddings=args.tie_embeddings, **extra)
+
+
+def count_hf_config_only(config, counter, *, batch_size: int, prompt_length: int,
+                         max_new_tokens: int, dtype=torch.bfloat16):
+    """Count one greedy generation of transformers' model for `config`, with no weights."""
+    import transformers
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from perfcounter.config_only import greedy_generate
+    fake_mode = FakeTensorMode()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # fake parameters cannot be cast afterwards: build in dtype
+    try:
+        with fake_mode:
+            model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    finally:
+        torch.set_default_dtype(default)
+    with fake_mode:
+        x = torch.zeros(batch_size, prompt_length, dtype=torch.int64)
+        greedy_generate(_HFAdapter(model), x, max_new_tokens, phase=counter.count)
+
+
+def count(args):
+    """A TransformerPerformanceCounter holding the phases the flags ask for."""
+    from perfcounter.counter import TransformerPerformanceCounter
+    if args.counts is not None:
+        return TransformerPerformanceCounter.from_json(args.counts)
+    if args.precision not in PRECISIONS:
+        raise MappingError(f"unknown --precision {args.precision!r}; valid: {', '.join(PRECISIONS)}")
+    dtype = PRECISIONS[args.precision]
+    sizes = dict(batch_size=args.batch_size, prompt_length=args.prompt_length,
+                 max_new_tokens=args.max_new_tokens)
+    if min(sizes.values()) < 1:
+        raise MappingError("--batch_size, --prompt_length and --max_new_tokens must be >= 1, "
+                           f"got {args.batch_size}, {args.prompt_length}, {args.max_new_tokens}")
+    counter = TransformerPerformanceCounter(depth=args.depth)
+    if args.checkpoint_path is None and args.model is None and args.config is None:
+        raise MappingError("give the model: --model NAME, --config config.json, "
+                           "--checkpoint_path PATH or --counts counts.json")
+    if args.checkpoint_path is not None:
+        _count_checkpoint(args, counter, dtype, sizes)
+    elif args.hf:
+        from perfcounter.model import ModelArgs
+        base = None if args.config is not None else ModelArgs.from_name(args.model)
+        count_hf_config_only(hf_config(base, args.config), counter, dtype=dtype, **sizes)
+    else:
+        from perfcounter.config_only import count_config_only
+        from perfcounter.loading import read_config
+        from perfcounter.model import ModelArgs
+        model_args = read_config(args.config) if args.config else ModelArgs.from_name(args.model)
+        count_config_only(model_args, counter, dtype=dtype, **sizes)
+    return counter
+
+
+def _count_checkpoint(args, counter, dtype, sizes) -> None:
+    """A real generation of a checkpoint (synthetic prompt), as generate.py loads it."""
+    from perfcounter.config_only import greedy_generate
+    from perfcounter.loading import load_hf_model, load_model
+    if args.hf:
+        model = _HFAdapter(load_hf_model(args.checkpoint_path, dtype=dtype).model.model)
+        vocab = model.config.vocab_size
+    else:
+        model = load_model(args.checkpoint_path, model_name=args.model, config_path=args.config,
+                           dtype=dtype).model
+        vocab = model.config.vocab_size
+    x = torch.randint(0, vocab, (sizes["batch_size"], sizes["prompt_length"]))
+    greedy_generate(model, x, sizes["max_new_tokens"], phase=counter.count)
+
+
+def _peak_fraction(text):
+    """'0.8' (every device) or 'pim-ai-4chip=0.7,host=0.5'."""
+    if text is None:
+        return None
+    try:
+        if "=" not in text:
+            return float(text)
+        return {k.strip(): float(v) for k, v in (p.split("=", 1) for p in text.split(","))}
+    except ValueError:
+        raise MappingError(f"--peak_fraction {text!r}: expected a number (0.8) or "
+                           "DEVICE=F pairs (pim-ai-4chip=0.7,host=0.5)") from None
+
+
+def _link(bw_gbs, pj, name: str):
+    from perfcounter.simulate import Link
+    if bw_gbs is None:
+        if pj is not None:
+            raise MappingError(f"--{name}_pj_per_bit needs --{name}_GBs")
+        return None
+    if not bw_gbs > 0:
+        raise MappingError(f"--{name}_GBs must be > 0, got {bw_gbs}")
+    return Link(bw_gbs * 1e9, pj)
+
+
+def run(args) -> int:
+    from perfcounter._util import check_writable_target
+    from perfcounter.sim_search import search_mapping
+    from perfcounter.simulate import simulate
+
+    for path in (args.save_path, args.save_mapping):
+        if path is not None:  # fail before a long count, not after
+            try:
+                check_writable_target(path)
+            except OSError as exc:
+                raise MappingError(str(exc)) from None
+    if args.search is None and args.devices:
+        raise MappingError("--devices goes with --search energy|latency")
+    if args.search is not None and args.mapping is not None:
+        raise MappingError("--search finds a mapping: leave out --mapping")
+    kwargs = dict(host=args.host, default_device=args.default_device,
+                  elementwise_model=args.elementwise_model, overlap=args.overlap,
+                  peak_fraction=_peak_fraction(args.peak_fraction),
+                  device_link=_link(args.device_link_GBs, args.device_link_pj_per_bit, "device_link"),
+                  interconnect=_link(args.interconnect_GBs, args.interconnect_pj_per_bit,
+                                     "interconnect"))
+    try:
+        counter = count(args)
+    except (KeyError, OSError) as exc:  # an unknown preset, a missing file: one line
+        raise MappingError(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc)) from None
+    if args.search is not None:
+        found = search_mapping(counter, (args.devices or "").split(","), args.search,
+                               max_latency_ms=args.max_latency_ms, **kwargs)
+        sim = found.simulation
+        print(found.mapping_text())
+        if args.save_mapping is not None:
+            from perfcounter._util import atomic_write
+            atomic_write(args.save_mapping, found.mapping_text())
+    else:
+        sim = simulate(counter, args.mapping, allow_unmatched=args.allow_unmatched, **kwargs)
+    print(sim.report(layers=args.report_layers, functions=args.report_functions,
+                     log=args.print_log, log_summary=args.print_log_summary))
+    if args.save_path is not None:
+        sim.to_json(args.save_path)
+        print(f"\nwrote {args.save_path}")
+    return 0
+
+
+def add_parser(sub) -> None:
+    """Register `perfcounter simulate` on the command's subparsers."""
+    p = sub.add_parser("simulate", help="place layers on devices (UPMEM's layer mapping) and "
+                       "price time and energy per phase", description=__doc__.split("\n\n")[0])
+    g = p.add_argument_group("model")
+    g.add_argument("--model", help="a preset name (config only, no weights)")
+    g.add_argument("--config", type=Path, help="config.json, ours or Hugging Face's")
+    g.add_argument("--checkpoint_path", type=Path, help="weights: a real run on this machine")
+    g.add_argument("--counts", type=Path, help="a counter saved with to_json: price, don't count")
+    g.add_argument("--hf", action="store_true", help="transformers' model class and names")
+    g.add_argument("--prompt_length", type=int, default=64)
+    g.add_argument("--max_new_tokens", type=int, default=16)
+    g.add_argument("--batch_size", type=int, default=1)
+    g.add_argument("--precision", default="bfloat16", help=", ".join(PRECISIONS))
+    g.add_argument("--depth", type=int, default=10, help="module depth the counter tracks")
+    g = p.add_argument_group("placement")
+    g.add_argument("--mapping", help="YAML/JSON file (or inline {key: 'device[,t][,m][,tp=N]'})")
+    g.add_argument("--default_device", help="where unmapped modules run (default: where the "
+                   "previous module ran)")
+    g.add_argument("--host", help="the host's device spec (default: calibrated CPU, else "
+                   "generic-cpu)")
+    g.add_argument("--allow_unmatched", action="store_true",
+                   help="warn instead of failing for mapping keys that match no module")
+    g.add_argument("--elementwise_model", default="roofline", choices=["roofline", "upmem"],
+                   help="softmax/SiLU/RMSNorm by FLOPs and bytes, or by ns per element (UPMEM)")
+    g.add_argument("--overlap", action="store_true",
+                   help="a transfer overlaps the next layer's compute (max, not sum)")
+    g.add_argument("--peak_fraction", help="achievable/peak: 0.8, or pim-ai-4chip=0.7,host=0.5")
+    g.add_argument("--device_link_GBs", type=float, help="device<->device link bandwidth")
+    g.add_argument("--device_link_pj_per_bit", type=float)
+    g.add_argument("--interconnect_GBs", type=float, help="tensor-parallel interconnect")
+    g.add_argument("--interconnect_pj_per_bit", type=float)
+    g = p.add_argument_group("search")
+    g.add_argument("--search", choices=["energy", "latency"],
+                   help="find the mapping of module kinds to --devices that minimizes this")
+    g.add_argument("--devices", help="comma-separated devices for --search")
+    g.add_argument("--max_latency_ms", type=float, help="bound on decode ms per token")
+    g.add_argument("--save_mapping", type=Path, help="write the mapping found (YAML)")
+    g = p.add_argument_group("output")
+    g.add_argument("--report_layers", action="store_true", help="each layer: device, params, input")
+    g.add_argument("--report_functions", action="store_true", help="per aten op and device")
+    g.add_argument("--print_log", action="store_true", help="time-ordered per-layer rows")
+    g.add_argument("--print_log_summary", action="store_true", help="per phase and device")
+    g.add_argument("--save_path", type=Path, help="write the simulation as JSON (atomically)")
+    p.set_defaults(run=run)
