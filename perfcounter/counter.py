@@ -38,7 +38,7 @@ import torch
 from perfcounter._util import atomic_write, did_you_mean
 from perfcounter.report import Comparison, format_stats
 from perfcounter.stats import PerformanceStats, check_depth, spec_from_dict, sum_or_none
-from perfcounter.trace import Trace, check_io_model
+from perfcounter.trace import Block, Trace, build_trace, check_io_model
 
 SCHEMA = "perfcounter.counts"
 SCHEMA_VERSION = 1
@@ -125,6 +125,17 @@ class _Timer:
         return time.perf_counter() - self._t0
 
 
+@dataclasses.dataclass(slots=True)
+class _Pending:
+    """One label's blocks counted but not yet built into its stats."""
+
+    blocks: list[Block]
+    num_tokens: int
+    net: float | None  # measured seconds, bookkeeping excluded (None: not measured)
+    raw: float | None  # measured seconds, bookkeeping included
+    timing: str  # how it was measured
+
+
 class TransformerPerformanceCounter:
     """Counts FLOPs and bytes of labelled phases and prices them on a device."""
 
@@ -138,8 +149,7 @@ class TransformerPerformanceCounter:
         self.io_model = check_io_model(io_model)
         self.mode = PerformanceCounterMode(depth=depth)
         self._built: dict[str, PerformanceStats] = {}
-        # blocks counted but not yet turned into stats: label -> [blocks, tokens, net, raw, timing]
-        self._pending: dict[str, list] = {}
+        self._pending: dict[str, _Pending] = {}  # blocks not yet turned into stats
         self._open: str | None = None
 
     # -- counting ------------------------------------------------------------
@@ -178,26 +188,24 @@ class TransformerPerformanceCounter:
     # read (each decode step would otherwise pay for building and merging a Trace).
     _MAX_PENDING = 64  # bounds the memory raw blocks hold (a log entry per op call)
 
-    def _pend(self, label: str, num_tokens: int, block, raw: float | None, timing: str):
+    def _pend(self, label: str, num_tokens: int, block: Block, raw: float | None, timing: str):
         net = None if raw is None else max(raw - block.overhead_s, 0.0)
         p = self._pending.get(label)
         if p is None:
-            self._pending[label] = [[block], num_tokens, net, raw, timing]
-        else:
-            p[0].append(block)
-            p[1] += num_tokens
-            p[2] = None if net is None or p[2] is None else p[2] + net
-            p[3] = None if raw is None or p[3] is None else p[3] + raw
-            if net is None:
-                p[4] = timing
-            if len(p[0]) >= self._MAX_PENDING:
-                self._build(label)
+            self._pending[label] = _Pending([block], num_tokens, net, raw, timing)
+            return
+        p.blocks.append(block)
+        p.num_tokens += num_tokens
+        p.net = sum_or_none(p.net, net)
+        p.raw = sum_or_none(p.raw, raw)
+        if net is None:
+            p.timing = timing
+        if len(p.blocks) >= self._MAX_PENDING:
+            self._build(label)
 
     def _build(self, label: str) -> None:
-        from perfcounter.trace import build_trace
-
-        blocks, num_tokens, net, raw, timing = self._pending.pop(label)
-        self._add(label, num_tokens, build_trace(blocks), raw, timing, net)
+        p = self._pending.pop(label)
+        self._add(label, p.num_tokens, build_trace(p.blocks), p.raw, p.timing, p.net)
 
     @property
     def _phases(self) -> dict[str, PerformanceStats]:

@@ -18,6 +18,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from perfcounter import op_plan
 from perfcounter.module_path import ModulePath
 from perfcounter.op_plan import FUSED_CHOICE, HANDLING, OpKind, classify, plan_for
+from perfcounter.report import torchao_si
+from perfcounter.stats import by_module_and_op, check_depth
 from perfcounter.storage import BUFFER, WEIGHT, StorageTable, storage_id
 from perfcounter.trace import Block, Trace, build_trace, check_io_model
 
@@ -25,13 +27,6 @@ Tensor = torch.Tensor
 _clock = time.perf_counter
 _COUNT, _VIEW, _VIEW_OR_COPY, _FUSED, _DECOMPOSE = (
     OpKind.COUNT, OpKind.VIEW, OpKind.VIEW_OR_COPY, OpKind.FUSED, OpKind.DECOMPOSE)
-
-
-def check_depth(depth) -> int:
-    """depth itself when it is a positive int; else a ValueError naming it."""
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise ValueError(f"depth must be a positive int, got {depth!r}")
-    return depth
 
 
 class _CountingMode(TorchDispatchMode):
@@ -109,8 +104,7 @@ class _CountingMode(TorchDispatchMode):
     def _record(self, func, args, kwargs, out, kind) -> None:
         """The one place an op is recorded: its plan, its tensors' roles, its module."""
         plan, tensors = plan_for(func, args, kwargs, out, kind)
-        outs = (out,) if isinstance(out, Tensor) else op_plan._flat_tensors(out)
-        roles = self.storages.account(plan, tensors, out, outs)
+        roles = self.storages.account(plan, tensors, out)
         self.log.append((self.tracker.scope, plan, roles))
 
 
@@ -192,29 +186,13 @@ class PerformanceCounterMode:
         return self.trace().coverage
 
     # -- torchao-compatible getters (last block) -------------------------------------
-    def _by_module(self, value) -> dict[str, dict]:
-        packets: dict[str, object] = {}
-        out: dict[str, dict] = {"Global": {}}
-        for rec in self.trace().records:
-            v = value(rec)
-            if not v:
-                continue
-            op = packets.get(rec.op)
-            if op is None:
-                op = packets[rec.op] = _packet(rec.op)
-            parts = rec.module.split(".") if rec.module else []
-            for scope in ["Global"] + [".".join(parts[: i + 1]) for i in range(len(parts))]:
-                d = out.setdefault(scope, {})
-                d[op] = d.get(op, 0) + v
-        return out
-
     def get_flop_counts(self) -> dict[str, dict]:
         """{module path or "Global": {op packet: FLOPs}}, every parent included."""
-        return self._by_module(lambda r: r.flops)
+        return by_module_and_op(self.trace().records, lambda r: r.flops, _packet)
 
     def get_io_counts(self) -> dict[str, dict]:
         """{module path or "Global": {op packet: bytes read + written}} (per_op model)."""
-        return self._by_module(lambda r: r.bytes)
+        return by_module_and_op(self.trace().records, lambda r: r.bytes, _packet)
 
     def get_total_flops(self) -> int:
         return self.trace().flops
@@ -239,16 +217,10 @@ class PerformanceCounterMode:
         depth = self.depth if depth is None else depth
         totals = self.get_summary_flop_counts() if type == "flops" else self.get_summary_io_counts()
         unit = "FLOPs" if type == "flops" else "B"
-        lines = []
-        for name in sorted((m for m in totals if m != "Global" and len(m.split(".")) <= depth),
-                           key=lambda m: len(m.split("."))):
-            value, prefix = float(totals[name]), ""
-            for p in ("k", "M", "G", "T", "P"):
-                if abs(value) < 1000:
-                    break
-                value, prefix = value / 1000, p
-            lines.append(f"{' ' * (len(name.split('.')) - 1)}{name}: {value:.{precision}f}{prefix}{unit}")
-        return "\n".join(lines)
+        names = sorted((m for m in totals if m != "Global" and len(m.split(".")) <= depth),
+                       key=lambda m: len(m.split(".")))
+        return "\n".join(f"{' ' * (len(m.split('.')) - 1)}{m}: {torchao_si(totals[m], unit, precision)}"
+                         for m in names)
 
     def _show(self) -> None:
         print(self.pretty_summary_counts("flops"))

@@ -14,8 +14,8 @@ tracked, so a model running on another thread does not disturb the count.
 """
 from __future__ import annotations
 
-import threading
 import weakref
+from threading import get_ident
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
@@ -29,10 +29,11 @@ class _Named:
     """What is kept of a module across blocks: its name (`listed` when it has at most
     `depth` parts), its class and its own parameters."""
 
-    __slots__ = ("ref", "name", "listed", "cls", "params", "param_bytes")
+    __slots__ = ("ref", "name", "listed", "scope", "cls", "params", "param_bytes")
 
     def __init__(self, mod, name: str, listed: bool):
         self.ref, self.name, self.listed = weakref.ref(mod), name, listed
+        self.scope = (name, 0)  # the scope of its ops before its first child runs
         self.cls = type(mod).__name__
         params = list(mod.parameters(recurse=False))
         self.params = sum(p.numel() for p in params)
@@ -70,7 +71,7 @@ class ModulePath:
         self.modules: dict[str, ModuleInfo] = {}
 
     def __enter__(self):
-        self._thread = threading.get_ident()
+        self._thread = get_ident()
         self._handles = (register_module_forward_pre_hook(self._pre_hook),
                          register_module_forward_hook(self._post_hook, with_kwargs=True))
         return self
@@ -93,19 +94,20 @@ class ModulePath:
         return name
 
     def _named(self, mod) -> _Named:
-        named = self._by_id.get(id(mod))
-        if named is None or named.ref() is not mod:  # first sight, or an id reused
-            name = self._full_name(mod)
-            named = self._by_id[id(mod)] = _Named(mod, name, name.count(".") < self.depth)
-            if self.on_new_module is not None:
-                self.on_new_module(mod)
+        """A module seen for the first time (or whose id was reused)."""
+        name = self._full_name(mod)
+        named = self._by_id[id(mod)] = _Named(mod, name, name.count(".") < self.depth)
+        if self.on_new_module is not None:
+            self.on_new_module(mod)
         return named
 
     # -- hooks -----------------------------------------------------------------------
     def _pre_hook(self, mod, args) -> None:
-        if threading.get_ident() != self._thread:
+        if get_ident() != self._thread:
             return
-        named = self._named(mod)
+        named = self._by_id.get(id(mod))
+        if named is None or named.ref() is not mod:  # first sight, or an id reused
+            named = self._named(mod)
         if not named.listed:
             return  # deeper than depth: its ops go to its listed ancestor's current segment
         info = self.modules.get(named.name)
@@ -113,13 +115,14 @@ class ModulePath:
             info = self.modules[named.name] = ModuleInfo(named.name, named.cls, 0, named.params,
                                                          named.param_bytes)
         info.calls += 1
-        if self.stack and self.stack[-1].info.calls == 1:
-            self.stack[-1].info.children.append(named.name)
-        self.stack.append(_Frame(id(mod), named.name, info))
-        self.scope = (named.name, 0)
+        stack = self.stack
+        if stack and stack[-1].info.calls == 1:
+            stack[-1].info.children.append(named.name)
+        stack.append(_Frame(id(mod), named.name, info))
+        self.scope = named.scope
 
     def _post_hook(self, mod, args, kwargs, output) -> None:
-        if threading.get_ident() != self._thread:
+        if get_ident() != self._thread:
             return
         stack = self.stack
         if not stack or stack[-1].module_id != id(mod):
@@ -139,27 +142,33 @@ class ModulePath:
             self.scope = ("", self.top_segment)
 
 
-def _tensors(values) -> list:
-    """The tensors among values and one level of lists, tuples and dicts inside them."""
-    found = []
+def _first_tensor(values):
+    """The first tensor among values, or among the items of a list, tuple or dict in them."""
     for v in values:
         if isinstance(v, Tensor):
-            found.append(v)
-        elif isinstance(v, (list, tuple)):
-            found += [t for t in v if isinstance(t, Tensor)]
+            return v
+        if isinstance(v, (list, tuple)):
+            for t in v:
+                if isinstance(t, Tensor):
+                    return t
         elif isinstance(v, dict):
-            found += [t for t in v.values() if isinstance(t, Tensor)]
-    return found
+            for t in v.values():
+                if isinstance(t, Tensor):
+                    return t
+    return None
 
 
 def _fill_io(info: ModuleInfo, args, kwargs, output) -> None:
-    """A module's first call: its tensor arguments' shapes (kept raw; `trace.build_trace`
-    writes them out once per phase), and the bytes of its input and output (the first
-    tensor of each)."""
-    tensors = _tensors(args)
-    if kwargs:
-        tensors += _tensors(kwargs.values())
-    info.input_shapes = tuple(t.shape for t in tensors)
-    info.input_bytes = tensors[0].numel() * tensors[0].element_size() if tensors else 0
-    outs = _tensors((output,) if not isinstance(output, dict) else output.values())
-    info.output_bytes = outs[0].numel() * outs[0].element_size() if outs else 0
+    """A module's first call: its input x (the first tensor argument, positional before
+    keyword) and its output (the first tensor it returned): shape and bytes. The shape is
+    kept raw here; `trace.build_trace` writes it out once per phase."""
+    x = _first_tensor(args)
+    if x is None and kwargs:
+        x = _first_tensor(kwargs.values())
+    if x is not None:
+        info.input_shapes = (x.shape,)
+        info.input_bytes = x.numel() * x.element_size()
+    y = output if isinstance(output, Tensor) else _first_tensor(
+        output.values() if isinstance(output, dict) else (output,))
+    if y is not None:
+        info.output_bytes = y.numel() * y.element_size()

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 
 from perfcounter import costs
-from perfcounter.storage import ACTIVATION, FRESH, JOINED, SKIP, reported_role
+from perfcounter.storage import ACTIVATION, FRESH, JOINED, SKIP, flat_tensors, reported_role
 from perfcounter.trace import ROLES
 
 aten = torch.ops.aten
@@ -228,7 +228,7 @@ def plan_for(func, args, kwargs, out, kind) -> tuple[OpPlan, list]:
                 key.append(type(a))
                 key.append(a if type(a) is not list else tuple(a))
     if kind == OpKind.DYNAMIC:
-        key.extend(t.shape for t in _flat_tensors(out))
+        key.extend(t.shape for t in flat_tensors(out))
     PLANS.lookups += 1
     try:
         key = tuple(key)
@@ -251,7 +251,7 @@ def _make_plan(func, args, kwargs, out, tensors) -> OpPlan:
     info = costs.op_info(packet)
     formula = info.formula if info is not None else None
     flat_args = _schema_args(func, args, kwargs, len(tensors))
-    out_tensors = _flat_tensors(out)
+    out_tensors = flat_tensors(out)
     dtype = next((str(t.dtype).replace("torch.", "") for t in [*tensors, *out_tensors]
                   if t.is_floating_point()),
                  str(tensors[0].dtype).replace("torch.", "") if tensors else "")
@@ -297,14 +297,6 @@ def _make_plan(func, args, kwargs, out, tensors) -> OpPlan:
                   info is not None and info.cache_write, info is not None and info.attention, dups)
 
 
-def _flat_tensors(x) -> list:
-    if isinstance(x, Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for v in x for t in _flat_tensors(v)]
-    return []
-
-
 def _signature(args, kwargs) -> str:
     """Readable argument signature: tensor shapes, then scalars that change the cost."""
 
@@ -328,5 +320,5 @@ def _schema_args(func, args, kwargs, n_tensors) -> list[tuple[bool, str]]:
     pairs = list(zip(schema.arguments, args)) + [(by_name.get(k), v) for k, v in kwargs.items()]
     for arg, value in pairs:
         written = bool(arg is not None and arg.alias_info is not None and arg.alias_info.is_write)
-        result += [(written, arg.name if arg is not None else "")] * len(_flat_tensors(value))
+        result += [(written, arg.name if arg is not None else "")] * len(flat_tensors(value))
     return result + [(False, "")] * (n_tensors - len(result))

@@ -168,14 +168,14 @@ class Mapping:
     @classmethod
     def load(cls, source) -> "Mapping":
         """From a Mapping, a dict, None (empty), a YAML / JSON file path, or inline
-        YAML / JSON text ("{q_proj: pim-ai-4chip}")."""
+        YAML / JSON text ("{q_proj: pim-ai-4chip}", or lines of "key: value")."""
         if isinstance(source, Mapping):
             return source
         if source is None:
             return cls([])
         if isinstance(source, dict):
             data = source
-        elif isinstance(source, str) and source.lstrip().startswith("{"):
+        elif isinstance(source, str) and (source.lstrip().startswith("{") or "\n" in source):
             data = _parse_text(source, "inline mapping")
         elif isinstance(source, (str, Path)):
             data = read_mapping_file(source)
@@ -242,14 +242,18 @@ class Mapping:
                 for r in self.rules if r.key not in used]
 
 
-# -- device names --------------------------------------------------------------
-def resolve_device(name: str, host_spec, *, key: str | None = None):
-    """The DeviceSpec a mapping's device name means; see the module doc."""
+# -- device names ---------------------------------------------------------------------------
+def resolve_device(name: str, host_spec, *, key: str | None = None, extra: dict | None = None):
+    """The DeviceSpec a mapping's device name means (see the module doc); `extra` maps
+    names (any case) to DeviceSpecs that come before the registry."""
     from perfcounter.devices import get_device_spec, list_device_specs
 
     text = name.strip()
     if text.lower() == HOST:
         return host_spec
+    for k, spec in (extra or {}).items():
+        if k.lower() == text.lower():
+            return spec
     where = f"mapping entry {key!r}: " if key else ""
     if ":" in text or text.lower().endswith((".yaml", ".yml")):
         try:
@@ -265,7 +269,118 @@ def resolve_device(name: str, host_spec, *, key: str | None = None):
         return get_device_spec(text)  # an alias ("h100", "sd8g3")
     except (KeyError, ValueError):
         pass
-    hint = did_you_mean(norm, [HOST] + sorted(known), n=3, cutoff=0.5)
+    hint = did_you_mean(norm, [HOST, *(extra or {})] + sorted(known), n=3, cutoff=0.5)
     raise MappingError(f"{where}unknown device {name!r}{hint} (valid: host, a name that "
                        "`perfcounter devices` lists, UPMEM's profile names such as "
                        "PIM-AI-4chip or H100, or FILE.yaml:ENTRY)")
+
+
+def default_host():
+    """The host: this machine's calibrated CPU spec when there is one, else generic-cpu."""
+    from perfcounter.devices import get_device_spec
+    try:
+        spec = get_device_spec("calibrated")
+        if spec.device_type == "cpu":
+            return spec
+    except (KeyError, ValueError):
+        pass
+    return get_device_spec("generic-cpu")
+
+
+# -- a mapping resolved against a model and the devices -----------------------------------
+@dataclass(slots=True, eq=False)
+class Device:
+    """A device of one simulation: its spec, tensor-parallel degree and peak fraction."""
+
+    key: str  # "host", "pim-ai-4chip", "pim-ai-1dimm,tp=4"
+    spec: object
+    tp: int = 1
+    fraction: float = 1.0  # achievable / peak, applied to FLOP/s and bandwidth
+    is_host: bool = False
+
+
+def _check_fraction(where: str, f) -> float:
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
+        raise MappingError(f"peak_fraction {where}: expected a number in (0, 1], got {f!r}")
+    return float(f)
+
+
+class Plan:
+    """A mapping resolved against a model's modules: the devices it uses (by key), and per
+    module path the device it runs on (None: where the previous one ran), its own key and
+    value. peak_fraction: one number for every device, or {name or "host": fraction}; a
+    spec's own `peak_fraction` (once DeviceSpec has one) is used otherwise."""
+
+    def __init__(self, mapping: Mapping, modules, host_spec, *, default_device=None,
+                 peak_fraction=None, extra: dict | None = None):
+        self.extra = extra or {}
+        self.host_spec = host_spec
+        self.all_fraction, self.fractions = None, {}
+        if isinstance(peak_fraction, dict):
+            for name, f in peak_fraction.items():
+                spec = host_spec if str(name).strip().lower() == HOST else \
+                    resolve_device(str(name), host_spec, key="peak_fraction", extra=self.extra)
+                self.fractions[id(spec)] = _check_fraction(f"of {name!r}", f)
+        elif peak_fraction is not None:
+            self.all_fraction = _check_fraction("for every device", peak_fraction)
+        self.host = Device(HOST, host_spec, 1, self._fraction(host_spec), True)
+        self.devices: dict[str, Device] = {HOST: self.host}
+        self._by_value: dict[tuple, Device] = {}
+        placed, self.used = mapping.place(modules)
+        self.default = None if default_device is None else \
+            self.device(default_device, 1, "--default_device")
+        self.own = {p: pl.key for p, pl in placed.items()}  # the key that placed it, or None
+        self.value = {p: pl.assignment for p, pl in placed.items()}
+        self.where = {p: self.device(pl.assignment.device, pl.assignment.tp, pl.key)
+                      for p, pl in placed.items() if pl.assignment is not None}
+
+    def _fraction(self, spec) -> float:
+        if self.all_fraction is not None:
+            return self.all_fraction
+        own = getattr(spec, "peak_fraction", None)  # a DeviceSpec field once it exists
+        return self.fractions.get(id(spec), float(own) if own else 1.0)
+
+    def device(self, name: str, tp: int, key: str | None) -> Device:
+        hit = self._by_value.get((name, tp))
+        if hit is None:
+            spec = resolve_device(name, self.host_spec, key=key, extra=self.extra)
+            on_host = spec is self.host_spec
+            dkey = (HOST if on_host else spec.name) + (f",tp={tp}" if tp > 1 else "")
+            hit = self.devices.get(dkey)
+            if hit is None:
+                hit = self.devices[dkey] = Device(dkey, spec, tp, self._fraction(spec),
+                                                  on_host and tp == 1)
+            self._by_value[(name, tp)] = hit
+        return hit
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A link: bandwidth in B/s and energy in pJ per bit (None: unknown, 0 J charged)."""
+
+    bw: float
+    pj_per_bit: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Links:
+    """The links a simulation may use besides each device's host link."""
+
+    device_link: Link | None = None  # one fabric between all non-host devices
+    interconnect: Link | None = None  # within a tensor-parallel group
+
+    def between(self, src: Device, dst: Device) -> Link | None:
+        """The device<->device link: both specs' figures when both have one (the slower
+        end's bandwidth, the mean pJ/bit), else the fabric given, else None (via host)."""
+        ends = [getattr(d.spec, "device_link_bw", None) for d in (src, dst)]
+        if all(ends):
+            pjs = [getattr(d.spec, "device_link_pj_per_bit", None) for d in (src, dst)]
+            return Link(min(ends), None if None in pjs else sum(pjs) / 2)
+        return self.device_link
+
+    def within(self, dev: Device) -> Link | None:
+        """The interconnect of a tensor-parallel group: the spec's, else the one given."""
+        bw = getattr(dev.spec, "interconnect_bw", None)
+        if bw:
+            return Link(bw, getattr(dev.spec, "interconnect_pj_per_bit", None))
+        return self.interconnect

@@ -52,6 +52,17 @@ def si(value, unit: str, digits: int = 2, *, prefix: str | None = None, na: str 
     return f"{scaled(value, _PREFIXES[nearest], digits)} {_PREFIXES[nearest]}{unit}"
 
 
+def torchao_si(value, unit: str, precision: int = 2) -> str:
+    """torchao's compact form, kept for its getters: '128.00FLOPs', '1.23kB' (no space,
+    lower-case k, the fraction digits always shown)."""
+    value, prefix = float(value), ""
+    for p in ("k", "M", "G", "T", "P"):
+        if abs(value) < 1000:
+            break
+        value, prefix = value / 1000, p
+    return f"{value:.{precision}f}{prefix}{unit}"
+
+
 def percent(fraction) -> str:
     """A fraction printed as a percent: 0.0113 -> '1.13 %'."""
     if fraction is None:

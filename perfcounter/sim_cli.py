@@ -19,6 +19,7 @@ model runs (wqkv, wo, w1, w2, w3, output, RMSNorm). `cli.py` registers
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -155,7 +156,7 @@ def _peak_fraction(text):
 
 
 def _link(bw_gbs, pj, name: str):
-    from perfcounter.simulate import Link
+    from perfcounter.placement import Link
     if bw_gbs is None:
         if pj is not None:
             raise MappingError(f"--{name}_pj_per_bit needs --{name}_GBs")
@@ -166,11 +167,11 @@ def _link(bw_gbs, pj, name: str):
 
 
 def run(args) -> int:
-    from perfcounter._util import check_writable_target
+    from perfcounter._util import atomic_write, check_writable_target
     from perfcounter.sim_search import search_mapping
     from perfcounter.simulate import simulate
 
-    for path in (args.save_path, args.save_mapping):
+    for path in (args.save_path, args.save_mapping, args.save_counts):
         if path is not None:  # fail before a long count, not after
             try:
                 check_writable_target(path)
@@ -190,16 +191,20 @@ def run(args) -> int:
         counter = count(args)
     except (KeyError, OSError) as exc:  # an unknown preset, a missing file: one line
         raise MappingError(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc)) from None
-    if args.search is not None:
-        found = search_mapping(counter, (args.devices or "").split(","), args.search,
-                               max_latency_ms=args.max_latency_ms, **kwargs)
-        sim = found.simulation
-        print(found.mapping_text())
-        if args.save_mapping is not None:
-            from perfcounter._util import atomic_write
-            atomic_write(args.save_mapping, found.mapping_text())
-    else:
-        sim = simulate(counter, args.mapping, allow_unmatched=args.allow_unmatched, **kwargs)
+    if args.save_counts is not None:  # price it again later with --counts, without counting
+        counter.to_json(args.save_counts)
+    with warnings.catch_warnings(record=True) as caught:  # shown once, under Notes
+        warnings.simplefilter("always")
+        if args.search is not None:
+            found = search_mapping(counter, (args.devices or "").split(","), args.search,
+                                   max_latency_ms=args.max_latency_ms, **kwargs)
+            sim = found.simulation
+            print(found.mapping_text())
+            if args.save_mapping is not None:
+                atomic_write(args.save_mapping, found.mapping_text())
+        else:
+            sim = simulate(counter, args.mapping, allow_unmatched=args.allow_unmatched, **kwargs)
+    sim.notes = sorted(set(sim.notes) | {str(w.message) for w in caught})
     print(sim.report(layers=args.report_layers, functions=args.report_functions,
                      log=args.print_log, log_summary=args.print_log_summary))
     if args.save_path is not None:
@@ -216,7 +221,9 @@ def add_parser(sub) -> None:
     g.add_argument("--model", help="a preset name (config only, no weights)")
     g.add_argument("--config", type=Path, help="config.json, ours or Hugging Face's")
     g.add_argument("--checkpoint_path", type=Path, help="weights: a real run on this machine")
-    g.add_argument("--counts", type=Path, help="a counter saved with to_json: price, don't count")
+    g.add_argument("--counts", type=Path, help="a counter saved with to_json or --save_counts: "
+                   "price it, don't count")
+    g.add_argument("--save_counts", type=Path, help="write the counts (JSON) for later --counts")
     g.add_argument("--hf", action="store_true", help="transformers' model class and names")
     g.add_argument("--prompt_length", type=int, default=64)
     g.add_argument("--max_new_tokens", type=int, default=16)

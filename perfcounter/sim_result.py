@@ -70,7 +70,9 @@ class ModuleResult:
     calls: int = 0
     params: int = 0
     input_shapes: str = ""
-    time_s: float = 0.0
+    time_s: float = 0.0  # Σ over its ops of max(compute, memory)
+    compute_s: float = 0.0
+    memory_s: float = 0.0
     transfer_s: float = 0.0
     transfer_bytes: float = 0.0
     flops: float = 0.0

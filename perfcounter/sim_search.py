@@ -92,14 +92,15 @@ class SearchResult:
                 "per_token_s": per_token_s(self.simulation)}
 
 
-def search_mapping(source, devices: list[str], objective: str = "energy", *,
+def search_mapping(source, candidates: list[str], objective: str = "energy", *,
                    max_latency_ms: float | None = None, **simulate_kwargs) -> SearchResult:
-    """The mapping of module kinds to `devices` that minimizes `objective` under the bound."""
+    """The mapping of module kinds to the `candidates` devices that minimizes `objective`
+    under the bound; simulate_kwargs go to every simulate() (host, devices, links, ...)."""
     from perfcounter.simulate import _modules, _phases, simulate
 
     if objective not in OBJECTIVES:
         raise MappingError(f"unknown search objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
-    devices = [d.strip() for d in devices if d.strip()]
+    devices = [d.strip() for d in candidates if d.strip()]
     if not devices:
         raise MappingError("--search needs --devices: a comma-separated list of device names")
     if max_latency_ms is not None and not max_latency_ms > 0:

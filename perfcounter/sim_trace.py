@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from perfcounter.roofline import op_costs
+from perfcounter.trace import ROLES
 
 PJ = 1e-12
 UPMEM_NS_PER_ELEMENT = {"softmax_ns_per_element": 0.4, "silu_ns_per_element": 0.6,
@@ -204,8 +205,10 @@ class Prepared:
         runs = [i for s in self.steps if s.kind == Ev.RUN for i in s.records]
         last = next((i for i in reversed(runs) if sum(trace.records[i].written)), None)
         self.output_bytes = sum(trace.records[last].written) if last is not None else 0
-        first = trace.modules[0] if trace.modules else None  # the root: the phase's input
-        self.input_bytes = first.input_bytes * first.calls if first is not None else 0
+        # the phase's input (token ids, positions: role "input", each storage once) is what
+        # moves when the model, or the ops before it, start on a device
+        self.root = trace.modules[0].path if trace.modules else None
+        self.input_bytes = trace.compulsory_read[ROLES.index("input")]
         self.records: dict[tuple, list] = {}  # (spec, elementwise) -> per record costs
         self.runs: dict[tuple, list] = {}  # (spec, elementwise) -> StepCost per step (None: not RUN)
 

@@ -14,13 +14,16 @@ says, and:
   peak_fraction and its tensor-parallel degree; with elementwise_model="upmem"
   softmax / SiLU / RMSNorm cost the spec's ns per element (UPMEM's defaults,
   0.4 / 0.6 / 1.1 ns, for UPMEM profiles without them);
-- a module entered on another device receives its input (ModuleInfo.input_bytes
-  per call), a parent resumed after a child on another device receives the
-  child's output: over a device<->device link when both ends have one, else
-  device->host->device at each link's bandwidth and pJ/bit; a transfer point
-  (`t`) always goes through the host, a MoE point (`m`) once per sibling group;
-  the phase's last output goes back to the host. Nothing else moves: weights,
-  KV caches, masks and RoPE tables live where they were made;
+- execution starts on the host, which holds the phase's input (role "input":
+  token ids, positions); a module entered on another device receives its input
+  (ModuleInfo.input_bytes per call; the model's root: the phase's input), a
+  parent resumed after a child on another device receives the child's output:
+  over a device<->device link when one is known (both specs' figures, or
+  device_link=), else device->host->device at each host link's bandwidth and
+  pJ/bit; a transfer point (`t`) always goes through the host, a MoE point (`m`)
+  once per sibling group; the phase's last output goes back to the host.
+  Nothing else moves: weights, KV caches, causal masks and RoPE tables live on
+  the device that made or holds them;
 - with tp=N, one ring all-reduce of the block's output (2(N-1)/N of its bytes
   per device) ends each attention and each MLP block, over the interconnect
   (else through the host);
@@ -33,9 +36,10 @@ from __future__ import annotations
 import sys
 import types
 import warnings
-from dataclasses import astuple, dataclass
+from dataclasses import astuple
 
-from perfcounter.placement import HOST, Mapping, MappingError, resolve_device
+from perfcounter.placement import (HOST, Device, Link, Links, Mapping, MappingError, Plan,
+                                   default_host, resolve_device)
 from perfcounter.roofline import op_packet
 from perfcounter.sim_result import (DeviceResult, FunctionResult, LogRow, ModuleResult,
                                     PhaseResult, Simulation)
@@ -44,120 +48,14 @@ from perfcounter.sim_trace import PREPARED, Ev
 ELEMENTWISE_MODELS = ("roofline", "upmem")
 
 
-@dataclass(frozen=True, slots=True)
-class Link:
-    """A link: bandwidth in B/s and energy in pJ per bit (None: unknown, 0 J charged)."""
-
-    bw: float
-    pj_per_bit: float | None = None
-
-
-# -- devices and options of one simulation ------------------------------------------------
-@dataclass(slots=True, eq=False)
-class _Dev:
-    key: str  # "host", "pim-ai-4chip", "pim-ai-1dimm,tp=4"
-    spec: object
-    tp: int = 1
-    fraction: float = 1.0  # achievable / peak, applied to FLOP/s and bandwidth
-    is_host: bool = False
-
-
-def default_host():
-    """The host: this machine's calibrated CPU spec when there is one, else generic-cpu."""
-    from perfcounter.devices import get_device_spec
-    try:
-        spec = get_device_spec("calibrated")
-        if spec.device_type == "cpu":
-            return spec
-    except (KeyError, ValueError):
-        pass
-    return get_device_spec("generic-cpu")
-
-
-def _spec_fraction(spec) -> float:
-    value = getattr(spec, "peak_fraction", None)  # a DeviceSpec field once it exists
-    return float(value) if value else 1.0
-
-
-class _Plan:
-    """A mapping resolved against a model: the devices, and a device per module path."""
-
-    def __init__(self, mapping: Mapping, modules, host_spec, default_device, peak_fraction):
-        self.fractions = self._fractions(peak_fraction, host_spec)
-        self.host = _Dev(HOST, host_spec, 1, self._fraction(HOST, host_spec), True)
-        self.devices: dict[str, _Dev] = {HOST: self.host}
-        self._by_value: dict[tuple, _Dev] = {}
-        placed, self.used = mapping.place(modules)
-        self.default = None if default_device is None else self.device(default_device, 1,
-                                                                         "--default_device")
-        self.own = {p: pl.key for p, pl in placed.items()}  # the key that placed it, or None
-        self.value = {p: pl.assignment for p, pl in placed.items()}
-        self.where = {p: (self.device(a.device, a.tp, pl.key) if a else None)
-                      for p, pl in placed.items() for a in [pl.assignment]}
-
-    def device(self, name: str, tp: int, key: str | None) -> _Dev:
-        hit = self._by_value.get((name, tp))
-        if hit is None:
-            spec = resolve_device(name, self.host.spec, key=key)
-            dkey = (HOST if spec is self.host.spec else spec.name) + (f",tp={tp}" if tp > 1 else "")
-            hit = self.devices.get(dkey)
-            if hit is None:
-                hit = self.devices[dkey] = _Dev(dkey, spec, tp, self._fraction(spec.name, spec),
-                                                spec is self.host.spec and tp == 1)
-            self._by_value[(name, tp)] = hit
-        return hit
-
-    def _fraction(self, name: str, spec) -> float:
-        if isinstance(self.fractions, float):
-            return self.fractions
-        return self.fractions.get(name.lower(), _spec_fraction(spec))
-
-    @staticmethod
-    def _fractions(value, host_spec) -> dict | float:
-        """peak_fraction as one number for all devices, or {canonical name or "host": f}."""
-        def check(where, f):
-            if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
-                raise MappingError(f"peak_fraction {where}: expected a number in (0, 1], "
-                                   f"got {f!r}")
-            return float(f)
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            return check("for every device", value)
-        return {(HOST if str(k).strip().lower() == HOST else
-                 resolve_device(str(k), host_spec, key="peak_fraction").name.lower()):
-                check(f"of {k!r}", f) for k, f in value.items()}
-
-
-@dataclass(frozen=True, slots=True)
-class _Options:
-    elementwise: str
-    overlap: bool
-    device_link: Link | None  # one fabric between all non-host devices
-    interconnect: Link | None  # within a tensor-parallel group
-
-    def link(self, src: _Dev, dst: _Dev) -> Link | None:
-        """The device<->device link between two devices: both specs' figures when they
-        have them (the slower end's bandwidth), else the fabric given, else None."""
-        ends = [getattr(d.spec, "device_link_bw", None) for d in (src, dst)]
-        if all(ends):
-            pjs = [getattr(d.spec, "device_link_pj_per_bit", None) for d in (src, dst)]
-            return Link(min(ends), None if None in pjs else sum(pjs) / 2)
-        return self.device_link
-
-    def tp_link(self, dev: _Dev) -> Link | None:
-        bw = getattr(dev.spec, "interconnect_bw", None)
-        if bw:
-            return Link(bw, getattr(dev.spec, "interconnect_pj_per_bit", None))
-        return self.interconnect
-
-
 # -- one phase, replayed -------------------------------------------------------------------
 class _Replay:
     """A phase's forward replayed under a plan: the clock, each device's account, the log."""
 
-    def __init__(self, prep, plan: _Plan, opts: _Options, notes: set, detail: bool):
-        self.prep, self.plan, self.opts, self.notes, self.detail = prep, plan, opts, notes, detail
+    def __init__(self, prep, plan: Plan, links: Links, elementwise: str, overlap: bool,
+                 notes: set, detail: bool):
+        self.prep, self.plan, self.links, self.notes = prep, plan, links, notes
+        self.elementwise, self.overlap, self.detail = elementwise, overlap, detail
         self.acc: dict[str, DeviceResult] = {}
         self.clock = self.wt = self.wc = 0.0  # finished windows; this window's transfer, compute
         self.log: list[LogRow] = []
@@ -165,14 +63,14 @@ class _Replay:
         self.funcs: dict[tuple[str, str], FunctionResult] = {}
         self.moe_sent: set[tuple] = set()
 
-    def account(self, dev: _Dev) -> DeviceResult:
+    def account(self, dev: Device) -> DeviceResult:
         a = self.acc.get(dev.key)
         if a is None:
             a = self.acc[dev.key] = DeviceResult(dev.key, dev.spec.name, dev.spec.device_type,
                                                  dev.tp, dev.fraction)
         return a
 
-    def module(self, path: str, dev: _Dev) -> ModuleResult | None:
+    def module(self, path: str, dev: Device) -> ModuleResult | None:
         """The module's result row (detail only; None outside any listed module)."""
         info = self.prep.infos.get(path)
         if not self.detail or info is None:
@@ -188,11 +86,11 @@ class _Replay:
     # -- time ----------------------------------------------------------------------------
     def _window(self, transfer_s: float) -> float:
         """Close the window (a transfer and the compute after it) and open one; its start."""
-        self.clock += max(self.wt, self.wc) if self.opts.overlap else self.wt + self.wc
+        self.clock += max(self.wt, self.wc) if self.overlap else self.wt + self.wc
         self.wt, self.wc = transfer_s, 0.0
         return self.clock
 
-    def _leg(self, dev: _Dev, direction: str, nbytes: float) -> tuple[float, float]:
+    def _leg(self, dev: Device, direction: str, nbytes: float) -> tuple[float, float]:
         bw = getattr(dev.spec, f"{direction}_bw", None)
         pj = getattr(dev.spec, f"{direction}_pj_per_bit", None)
         if not bw or pj is None:
@@ -208,11 +106,11 @@ class _Replay:
             a.device_to_host_bytes += nbytes
         return t, e
 
-    def transfer(self, src: _Dev, dst: _Dev, nbytes: float, path: str, via_host: bool) -> None:
+    def transfer(self, src: Device, dst: Device, nbytes: float, path: str, via_host: bool) -> None:
         """Move `nbytes` from src to dst: over their link, or device->host->device."""
         if nbytes <= 0 or (src is dst and not via_host) or (src.is_host and dst.is_host):
             return
-        link = None if via_host or src.is_host or dst.is_host else self.opts.link(src, dst)
+        link = None if via_host or src.is_host or dst.is_host else self.links.between(src, dst)
         if link is not None:
             t, e = nbytes / link.bw, nbytes * 8 * (link.pj_per_bit or 0.0) * 1e-12
             for d in {src.key: src, dst.key: dst}.values():
@@ -239,11 +137,11 @@ class _Replay:
         if self.detail:
             self.log.append(LogRow(path, dst.key, start, t, nbytes, 0.0, e, route))
 
-    def allreduce(self, dev: _Dev, nbytes: float, path: str) -> None:
+    def allreduce(self, dev: Device, nbytes: float, path: str) -> None:
         """A ring all-reduce of nbytes over dev's tensor-parallel group."""
         n = dev.tp
         ring = 2 * (n - 1) / n * nbytes  # what each device sends
-        link = self.opts.tp_link(dev)
+        link = self.links.within(dev)
         a = self.account(dev)
         if link is not None:
             t, e = ring / link.bw, n * ring * 8 * (link.pj_per_bit or 0.0) * 1e-12
@@ -267,7 +165,7 @@ class _Replay:
             m.energy_j += e
             self.log.append(LogRow(path, dev.key, start, t, ring, 0.0, e, f"all-reduce x{n}"))
 
-    def run(self, step, j: int, dev: _Dev, costs) -> None:
+    def run(self, step, j: int, dev: Device, costs) -> None:
         c = costs[dev.key][j]
         scale = 1.0 / (dev.fraction * dev.tp)
         t = c.latency_s * scale
@@ -279,19 +177,21 @@ class _Replay:
         a.bytes += c.bytes
         a.energy_by_component_j["compute"] += c.compute_j
         a.energy_by_component_j["memory"] += c.memory_j
-        start = self.clock + (0.0 if self.opts.overlap else self.wt) + self.wc
+        start = self.clock + (0.0 if self.overlap else self.wt) + self.wc
         self.wc += t
         if not self.detail:
             return
         m = self.module(step.module, dev)
         if m is not None:
             m.time_s += t
+            m.compute_s += c.compute_s * scale
+            m.memory_s += c.memory_s * scale
             m.flops += c.flops
             m.bytes += c.bytes
             m.energy_j += c.compute_j + c.memory_j
         self.log.append(LogRow(step.module, dev.key, start, t, c.bytes, c.flops,
                                c.compute_j + c.memory_j, ""))
-        per = self.prep.record_costs(dev.spec, self.opts.elementwise)
+        per = self.prep.record_costs(dev.spec, self.elementwise)
         for i in step.records:
             r, rc = self.prep.trace.records[i], per[i]
             f = self.funcs.get((dev.key, op_packet(r.op)))
@@ -320,7 +220,9 @@ class _Replay:
                     via_host = via_host or group not in self.moe_sent
                     self.moe_sent.add(group)
                 if info is not None and (via_host or dev is not cur):
-                    self.transfer(cur, dev, info.input_bytes * step.count, path, via_host)
+                    nbytes = prep.input_bytes if path == prep.root else \
+                        info.input_bytes * step.count
+                    self.transfer(cur, dev, nbytes, path, via_host)
                 cur = dev
                 self.module(path, dev)
             elif step.kind == Ev.RUN:
@@ -334,7 +236,7 @@ class _Replay:
                     self.transfer(cur, dev, nbytes, path, False)
                     cur = dev
                 if dev.key not in costs:
-                    costs[dev.key] = prep.step_costs(dev.spec, self.opts.elementwise)
+                    costs[dev.key] = prep.step_costs(dev.spec, self.elementwise)
                 self.run(step, j, cur, costs)
             elif cur.tp > 1 and path in prep.blocks:
                 self.allreduce(cur, prep.infos[path].output_bytes * step.count, path)
@@ -386,35 +288,35 @@ def _modules(phases) -> list:
     return list(seen.values())
 
 
-def _device_figures(dev: _Dev) -> dict:
+def _device_figures(dev: Device) -> dict:
     s = dev.spec
     return {"spec": s.name, "device_type": s.device_type, "tp": dev.tp,
             "peak_fraction": dev.fraction, "bandwidth": s.bandwidth, "flops_per_s": s.flops_per_s,
-            "mem_pj_per_bit": getattr(s, "mem_pj_per_bit", None),
-            **{f: getattr(s, f, None) for f in ("host_to_device_bw", "device_to_host_bw",
-                                                "host_to_device_pj_per_bit",
-                                                "device_to_host_pj_per_bit", "static_w")}}
+            **{f: getattr(s, f, None) for f in (
+                "mem_pj_per_bit", "host_to_device_bw", "device_to_host_bw",
+                "host_to_device_pj_per_bit", "device_to_host_pj_per_bit", "static_w")}}
 
 
 def _link(value, name: str) -> Link | None:
     if value is None or isinstance(value, Link):
         return value
-    if isinstance(value, (tuple, list)) and len(value) == 2:
+    if isinstance(value, (tuple, list)) and len(value) == 2 and value[0] and value[0] > 0:
         return Link(float(value[0]), None if value[1] is None else float(value[1]))
-    raise MappingError(f"{name}: expected Link(bw_Bps, pj_per_bit) or (bw_Bps, pj_per_bit), "
+    raise MappingError(f"{name}: expected Link(bw B/s > 0, pJ/bit) or (bw, pJ/bit), "
                        f"got {value!r}")
 
 
 def simulate(source, mapping=None, *, host=None, default_device: str | None = None,
-             allow_unmatched: bool = False, elementwise_model: str = "roofline",
-             overlap: bool = False, peak_fraction=None, device_link=None, interconnect=None,
-             labels=None, detail: bool = True) -> Simulation:
+             devices: dict | None = None, allow_unmatched: bool = False,
+             elementwise_model: str = "roofline", overlap: bool = False, peak_fraction=None,
+             device_link=None, interconnect=None, labels=None, detail: bool = True) -> Simulation:
     """Price every counted phase of `source` (a TransformerPerformanceCounter,
     PerformanceStats, Trace, or {label: either}) with its modules placed by `mapping`
     (a dict, a YAML / JSON file or inline text in UPMEM's notation; see placement.py).
 
     host: the host's DeviceSpec or name (default: the calibrated CPU, else generic-cpu).
     default_device: where modules no key places run (default: where the previous one ran).
+    devices: {name: DeviceSpec} that mapping values may name, before the registry.
     allow_unmatched: warn, instead of failing, for keys that match no module.
     elementwise_model: "roofline" (softmax / SiLU / RMSNorm priced by FLOPs and bytes) or
       "upmem" (by the spec's ns per element, UPMEM's defaults for its profiles).
@@ -426,32 +328,35 @@ def simulate(source, mapping=None, *, host=None, default_device: str | None = No
     labels: the phases to price (default all); detail=False skips modules, ops and log.
     """
     phases = _phases(source, labels)
-    plan_map = Mapping.load(mapping)
+    mapping = Mapping.load(mapping)
     if elementwise_model not in ELEMENTWISE_MODELS:
         raise MappingError(f"unknown elementwise_model {elementwise_model!r}; valid: "
                            f"{', '.join(ELEMENTWISE_MODELS)}")
-    if isinstance(host, str):
-        host = resolve_device(host, None, key="host")
-    host_spec = host if host is not None else default_host()
+    if host is None:
+        host = default_host()
+    elif isinstance(host, str):
+        host = resolve_device(host, None, key="--host", extra=devices)
     modules = _modules(phases)
-    plan = _Plan(plan_map, modules, host_spec, default_device, peak_fraction)
+    plan = Plan(mapping, modules, host, default_device=default_device,
+                peak_fraction=peak_fraction, extra=devices)
     notes: set[str] = set()
-    unmatched = plan_map.unmatched(plan.used, modules)
+    unmatched = mapping.unmatched(plan.used, modules)
     if unmatched and not allow_unmatched:
         raise MappingError("; ".join(unmatched) + " (allow_unmatched=True, or --allow_unmatched, "
                            "warns and goes on)")
     for line in unmatched:
         warnings.warn(line, stacklevel=2)
         notes.add(line)
-    opts = _Options(elementwise_model, bool(overlap), _link(device_link, "device_link"),
-                    _link(interconnect, "interconnect"))
-    results = {label: _Replay(PREPARED.get(trace), plan, opts, notes, detail).replay(label, tokens)
+    links = Links(_link(device_link, "device_link"), _link(interconnect, "interconnect"))
+    results = {label: _Replay(PREPARED.get(trace), plan, links, elementwise_model, bool(overlap),
+                              notes, detail).replay(label, tokens)
                for label, (trace, tokens) in phases.items()}
     options = {"elementwise_model": elementwise_model, "overlap": bool(overlap),
                "default_device": None if plan.default is None else plan.default.key,
-               "device_link": None if opts.device_link is None else list(astuple(opts.device_link)),
-               "interconnect": None if opts.interconnect is None else list(astuple(opts.interconnect))}
-    return Simulation(results, plan_map.to_dict(), host_spec.name, options,
+               **{name: None if link is None else list(astuple(link))
+                  for name, link in (("device_link", links.device_link),
+                                     ("interconnect", links.interconnect))}}
+    return Simulation(results, mapping.to_dict(), host.name, options,
                       {k: _device_figures(d) for k, d in plan.devices.items()}, sorted(notes))
 
 

@@ -80,15 +80,19 @@ def check_depth(depth, *, none_ok: bool = False):
     return depth
 
 
-def by_module_and_op(records, value) -> dict[str, dict[str, int]]:
+def by_module_and_op(records, value, op_key=op_packet) -> dict[str, dict]:
     """{module path or 'Global': {op packet: Σ value(record)}}: torchao's flop_counts shape,
-    each record counted under 'Global' and under every prefix of its module path."""
-    out: dict[str, dict[str, int]] = {GLOBAL: {}}
+    each record counted under 'Global' and under every prefix of its module path.
+    op_key(record.op) names the op ('aten.mm'; the mode's getters use torch's packets)."""
+    out: dict[str, dict] = {GLOBAL: {}}
+    keys: dict[str, object] = {}
     for r in records:
         v = value(r)
         if not v:
             continue
-        op = op_packet(r.op)
+        op = keys.get(r.op)
+        if op is None:
+            op = keys[r.op] = op_key(r.op)
         paths = [GLOBAL]
         if r.module:
             parts = r.module.split(".")

@@ -242,7 +242,7 @@ class StorageTable:
         elif first.offset != offset or first.nbytes != nbytes:
             self.comp.more.append((key, offset, nbytes))
 
-    def account(self, plan, tensors, out, outs) -> tuple:
+    def account(self, plan, tensors, out) -> tuple:
         """One call's bookkeeping: each tensor's role (returned, in the order of
         `OpPlan.contribution`), and what the compulsory model must add."""
         by_id, comp = self.by_id, self.comp
@@ -301,14 +301,26 @@ class StorageTable:
             self.touch_part(st, offset, nbytes, True)
         if plan.outputs:  # new storages: a fresh allocation each, written whole
             role = KV if plan.out_role == JOINED and reads_kv else plan.out_role
+            outs = (out,) if isinstance(out, torch.Tensor) else flat_tensors(out)
             for index, nbytes in plan.outputs:
                 o = outs[index]
                 if role == KV:
                     self.new_kv_output(o, nbytes)
                 elif nbytes:
-                    self.new(storage_id(o), role, nbytes).written = True
+                    self._allocs += 1
+                    st = by_id[storage_id(o)] = Storage(role, nbytes, self._allocs)
+                    st.written = True
                     comp.written[role] += nbytes
                 else:  # an empty() is not written
                     self.new(storage_id(o), role, o.untyped_storage().nbytes())
                 roles.append(role)
         return tuple(roles)
+
+
+def flat_tensors(x) -> list:
+    """The tensors of an op's argument or output, lists and tuples flattened."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in flat_tensors(v)]
+    return []

@@ -120,9 +120,9 @@ class ModuleInfo:
 
     path is the module's full name as records carry it ("LlamaForCausalLM.model.layers.0.mlp");
     only modules no deeper than the counter's depth are listed. params / param_bytes: the
-    parameters the module owns itself (not its children's). input_shapes / input_bytes: its
-    first call's tensor arguments (positional, then keyword), and the bytes of the first one
-    (the layer's input x, what a transfer point sends); output_bytes: the bytes of the first
+    parameters the module owns itself (not its children's). input_shapes / input_bytes: the
+    shape and bytes of its first call's input x (its first tensor argument, positional
+    before keyword: what a transfer point sends); output_bytes: the bytes of the first
     tensor it returned (per call). children: the paths of the listed modules it called
     during its first call, in call order (a module called twice appears twice)."""
 

@@ -1,0 +1,539 @@
+"""perfcounter.simulate: layer placement on several devices, every figure derived by hand.
+
+The toy devices have round figures so that each time, byte and joule below can be
+checked with a pencil (1 pJ = 1e-12 J, 1 ns = 1e-9 s).
+"""
+import itertools
+import json
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import perfcounter
+from perfcounter import TransformerPerformanceCounter, simulate
+from perfcounter.devices import DeviceSpec
+from perfcounter.placement import Link, Mapping, MappingError, resolve_device
+from perfcounter.sim_result import COMPONENTS
+from perfcounter.sim_search import kind_keys, search_mapping
+from perfcounter.sim_trace import PREPARED, Ev, elementwise_spec, timeline
+
+from conftest import tiny_args
+
+F32 = torch.float32
+
+# dev-a: 1 GB/s memory, 1 GFLOP/s, 1 pJ/bit, 2 pJ/FLOP; link in 0.1 GB/s @ 10 pJ/bit,
+#        out 0.2 GB/s @ 5 pJ/bit
+DEV_A = DeviceSpec(name="dev-a", device_type="pim", bandwidth=1e9, flops_per_s=1e9, dtype=F32,
+                   mem_pj_per_bit=1.0, pj_per_flop_by_dtype={F32: 2.0},
+                   host_to_device_bw=1e8, host_to_device_pj_per_bit=10.0,
+                   device_to_host_bw=2e8, device_to_host_pj_per_bit=5.0)
+# dev-b: 2 GB/s, 4 GFLOP/s, 0.5 pJ/bit, 1 pJ/FLOP; in 0.4 GB/s @ 20 pJ/bit, out 0.1 GB/s @ 2
+DEV_B = DeviceSpec(name="dev-b", device_type="pim", bandwidth=2e9, flops_per_s=4e9, dtype=F32,
+                   mem_pj_per_bit=0.5, pj_per_flop_by_dtype={F32: 1.0},
+                   host_to_device_bw=4e8, host_to_device_pj_per_bit=20.0,
+                   device_to_host_bw=1e8, device_to_host_pj_per_bit=2.0)
+HOST = DeviceSpec(name="toy-host", device_type="cpu", bandwidth=1e9, flops_per_s=1e9, dtype=F32,
+                  mem_pj_per_bit=1.0, pj_per_flop_by_dtype={F32: 1.0})
+DEVICES = {"dev-a": DEV_A, "dev-b": DEV_B}
+
+
+def sim(source, mapping=None, **kw):
+    kw.setdefault("host", HOST)
+    return simulate(source, mapping, devices=DEVICES, **kw)
+
+
+class TwoLinears(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 8, bias=False)
+        self.b = nn.Linear(8, 2, bias=False)
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+class Experts(nn.Module):
+    """Four experts on one shared input, summed by the parent's own adds."""
+
+    def __init__(self):
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Linear(4, 4, bias=False) for _ in range(4))
+
+    def forward(self, x):
+        out = self.experts[0](x)
+        for e in self.experts[1:]:
+            out = out + e(x)
+        return out
+
+
+class ToyMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(4, 8, bias=False)
+        self.down = nn.Linear(8, 4, bias=False)
+
+    def forward(self, x):
+        return self.down(self.up(x))
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mlp = ToyMLP()
+
+    def forward(self, x):
+        return self.mlp(x)
+
+
+def count(model, x, label="decode"):
+    counter = TransformerPerformanceCounter()
+    with torch.no_grad(), counter.count(label, num_tokens=1):
+        model(x)
+    return counter
+
+
+@pytest.fixture(scope="module")
+def two():
+    torch.manual_seed(0)
+    return count(TwoLinears(), torch.ones(1, 4))
+
+
+@pytest.fixture(scope="module")
+def tiny_counter():
+    """The tiny gpt-fast model: a 5-token prefill and 2 decode steps, no weights."""
+    from perfcounter.config_only import count_config_only
+    counter = TransformerPerformanceCounter()
+    count_config_only(tiny_args(), counter, prompt_length=5, max_new_tokens=3, dtype=F32)
+    return counter
+
+
+# -- the two-linear toy, by hand ---------------------------------------------------------
+def test_two_linears_on_two_devices_by_hand(two):
+    # a: mm [1,4]x[4,8]: 2*1*4*8 = 64 FLOPs; reads 128 B weight + 16 B x, writes 32 B
+    # b: mm [1,8]x[8,2]: 2*8*2 = 32 FLOPs; reads 64 B weight + 32 B, writes 8 B
+    s = sim(two, {"a": "dev-a", "b": "dev-b,t"})
+    p = s.phases["decode"]
+    a, b = p.devices["dev-a"], p.devices["dev-b"]
+    # host -> dev-a, a's input (16 B): 16 / 1e8 = 160 ns; 16*8*10 = 1280 pJ
+    assert a.host_to_device_bytes == 16
+    # a on dev-a: compute 64 / 1e9 = 64 ns, memory (128+16+32) / 1e9 = 176 ns -> 176 ns
+    assert a.compute_s == pytest.approx(64e-9) and a.busy_s == pytest.approx(176e-9)
+    # b is a transfer point: b's input (32 B) dev-a -> host (32 / 2e8 = 160 ns, 32*8*5 =
+    # 1280 pJ) -> dev-b (32 / 4e8 = 80 ns, 32*8*20 = 5120 pJ)
+    assert a.device_to_host_bytes == 32 and b.host_to_device_bytes == 32
+    # b on dev-b: compute 32 / 4e9 = 8 ns, memory (64+32+8) / 2e9 = 52 ns -> 52 ns
+    assert b.busy_s == pytest.approx(52e-9) and b.compute_s == pytest.approx(8e-9)
+    # the output (8 B) back: dev-b -> host 8 / 1e8 = 80 ns, 8*8*2 = 128 pJ
+    assert b.device_to_host_bytes == 8
+    # time: 160 + 176 + 160 + 80 + 52 + 80 = 708 ns
+    assert p.time_s == pytest.approx(708e-9)
+    assert a.transfer_s == pytest.approx(160e-9 + 160e-9)
+    assert b.transfer_s == pytest.approx(80e-9 + 80e-9)
+    # compute: 64*2 + 32*1 = 160 pJ; memory: 176*8*1 + 104*8*0.5 = 1408 + 416 = 1824 pJ;
+    # host link: 1280 + 1280 + 5120 + 128 = 7808 pJ; total 9792 pJ
+    e = p.energy_by_component_j
+    assert e["compute"] == pytest.approx(160e-12)
+    assert e["memory"] == pytest.approx(1824e-12)
+    assert e["host_link"] == pytest.approx(7808e-12)
+    assert e["device_link"] == 0 and e["static"] == 0
+    assert p.energy_j == pytest.approx(9792e-12)
+    assert a.energy_j == pytest.approx(128e-12 + 1408e-12 + 1280e-12 + 1280e-12)
+    assert p.j_per_token == pytest.approx(9792e-12)  # 1 token
+    assert p.tokens_per_s == pytest.approx(1 / 708e-9)
+    # the log, in time order: transfer, a, transfer, b, output
+    assert [(r.module, r.transfer) for r in p.log] == [
+        ("TwoLinears.a", "host->dev-a"), ("TwoLinears.a", ""),
+        ("TwoLinears.b", "dev-a->host->dev-b"), ("TwoLinears.b", ""), ("(output)", "dev-b->host")]
+    # starts: 0; 160; 160 + 176 = 336; 336 + 160 + 80 = 576; 576 + 52 = 628 ns
+    assert [r.start_s for r in p.log] == pytest.approx([0, 160e-9, 336e-9, 576e-9, 628e-9])
+
+
+def test_without_t_the_change_of_device_still_moves_the_input(two):
+    # no link between dev-a and dev-b: through the host, as with t (UPMEM moves the input
+    # whenever the device changes); the same 708 ns
+    assert sim(two, {"a": "dev-a", "b": "dev-b"}).phases["decode"].time_s == pytest.approx(708e-9)
+    # t on a module that stays on its device sends its input out and back:
+    # dev-a -> host 32 / 2e8 = 160 ns, host -> dev-a 32 / 1e8 = 320 ns
+    p = sim(two, {"a": "dev-a", "b": "dev-a,t"}).phases["decode"]
+    # b on dev-a: max(32 / 1e9, 104 / 1e9) = 104 ns; output 8 / 2e8 = 40 ns
+    assert p.time_s == pytest.approx(160e-9 + 176e-9 + 160e-9 + 320e-9 + 104e-9 + 40e-9)
+
+
+def test_device_link_between_two_devices(two):
+    # a 1 GB/s link at 3 pJ/bit: b's 32 B cross in 32 ns, 32*8*3 = 768 pJ, no host leg
+    p = sim(two, {"a": "dev-a", "b": "dev-b"}, device_link=Link(1e9, 3.0)).phases["decode"]
+    b = p.devices["dev-b"]
+    assert b.device_link_bytes == 32 and b.host_to_device_bytes == 0
+    assert p.energy_by_component_j["device_link"] == pytest.approx(768e-12)
+    assert p.time_s == pytest.approx(160e-9 + 176e-9 + 32e-9 + 52e-9 + 80e-9)
+    # a transfer point still goes through the host
+    p = sim(two, {"a": "dev-a", "b": "dev-b,t"}, device_link=(1e9, 3.0)).phases["decode"]
+    assert p.devices["dev-b"].device_link_bytes == 0 and p.time_s == pytest.approx(708e-9)
+
+
+def test_overlap_takes_the_longer_of_a_transfer_and_the_compute_after_it(two):
+    # windows: [160 | 176] [160+80 | 52] [80 | 0] -> max: 176 + 240 + 80 = 496 ns
+    p = sim(two, {"a": "dev-a", "b": "dev-b"}, overlap=True).phases["decode"]
+    assert p.time_s == pytest.approx(496e-9)
+
+
+def test_peak_fraction_slows_ops_not_links(two):
+    # dev-a at half its peak: a takes 2 * 176 = 352 ns; the rest as before
+    p = sim(two, {"a": "dev-a", "b": "dev-b"}, peak_fraction={"dev-a": 0.5}).phases["decode"]
+    assert p.time_s == pytest.approx(708e-9 + 176e-9)
+    p = sim(two, {"a": "dev-a", "b": "dev-b"}, peak_fraction=0.5).phases["decode"]
+    assert p.time_s == pytest.approx(708e-9 + 176e-9 + 52e-9)
+
+
+def test_unmapped_module_runs_where_the_previous_ran_or_on_the_default(two):
+    # b unmapped: stays on dev-a (max(32, 104) / 1e9 = 104 ns), output dev-a -> host 8 / 2e8
+    p = sim(two, {"a": "dev-a"}).phases["decode"]
+    assert set(p.devices) == {"dev-a"}
+    assert p.time_s == pytest.approx(160e-9 + 176e-9 + 104e-9 + 40e-9)
+    # --default_device: the root and b go to dev-b; the phase's input (x, 16 B) enters dev-b
+    p = sim(two, {"a": "dev-a"}, default_device="dev-b").phases["decode"]
+    assert p.devices["dev-b"].host_to_device_bytes == 16 + 32
+    assert p.devices["dev-a"].host_to_device_bytes == 16
+
+
+def test_timeline_without_children_falls_back_to_first_run_order(two):
+    trace = two.counts["decode"].trace
+    import copy
+    old = copy.deepcopy(trace)
+    for m in old.modules:
+        m.children = []
+    kinds = [(s.kind, s.module) for s in timeline(old)]
+    assert kinds == [(Ev.ENTER, "TwoLinears"), (Ev.ENTER, "TwoLinears.a"),
+                     (Ev.RUN, "TwoLinears.a"), (Ev.EXIT, "TwoLinears.a"),
+                     (Ev.ENTER, "TwoLinears.b"), (Ev.RUN, "TwoLinears.b"),
+                     (Ev.EXIT, "TwoLinears.b"), (Ev.EXIT, "TwoLinears")]
+    p = sim({"decode": old}, {"a": "dev-a", "b": "dev-b"}).phases["decode"]
+    assert p.time_s == pytest.approx(708e-9)
+
+
+# -- MoE and tensor parallelism --------------------------------------------------------------
+def test_m_sends_the_shared_input_once_for_four_experts():
+    torch.manual_seed(0)
+    counter = count(Experts(), torch.ones(1, 4))
+    # x is [1, 4] float32 = 16 B. With t, each expert receives it: host -> dev-a once,
+    # then dev-a -> host -> dev-a three times: 4 * 16 = 64 B in, 3 * 16 = 48 B out (+ output)
+    t = sim(counter, {"experts.*": "dev-a,t"}).phases["decode"].devices["dev-a"]
+    assert t.host_to_device_bytes == 64
+    assert t.device_to_host_bytes == 48 + 16  # the summed output [1, 4] goes back: 16 B
+    # with m the four siblings share one transfer: 16 B in, only the output out
+    m = sim(counter, {"experts.*": "dev-a,m"}).phases["decode"].devices["dev-a"]
+    assert m.host_to_device_bytes == 16 and m.device_to_host_bytes == 16
+
+
+def test_tp2_mlp_all_reduce_bytes():
+    torch.manual_seed(0)
+    counter = count(Block(), torch.ones(1, 4))
+    one = sim(counter, {"mlp": "dev-a"}).phases["decode"].devices["dev-a"]
+    p = sim(counter, {"mlp": "dev-a,tp=2"}, interconnect=Link(1e9, 1.0)).phases["decode"]
+    two = p.devices["dev-a,tp=2"]
+    # the MLP's output [1, 4] float32 = 16 B; a ring all-reduce over N = 2 sends
+    # 2 * (N - 1) / N * 16 = 16 B per device: 16 / 1e9 = 16 ns, 2 * 16 * 8 * 1 = 256 pJ
+    assert two.allreduce_bytes == 16
+    assert p.energy_by_component_j["device_link"] == pytest.approx(256e-12)
+    # weights and heads split: each op takes half the time
+    assert two.busy_s == pytest.approx(one.busy_s / 2)
+    assert two.transfer_s == pytest.approx(one.transfer_s + 16e-9)
+    # without an interconnect the all-reduce goes through the host link:
+    # 16 / 2e8 + 16 / 1e8 = 240 ns; 2 * 16 * 8 * (5 + 10) = 3840 pJ
+    p = sim(counter, {"mlp": "dev-a,tp=4"}).phases["decode"]
+    four = p.devices["dev-a,tp=4"]
+    assert four.allreduce_bytes == 24  # 2 * 3 / 4 * 16
+    assert any("interconnect" in n for n in sim(counter, {"mlp": "dev-a,tp=2"}).notes)
+
+
+# -- agreement with the single-device roofline, residency -------------------------------------
+@pytest.mark.parametrize("device", ["h100-sxm", "pim-ai-4chip"])
+def test_everything_on_one_device_equals_the_single_device_roofline(tiny_counter, device):
+    from perfcounter.devices import get_device_spec
+    from perfcounter.energy import energy
+    from perfcounter.roofline import roofline
+    spec = get_device_spec(device)
+    s = simulate(tiny_counter, {"Transformer": device}, host=HOST, elementwise_model="upmem")
+    for label, stats in tiny_counter.counts.items():
+        line = roofline(stats.trace, spec, "per_op")
+        joules = energy(stats.trace, spec, stats.trace.per_op_bytes, line)
+        p = s.phases[label]
+        assert p.time_s == pytest.approx(line.latency_s, rel=1e-9)
+        assert p.energy_j == pytest.approx(joules.total_j, rel=1e-9)
+        d = p.devices[spec.name]
+        assert (d.host_to_device_bytes, d.device_to_host_bytes) == (
+            line.host_to_device_bytes, line.device_to_host_bytes)
+    # the empty mapping with that device as the host: no link at all, the ops' roofline
+    s = simulate(tiny_counter, host=spec, elementwise_model="upmem")
+    for label, stats in tiny_counter.counts.items():
+        assert s.phases[label].time_s == pytest.approx(roofline(stats.trace, spec).ops_s)
+
+
+def test_mask_and_rope_table_never_cross_a_link(tiny_counter):
+    from perfcounter.devices import get_device_spec
+    from perfcounter.roofline import host_link_bytes, roofline
+    prefill = tiny_counter.counts["prefill"].trace
+    # what crosses host -> device is the token ids and positions: [1, 5] + [5] int64 =
+    # 40 + 40 = 80 B, not the causal mask rows or freqs_cis rows the model made
+    assert host_link_bytes(prefill)[0] == 80
+    assert roofline(prefill, get_device_spec("pim-ai-4chip")).host_to_device_bytes == 80
+    # decode: 2 steps of [1, 1] + [1] int64 = 2 * 16 = 32 B
+    assert host_link_bytes(tiny_counter.counts["decode"].trace)[0] == 32
+    # every module on the device (embedding included): only those bytes enter it
+    s = simulate(tiny_counter, {"Transformer": "dev-a"}, host=HOST, devices=DEVICES)
+    assert s.phases["prefill"].devices["dev-a"].host_to_device_bytes == 80
+    assert s.phases["decode"].devices["dev-a"].host_to_device_bytes == 32
+    # attention on another device receives its input x (not the mask or freqs_cis):
+    # per layer [1, 5, 32] float32 = 640 B, 2 layers
+    s = simulate(tiny_counter, {"Transformer": "dev-a", "attention": "dev-b"}, host=HOST,
+                 devices=DEVICES)
+    assert s.phases["prefill"].devices["dev-b"].host_to_device_bytes == 2 * 640
+
+
+def test_elementwise_model():
+    from perfcounter.devices import get_device_spec
+    pim = get_device_spec("pim-ai-4chip")
+    assert elementwise_spec(pim, "roofline").rmsnorm_ns_per_element is None
+    assert elementwise_spec(pim, "upmem") is pim  # its own 0.1 / 0.15 / 0.275 ns
+    phone = get_device_spec("upmem-snapdragon8gen3")  # a UPMEM profile without them
+    up = elementwise_spec(phone, "upmem")
+    assert (up.softmax_ns_per_element, up.silu_ns_per_element,
+            up.rmsnorm_ns_per_element) == (0.4, 0.6, 1.1)
+    datasheet = get_device_spec("h100-sxm")  # not UPMEM's: no defaults
+    assert elementwise_spec(datasheet, "upmem") is datasheet
+
+
+# -- mapping keys and device names -------------------------------------------------------------
+def test_keys_match_leaf_class_glob_and_path_the_most_specific_winning(tiny_counter):
+    modules = tiny_counter.counts["prefill"].trace.modules
+    m = Mapping.load({"RMSNorm": "dev-a", "attention_norm": "dev-b",
+                      "layers.1.attention_norm": "host", "Transformer.layers.?.ffn_norm": "dev-b"})
+    placed, used = m.place(modules)
+    dev = {p.split(".", 1)[1]: v.assignment.device for p, v in placed.items()
+           if v.assignment is not None and "norm" in p}
+    assert dev == {"layers.0.attention_norm": "dev-b",  # name beats class
+                   "layers.1.attention_norm": "host",  # path beats name
+                   "layers.0.ffn_norm": "dev-b", "layers.1.ffn_norm": "dev-b",  # glob beats class
+                   "norm": "dev-a"}
+    # children inherit their parent's placement; globs match with or without the root
+    placed, _ = Mapping.load({"layers.1": "dev-b"}).place(modules)
+    assert placed["Transformer.layers.1.attention.wqkv"].assignment.device == "dev-b"
+    assert placed["Transformer.layers.0.attention"].assignment is None
+    glob = Mapping.load({"layers.1?.*": "dev-a"})
+    assert glob.match("LlamaForCausalLM.model.layers.12.mlp.up_proj", "Linear") is not None
+    assert glob.match("model.layers.12.mlp", "LlamaMLP") is not None  # without the root
+    assert glob.match("LlamaForCausalLM.model.layers.1.mlp", "LlamaMLP") is None
+    assert glob.match("LlamaForCausalLM.model.layers.12", "LlamaDecoderLayer") is None
+
+
+def test_device_names_resolve_as_upmem_writes_them():
+    from perfcounter.devices import get_device_spec
+    host = get_device_spec("generic-cpu")
+    for name, want in [("PIM-AI-4chip", "pim-ai-4chip"), ("PIM_AI_4chip", "pim-ai-4chip"),
+                       ("pim_ai_4CHIP", "pim-ai-4chip"), ("H100", "upmem-h100"),
+                       ("Snapdragon8gen3", "upmem-snapdragon8gen3"), ("A17Pro", "upmem-a17pro"),
+                       ("Dimensity9300", "upmem-dimensity9300"), ("DGX100", "upmem-dgx100"),
+                       ("H100_x4", "upmem-h100-x4"), ("h100-sxm", "h100-sxm")]:
+        assert resolve_device(name, host).name == want, name
+    assert resolve_device("HOST", host) is host
+
+
+# -- errors: one line, the value and what is valid ----------------------------------------------
+@pytest.mark.parametrize("mapping, match", [
+    ({"a": "dev-c"}, r"mapping entry 'a': unknown device 'dev-c'; did you mean .*dev-a"),
+    ({"a": "dev-a,x"}, r"mapping entry 'a': unknown option 'x' in 'dev-a,x'; valid options: t"),
+    ({"a": "dev-a,tp=0"}, r"mapping entry 'a': 'tp=0' needs a whole number >= 1"),
+    ({"a": "dev-a,tp=two"}, r"'tp=two' needs a whole number"),
+    ({"a": ""}, r"mapping entry 'a': expected 'device\[,options\]' as a string, got ''"),
+    ({"a": 3}, r"mapping entry 'a': expected 'device\[,options\]' as a string, got 3"),
+    ({"a": ",t"}, r"mapping entry 'a': ',t' names no device"),
+    ({" a": "dev-a"}, r"mapping key ' a': expected a module name"),
+    ({"aa": "dev-a"}, r"mapping key 'aa' \(dev-a\) matches no module of the model; did you mean 'a'"),
+    ({"a": "dev-a", "Linear": "dev-b", "*.a": "dev-b", "T*.?": "dev-a"},  # 2 literals each
+     r"module 'TwoLinears.a' \(Linear\): keys '\*.a', 'T\*.\?' match it equally"),
+])
+def test_mapping_errors(two, mapping, match):
+    with pytest.raises(MappingError, match=match):
+        sim(two, mapping)
+
+
+def test_unmatched_keys_warn_when_allowed(two):
+    with pytest.warns(UserWarning, match="'rotatory_emb'.*matches no module"):
+        s = sim(two, {"a": "dev-a", "rotatory_emb": "dev-b"}, allow_unmatched=True)
+    assert any("rotatory_emb" in n for n in s.notes)
+
+
+def test_bad_files_and_options(two, tmp_path):
+    bad = tmp_path / "m.yaml"
+    bad.write_text("a: [dev-a\n")
+    with pytest.raises(MappingError, match=r"m.yaml: not a valid mapping file"):
+        sim(two, bad)
+    bad.write_text("- dev-a\n")
+    with pytest.raises(MappingError, match=r"expected a non-empty mapping .* got list"):
+        sim(two, bad)
+    with pytest.raises(MappingError, match=r"cannot read mapping file .*nope.yaml"):
+        sim(two, tmp_path / "nope.yaml")
+    with pytest.raises(MappingError, match=r"unknown elementwise_model 'ns'; valid: roofline"):
+        sim(two, {"a": "dev-a"}, elementwise_model="ns")
+    with pytest.raises(MappingError, match=r"peak_fraction of 'dev-a': expected a number in"):
+        sim(two, {"a": "dev-a"}, peak_fraction={"dev-a": 1.5})
+    with pytest.raises(MappingError, match=r"unknown phase 'prefill'; phases: decode"):
+        sim(two, {"a": "dev-a"}, labels=["prefill"])
+    with pytest.raises(MappingError, match=r"device_link: expected Link"):
+        sim(two, {"a": "dev-a"}, device_link=(0, 1))
+    with pytest.raises(TypeError, match=r"simulate\(\) takes a TransformerPerformanceCounter"):
+        simulate(42)
+    good = tmp_path / "m.json"
+    good.write_text(json.dumps({"a": "dev-a", "b": "dev-b,t"}))
+    assert sim(two, good).phases["decode"].time_s == pytest.approx(708e-9)
+    assert sim(two, "{a: dev-a, b: 'dev-b,t'}").phases["decode"].time_s == pytest.approx(708e-9)
+
+
+# -- results as plain data -----------------------------------------------------------------------
+def test_to_json_is_plain_data_written_atomically(two, tmp_path):
+    s = sim(two, {"a": "dev-a", "b": "dev-b,t"})
+    path = tmp_path / "sim.json"
+    doc = s.to_json(path)
+    assert json.loads(path.read_text()) == json.loads(json.dumps(doc))
+    phase = doc["phases"]["decode"]
+    assert set(phase["energy_by_component_j"]) == set(COMPONENTS)
+    assert phase["time_s"] == pytest.approx(708e-9) and phase["energy_j"] == pytest.approx(9792e-12)
+    for d in phase["devices"].values():
+        assert set(d["energy_by_component_j"]) == set(COMPONENTS)
+        assert {"time_s", "energy_j"} <= set(d)
+    assert doc["mapping"] == {"a": "dev-a", "b": "dev-b,t"}
+    assert [m["path"] for m in phase["modules"]] == ["TwoLinears", "TwoLinears.a", "TwoLinears.b"]
+    text = s.report(layers=True, functions=True, log=True, log_summary=True)
+    assert "dev-a->host->dev-b" in text and "aten.mm" in text and "TwoLinears.b" in text
+
+
+def test_perfcounter_simulate_is_callable_after_importing_the_module(two):
+    import sys
+    module = sys.modules["perfcounter.simulate"]
+    assert callable(perfcounter.simulate) and callable(module)
+    assert module(two, host=HOST).phases["decode"].time_s > 0
+    assert PREPARED.cache_info()["hits"] > 0
+
+
+# -- search ------------------------------------------------------------------------------------------
+def test_search_finds_the_cheapest_placement_of_each_kind(tiny_counter):
+    groups = kind_keys(tiny_counter.counts["prefill"].trace.modules)
+    assert groups == {"attention": ["Attention"], "attention_proj": ["wqkv", "wo"],
+                      "norm": ["RMSNorm"], "mlp": ["FeedForward"], "lm_head": ["output"]}
+    found = search_mapping(tiny_counter, ["dev-a", "dev-b"], "energy", host=HOST,
+                           devices=DEVICES)
+    assert found.tried == 2 ** 5
+    kinds = list(groups)
+    every = [sim(tiny_counter, {k: d for kind, d in zip(kinds, combo) for k in groups[kind]},
+                 detail=False).energy_j
+             for combo in itertools.product(["dev-a", "dev-b"], repeat=len(kinds))]
+    assert found.simulation.energy_j == pytest.approx(min(every))
+    assert min(every) < max(every)  # the choice matters
+    again = sim(tiny_counter, found.mapping_text())
+    assert again.energy_j == pytest.approx(found.simulation.energy_j)
+    slow = search_mapping(tiny_counter, ["dev-a"], "latency", max_latency_ms=1e-9, host=HOST,
+                          devices=DEVICES)
+    assert not slow.feasible and "none meets" in slow.mapping_text()
+
+
+# -- the command -----------------------------------------------------------------------------------
+def _config(tmp_path):
+    from dataclasses import asdict
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(asdict(tiny_args())))
+    return path
+
+
+def test_cli_simulate_writes_json_and_exits_2_on_errors(tmp_path, capsys):
+    from perfcounter.cli import main
+    config, out = _config(tmp_path), tmp_path / "sim.json"
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("wqkv: PIM-AI-4chip,t\nwo: PIM_AI_4chip\noutput: H100,t\n")
+    argv = ["simulate", "--config", str(config), "--mapping", str(mapping), "--prompt_length",
+            "5", "--max_new_tokens", "3", "--precision", "float32", "--save_path", str(out),
+            "--print_log_summary", "--report_layers", "--print_log", "--report_functions"]
+    assert main(argv=argv) == 0
+    text = capsys.readouterr().out
+    assert "pim-ai-4chip" in text and "upmem-h100" in text and "decode: per device" in text
+    doc = json.loads(out.read_text())
+    assert set(doc["phases"]) == {"prefill", "decode"}
+    mapping.write_text("wqkv: PIM-AI-4chip,q\n")
+    assert main(argv=argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("perfcounter simulate: error: mapping entry 'wqkv': unknown option 'q' in "
+                   "'PIM-AI-4chip,q'; valid options: t (transfer point), m (MoE transfer point),"
+                   " tp=N (tensor parallel degree)")
+    assert main(argv=["simulate", "--model", "llama-2-7bx"]) == 2
+    assert "unknown model 'llama-2-7bx'" in capsys.readouterr().err
+
+
+def test_cli_search_prints_a_mapping_file(tmp_path, capsys):
+    from perfcounter.cli import main
+    saved = tmp_path / "best.yaml"
+    argv = ["simulate", "--config", str(_config(tmp_path)), "--prompt_length", "5",
+            "--max_new_tokens", "2", "--precision", "float32", "--search", "latency",
+            "--devices", "PIM-AI-4chip,H100", "--save_mapping", str(saved)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(argv=argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# perfcounter simulate --search latency: best of 32 mappings")
+    assert set(Mapping.load(saved).to_dict()) == {"Attention", "wqkv", "wo", "RMSNorm",
+                                                   "FeedForward", "output"}
+
+
+# -- agreement with UPMEM where UPMEM is right ---------------------------------------------------
+@pytest.fixture(scope="module")
+def llama2_7b():
+    """Llama-2-7B as transformers builds it, no weights: 8-token prefill, 2 decode steps."""
+    from perfcounter.model import ModelArgs
+    from perfcounter.sim_cli import count_hf_config_only, hf_config
+    counter = TransformerPerformanceCounter()
+    count_hf_config_only(hf_config(ModelArgs.from_name("llama-2-7b")), counter, batch_size=1,
+                         prompt_length=8, max_new_tokens=3, dtype=torch.bfloat16)
+    return counter
+
+
+@pytest.mark.parametrize("device, entry", [("PIM-AI-4chip", "pim-ai-4chip"),
+                                           ("Snapdragon8gen3", "upmem-snapdragon8gen3"),
+                                           ("H100", "upmem-h100")])
+def test_llama2_7b_decode_on_one_device_is_weight_streaming(llama2_7b, device, entry):
+    from perfcounter.devices import get_device_spec
+    from perfcounter.trace import ROLES
+    spec = get_device_spec(entry)
+    decode = llama2_7b.counts["decode"]
+    weight = decode.trace.per_op_read[ROLES.index("weight")]
+    # 6.61 G parameters streamed per token (the embedding reads one row): ~13.2 GB in bf16
+    assert weight / decode.num_tokens == pytest.approx(13.21e9, rel=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # UPMEM profiles price float32 ops at bf16 rates
+        p = simulate(llama2_7b, {"LlamaForCausalLM": device}).phases["decode"]
+    # time >= weight bytes / bandwidth; energy >= weight bits x pJ/bit + 2 FLOPs per
+    # weight (a bf16 weight is 2 B) x pJ/FLOP: UPMEM's model, where it is right
+    time_bound = weight / spec.bandwidth
+    energy_bound = (weight * 8 * spec.mem_pj_per_bit + weight * spec.pj_per_flop("bfloat16")) * 1e-12
+    assert 1.0 <= p.time_s / time_bound <= 1.02
+    assert 1.0 <= p.energy_j / energy_bound <= 1.02
+
+
+def test_the_upmem_example_mapping_keys_that_match_nothing(llama2_7b):
+    mixed = {"LlamaRMSNorm": "PIM-AI-1chip,t", "q_proj": "PIM-AI-4chip,t",
+             "k_proj": "PIM-AI-4chip", "rotatory_emb": "PIM-AI-4chip", "v_proj": "PIM-AI-4chip",
+             "o_proj": "PIM-AI-4chip,t", "output_layernorm": "PIM-AI-1chip,t",
+             "gate_proj": "PIM-AI-4chip,t", "up_proj": "PIM-AI-4chip,t",
+             "down_proj": "PIM-AI-4chip,t", "norm": "PIM-AI-1chip,t", "lm_head": "PIM-AI-4chip,t"}
+    with pytest.raises(MappingError, match="'rotatory_emb'.*did you mean 'rotary_emb'"):
+        simulate(llama2_7b, mixed)
+    with pytest.warns(UserWarning, match="output_layernorm"):
+        s = simulate(llama2_7b, mixed, allow_unmatched=True, detail=False)
+    assert set(s.phases["decode"].devices) == {"host", "pim-ai-1chip", "pim-ai-4chip"}
+
+
+def test_a_counter_saved_as_json_re_prices_the_same(two, tmp_path):
+    path = tmp_path / "counts.json"
+    two.to_json(path)
+    back = TransformerPerformanceCounter.from_json(path)
+    assert sim(back, {"a": "dev-a", "b": "dev-b,t"}).phases["decode"].time_s == \
+        pytest.approx(708e-9)
