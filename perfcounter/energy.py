@@ -81,18 +81,17 @@ def compute_energy_j(trace: Trace, spec) -> float | None:
 def energy(trace: Trace, spec, io_bytes: int, line: Roofline) -> Energy:
     """A phase's energy on a device given its io-model bytes and roofline."""
     compute = compute_energy_j(trace, spec)
-    mem_pj = getattr(spec, "mem_pj_per_bit", None)
+    mem_pj = spec.mem_pj_per_bit
     memory = None if mem_pj is None else io_bytes * 8 * mem_pj * PJ
     host = 0.0
-    for nbytes, field in ((line.host_to_device_bytes, "host_to_device_pj_per_bit"),
-                          (line.device_to_host_bytes, "device_to_host_pj_per_bit")):
+    for nbytes, pj in ((line.host_to_device_bytes, spec.host_to_device_pj_per_bit),
+                       (line.device_to_host_bytes, spec.device_to_host_pj_per_bit)):
         if not nbytes:
             continue
-        pj = getattr(spec, field, None)
         if pj is None:
             host = None
             break
         host += nbytes * 8 * pj * PJ
-    static_w = getattr(spec, "static_w", None)
+    static_w = spec.static_w
     static = None if static_w is None else static_w * line.latency_s
     return Energy(compute, memory, host, static)

@@ -199,7 +199,11 @@ def plan_for(func, args, kwargs, out, kind) -> tuple[OpPlan, list]:
     """The plan of one call and the call's tensors in argument order."""
     tensors = []
     key = [id(func)]
-    for a in args:
+    values = args
+    if kwargs:
+        key.append(tuple(kwargs))  # the names; their values follow the positional ones
+        values = (*args, *kwargs.values())
+    for a in values:
         if isinstance(a, Tensor):
             tensors.append(a)
             key.append(a.shape)
@@ -217,16 +221,6 @@ def plan_for(func, args, kwargs, out, kind) -> tuple[OpPlan, list]:
         else:
             key.append(type(a))
             key.append(a)
-    if kwargs:
-        for name, a in kwargs.items():
-            key.append(name)
-            if isinstance(a, Tensor):
-                tensors.append(a)
-                key.append(a.shape)
-                key.append(a.dtype)
-            else:
-                key.append(type(a))
-                key.append(a if type(a) is not list else tuple(a))
     if kind == OpKind.DYNAMIC:
         key.extend(t.shape for t in flat_tensors(out))
     PLANS.lookups += 1

@@ -137,7 +137,8 @@ def read_mapping_file(path) -> dict:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise MappingError(f"cannot read mapping file {str(path)!r}: {exc.strerror or exc}") from None
+        raise MappingError(f"cannot read mapping file {str(path)!r}: "
+                           f"{exc.strerror or exc}") from None
     return _parse_text(text, str(path))
 
 
@@ -243,9 +244,10 @@ class Mapping:
 
 
 # -- device names ---------------------------------------------------------------------------
-def resolve_device(name: str, host_spec, *, key: str | None = None, extra: dict | None = None):
-    """The DeviceSpec a mapping's device name means (see the module doc); `extra` maps
-    names (any case) to DeviceSpecs that come before the registry."""
+def resolve_device(name: str, host_spec, *, where: str = "", extra: dict | None = None):
+    """The DeviceSpec a device name means (see the module doc); `extra` maps names (any
+    case) to DeviceSpecs that come before the registry. `where` prefixes errors
+    ("mapping entry 'q_proj'", "--default_device")."""
     from perfcounter.devices import get_device_spec, list_device_specs
 
     text = name.strip()
@@ -254,7 +256,7 @@ def resolve_device(name: str, host_spec, *, key: str | None = None, extra: dict 
     for k, spec in (extra or {}).items():
         if k.lower() == text.lower():
             return spec
-    where = f"mapping entry {key!r}: " if key else ""
+    where = f"{where}: " if where else ""
     if ":" in text or text.lower().endswith((".yaml", ".yml")):
         try:
             return get_device_spec(text)
@@ -319,7 +321,7 @@ class Plan:
         if isinstance(peak_fraction, dict):
             for name, f in peak_fraction.items():
                 spec = host_spec if str(name).strip().lower() == HOST else \
-                    resolve_device(str(name), host_spec, key="peak_fraction", extra=self.extra)
+                    resolve_device(str(name), host_spec, where="peak_fraction", extra=self.extra)
                 self.fractions[id(spec)] = _check_fraction(f"of {name!r}", f)
         elif peak_fraction is not None:
             self.all_fraction = _check_fraction("for every device", peak_fraction)
@@ -331,7 +333,8 @@ class Plan:
             self.device(default_device, 1, "--default_device")
         self.own = {p: pl.key for p, pl in placed.items()}  # the key that placed it, or None
         self.value = {p: pl.assignment for p, pl in placed.items()}
-        self.where = {p: self.device(pl.assignment.device, pl.assignment.tp, pl.key)
+        self.where = {p: self.device(pl.assignment.device, pl.assignment.tp,
+                                     f"mapping entry {pl.key!r}" if pl.key else "mapping")
                       for p, pl in placed.items() if pl.assignment is not None}
 
     def _fraction(self, spec) -> float:
@@ -340,10 +343,10 @@ class Plan:
         own = getattr(spec, "peak_fraction", None)  # a DeviceSpec field once it exists
         return self.fractions.get(id(spec), float(own) if own else 1.0)
 
-    def device(self, name: str, tp: int, key: str | None) -> Device:
+    def device(self, name: str, tp: int, where: str) -> Device:
         hit = self._by_value.get((name, tp))
         if hit is None:
-            spec = resolve_device(name, self.host_spec, key=key, extra=self.extra)
+            spec = resolve_device(name, self.host_spec, where=where, extra=self.extra)
             on_host = spec is self.host_spec
             dkey = (HOST if on_host else spec.name) + (f",tp={tp}" if tp > 1 else "")
             hit = self.devices.get(dkey)

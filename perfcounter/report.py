@@ -114,9 +114,9 @@ def format_table(rows, header=None, *, align: str | None = None, widths=None, in
 
 def _device_line(stats) -> str:
     spec = stats.device_spec
-    dtype = getattr(spec, "dtype", None)
+    dtype = spec.dtype
     dtype = str(dtype).replace("torch.", "") if dtype is not None else "default dtype"
-    return f"{spec.name} ({getattr(spec, 'device_type', '?')}, {dtype})"
+    return f"{spec.name} ({spec.device_type}, {dtype})"
 
 
 def format_stats(stats, module_depth: int | None = 4) -> str:

@@ -109,9 +109,9 @@ def per_element_tag(op: str) -> str | None:
 def _compute_rule(record: OpRecord, spec, norm_anchor: bool, in_norm: bool):
     """(rule, ns per element) for a record, or ("flops", None)."""
     tag = per_element_tag(record.op)
-    softmax = getattr(spec, "softmax_ns_per_element", None)
-    silu = getattr(spec, "silu_ns_per_element", None)
-    rmsnorm = getattr(spec, "rmsnorm_ns_per_element", None)
+    softmax = spec.softmax_ns_per_element
+    silu = spec.silu_ns_per_element
+    rmsnorm = spec.rmsnorm_ns_per_element
     if softmax is not None and tag == "softmax":
         return "softmax", softmax
     if silu is not None and tag == "silu":
@@ -150,11 +150,10 @@ def op_costs(trace: Trace, spec) -> list[OpCost]:
 
 def crosses_host_link(spec) -> bool:
     """True when the device sits behind a host link that the spec describes."""
-    if spec is None or getattr(spec, "device_type", "") == "cpu":
+    if spec is None or spec.device_type == "cpu":
         return False
-    return any(getattr(spec, f, None) is not None for f in (
-        "host_to_device_bw", "host_to_device_pj_per_bit",
-        "device_to_host_bw", "device_to_host_pj_per_bit"))
+    return any(v is not None for v in (spec.host_to_device_bw, spec.host_to_device_pj_per_bit,
+                                        spec.device_to_host_bw, spec.device_to_host_pj_per_bit))
 
 
 def host_link_bytes(trace: Trace) -> tuple[int, int]:
@@ -219,7 +218,7 @@ def roofline(trace: Trace, spec, io_model: str = "per_op") -> Roofline:
     to_device, to_host, link = 0, 0, 0.0
     if crosses_host_link(spec):
         to_device, to_host = host_link_bytes(trace)
-        h2d = getattr(spec, "host_to_device_bw", None)
-        d2h = getattr(spec, "device_to_host_bw", None)
+        h2d = spec.host_to_device_bw
+        d2h = spec.device_to_host_bw
         link = (to_device / h2d if h2d else 0.0) + (to_host / d2h if d2h else 0.0)
     return Roofline(compute, memory, ops, memory_bound, to_device, to_host, link, io_model)

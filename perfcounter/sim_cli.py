@@ -101,7 +101,8 @@ def count(args):
     if args.counts is not None:
         return TransformerPerformanceCounter.from_json(args.counts)
     if args.precision not in PRECISIONS:
-        raise MappingError(f"unknown --precision {args.precision!r}; valid: {', '.join(PRECISIONS)}")
+        raise MappingError(f"unknown --precision {args.precision!r}; "
+                           f"valid: {', '.join(PRECISIONS)}")
     dtype = PRECISIONS[args.precision]
     sizes = dict(batch_size=args.batch_size, prompt_length=args.prompt_length,
                  max_new_tokens=args.max_new_tokens)
@@ -184,7 +185,8 @@ def run(args) -> int:
     kwargs = dict(host=args.host, default_device=args.default_device,
                   elementwise_model=args.elementwise_model, overlap=args.overlap,
                   peak_fraction=_peak_fraction(args.peak_fraction),
-                  device_link=_link(args.device_link_GBs, args.device_link_pj_per_bit, "device_link"),
+                  device_link=_link(args.device_link_GBs, args.device_link_pj_per_bit,
+                                    "device_link"),
                   interconnect=_link(args.interconnect_GBs, args.interconnect_pj_per_bit,
                                      "interconnect"))
     try:

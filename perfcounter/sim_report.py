@@ -40,14 +40,16 @@ def render(sim, *, layers=False, functions=False, log=False, log_summary=False) 
 
 def _header(sim) -> str:
     opts = sim.options
+    default = opts.get("default_device") or "none (unmapped modules stay where the previous ran)"
     lines = [f"Simulation: {len(sim.mapping)} mapping keys, host {sim.host}, default device "
-             f"{opts.get('default_device') or 'none (unmapped modules stay where the previous ran)'}"
+             f"{default}"
              f", elementwise model {opts.get('elementwise_model')}, "
              f"overlap {'on' if opts.get('overlap') else 'off'}"]
     rows = []
     for key, d in sim.devices.items():
         rows.append([key, d.get("device_type") or "-", si(d.get("bandwidth"), "B/s", 1),
-                     si(d.get("flops_per_s"), "FLOP/s", 1), si(d.get("host_to_device_bw"), "B/s", 1),
+                     si(d.get("flops_per_s"), "FLOP/s", 1),
+                     si(d.get("host_to_device_bw"), "B/s", 1),
                      si(d.get("device_to_host_bw"), "B/s", 1), f"{d.get('peak_fraction', 1):g}"])
     lines.append(format_table(rows, ["device", "type", "bandwidth", "peak", "host->dev",
                                      "dev->host", "peak fraction"], align="llrrrrr",

@@ -11,7 +11,7 @@ UPMEM's profiler prints (--report_layers, --report_functions, --print_log,
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from perfcounter._util import atomic_write
 
@@ -55,9 +55,7 @@ class DeviceResult:
         return sum(self.energy_by_component_j.values())
 
     def to_dict(self) -> dict:
-        out = {k: getattr(self, k) for k in self.__slots__}
-        out["energy_by_component_j"] = dict(self.energy_by_component_j)
-        return {**out, "time_s": self.time_s, "energy_j": self.energy_j}
+        return {**asdict(self), "time_s": self.time_s, "energy_j": self.energy_j}
 
 
 @dataclass(slots=True)
@@ -80,8 +78,7 @@ class ModuleResult:
     energy_j: float = 0.0
 
     def to_dict(self) -> dict:
-        return {k: (list(v) if isinstance(v, list) else v)
-                for k in self.__slots__ for v in [getattr(self, k)]}
+        return asdict(self)
 
 
 @dataclass(slots=True)
@@ -97,7 +94,7 @@ class FunctionResult:
     energy_j: float = 0.0
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__}
+        return asdict(self)
 
 
 @dataclass(slots=True)
@@ -114,7 +111,7 @@ class LogRow:
     transfer: str = ""  # "" for ops; the route ("pim-ai-4chip->host->upmem-h100") or "all-reduce"
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__}
+        return asdict(self)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from perfcounter.placement import MappingError
+from perfcounter.placement import MappingError, resolve_device
 from perfcounter.sim_trace import module_kind
 
 KINDS = {"attention_proj": "attention projections", "attention": "attention", "mlp": "MLP",
@@ -99,10 +99,13 @@ def search_mapping(source, candidates: list[str], objective: str = "energy", *,
     from perfcounter.simulate import _modules, _phases, simulate
 
     if objective not in OBJECTIVES:
-        raise MappingError(f"unknown search objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
+        raise MappingError(f"unknown search objective {objective!r}; "
+                           f"valid: {', '.join(OBJECTIVES)}")
     devices = [d.strip() for d in candidates if d.strip()]
     if not devices:
         raise MappingError("--search needs --devices: a comma-separated list of device names")
+    for name in devices:  # an unknown name fails here, once, naming --devices
+        resolve_device(name, None, where="--devices", extra=simulate_kwargs.get("devices"))
     if max_latency_ms is not None and not max_latency_ms > 0:
         raise MappingError(f"max_latency_ms must be > 0, got {max_latency_ms!r}")
     groups = kind_keys(_modules(_phases(source, simulate_kwargs.get("labels"))))

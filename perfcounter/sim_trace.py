@@ -210,7 +210,7 @@ class Prepared:
         self.root = trace.modules[0].path if trace.modules else None
         self.input_bytes = trace.compulsory_read[ROLES.index("input")]
         self.records: dict[tuple, list] = {}  # (spec, elementwise) -> per record costs
-        self.runs: dict[tuple, list] = {}  # (spec, elementwise) -> StepCost per step (None: not RUN)
+        self.runs: dict[tuple, list] = {}  # (spec, elementwise) -> per step (None: not a RUN)
 
     def record_costs(self, spec, elementwise: str) -> list[StepCost]:
         key = (spec, elementwise)

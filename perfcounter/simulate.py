@@ -194,9 +194,10 @@ class _Replay:
         per = self.prep.record_costs(dev.spec, self.elementwise)
         for i in step.records:
             r, rc = self.prep.trace.records[i], per[i]
-            f = self.funcs.get((dev.key, op_packet(r.op)))
+            op = op_packet(r.op)
+            f = self.funcs.get((dev.key, op))
             if f is None:
-                f = self.funcs[(dev.key, op_packet(r.op))] = FunctionResult(dev.key, op_packet(r.op))
+                f = self.funcs[(dev.key, op)] = FunctionResult(dev.key, op)
             f.calls += r.calls * step.share
             f.flops += rc.flops * step.share
             f.bytes += rc.bytes * step.share
@@ -335,7 +336,7 @@ def simulate(source, mapping=None, *, host=None, default_device: str | None = No
     if host is None:
         host = default_host()
     elif isinstance(host, str):
-        host = resolve_device(host, None, key="--host", extra=devices)
+        host = resolve_device(host, None, where="host", extra=devices)
     modules = _modules(phases)
     plan = Plan(mapping, modules, host, default_device=default_device,
                 peak_fraction=peak_fraction, extra=devices)

@@ -14,6 +14,7 @@ FOLD = {"buffer": "input"}  # a role added since -> the role it had before
 
 
 def _tiny(arch: str):
+    """A 2-layer tiny transformers model of `arch` (llama, qwen2) and a [2, 5] batch of ids."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM),

@@ -8,19 +8,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from perfcounter.mode import PerformanceCounterMode
 from perfcounter.trace import ROLES
+from records_snapshot import _tiny
 
 W, KV, ACT, INP, BUF = range(5)
-
-
-def _tiny(arch: str):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM),
-                          "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
-    cfg = cfg_cls(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=100, max_position_embeddings=64)
-    torch.manual_seed(0)
-    return model_cls(cfg).eval(), torch.randint(0, 100, (2, 5))
 
 
 @pytest.fixture(scope="module")
@@ -314,6 +304,13 @@ def test_plan_cache_is_typed_and_has_an_api():
     assert per_call == {"float32": (2, 12), "": (1, 24)}  # 3 * 4 B and 3 * 8 B (int64, no float)
     hits, misses, size = PLANS.cache_info()
     assert (hits, misses) == (1, 2) and size == 2
+    # mul.Scalar on int64 [3]: * 2 stays int64 (24 B written), * 2.0 promotes to float32 (12 B)
+    mode = PerformanceCounterMode()
+    with mode:
+        torch.ops.aten.mul.Scalar(torch.arange(3), 2)
+        torch.ops.aten.mul.Scalar(torch.arange(3), 2.0)
+    mul = [r for r in mode.trace().records if r.op == "aten.mul.Scalar"]
+    assert sorted((r.dtype, r.written[ACT]) for r in mul) == [("float32", 12), ("int64", 24)]
 
 
 def test_llama2_7b_config_under_fake_tensors():

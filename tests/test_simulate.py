@@ -350,7 +350,8 @@ def test_device_names_resolve_as_upmem_writes_them():
     ({"a": 3}, r"mapping entry 'a': expected 'device\[,options\]' as a string, got 3"),
     ({"a": ",t"}, r"mapping entry 'a': ',t' names no device"),
     ({" a": "dev-a"}, r"mapping key ' a': expected a module name"),
-    ({"aa": "dev-a"}, r"mapping key 'aa' \(dev-a\) matches no module of the model; did you mean 'a'"),
+    ({"aa": "dev-a"},
+     r"mapping key 'aa' \(dev-a\) matches no module of the model; did you mean 'a'"),
     ({"a": "dev-a", "Linear": "dev-b", "*.a": "dev-b", "T*.?": "dev-a"},  # 2 literals each
      r"module 'TwoLinears.a' \(Linear\): keys '\*.a', 'T\*.\?' match it equally"),
 ])
@@ -385,6 +386,12 @@ def test_bad_files_and_options(two, tmp_path):
         sim(two, {"a": "dev-a"}, device_link=(0, 1))
     with pytest.raises(TypeError, match=r"simulate\(\) takes a TransformerPerformanceCounter"):
         simulate(42)
+    with pytest.raises(MappingError, match=r"^--default_device: unknown device 'dev-z'"):
+        sim(two, {"a": "dev-a"}, default_device="dev-z")
+    with pytest.raises(MappingError, match=r"^--devices: unknown device 'dev-z'"):
+        search_mapping(two, ["dev-a", "dev-z"], host=HOST, devices=DEVICES)
+    with pytest.raises(MappingError, match=r"unknown search objective 'speed'; valid: energy"):
+        search_mapping(two, ["dev-a"], "speed", host=HOST, devices=DEVICES)
     good = tmp_path / "m.json"
     good.write_text(json.dumps({"a": "dev-a", "b": "dev-b,t"}))
     assert sim(two, good).phases["decode"].time_s == pytest.approx(708e-9)
@@ -417,7 +424,7 @@ def test_perfcounter_simulate_is_callable_after_importing_the_module(two):
     assert PREPARED.cache_info()["hits"] > 0
 
 
-# -- search ------------------------------------------------------------------------------------------
+# -- search ----------------------------------------------------------------------------------
 def test_search_finds_the_cheapest_placement_of_each_kind(tiny_counter):
     groups = kind_keys(tiny_counter.counts["prefill"].trace.modules)
     assert groups == {"attention": ["Attention"], "attention_proj": ["wqkv", "wo"],
@@ -513,7 +520,8 @@ def test_llama2_7b_decode_on_one_device_is_weight_streaming(llama2_7b, device, e
     # time >= weight bytes / bandwidth; energy >= weight bits x pJ/bit + 2 FLOPs per
     # weight (a bf16 weight is 2 B) x pJ/FLOP: UPMEM's model, where it is right
     time_bound = weight / spec.bandwidth
-    energy_bound = (weight * 8 * spec.mem_pj_per_bit + weight * spec.pj_per_flop("bfloat16")) * 1e-12
+    energy_bound = (weight * 8 * spec.mem_pj_per_bit
+                    + weight * spec.pj_per_flop("bfloat16")) * 1e-12
     assert 1.0 <= p.time_s / time_bound <= 1.02
     assert 1.0 <= p.energy_j / energy_bound <= 1.02
 
@@ -537,3 +545,38 @@ def test_a_counter_saved_as_json_re_prices_the_same(two, tmp_path):
     back = TransformerPerformanceCounter.from_json(path)
     assert sim(back, {"a": "dev-a", "b": "dev-b,t"}).phases["decode"].time_s == \
         pytest.approx(708e-9)
+
+
+def test_generate_py_mapping_prices_the_counted_run(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "generate", Path(__file__).resolve().parents[1] / "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text("Attention: PIM-AI-4chip,t\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gen.main(config=_config(tmp_path), prompt_length=5, max_new_tokens=3, mapping=mapping,
+                 precision="float32", quiet=True, device_spec="generic-cpu", temperature=0)
+    out = capsys.readouterr().out
+    assert f"Simulated placement: {mapping}" in out and "pim-ai-4chip" in out
+    mapping.write_text("Attention: PIM-AI-4chip,x\n")  # fails before counting
+    with pytest.raises(MappingError, match="unknown option 'x'"):
+        gen.main(config=_config(tmp_path), mapping=mapping, quiet=True)
+
+
+def test_cli_real_hf_checkpoint_keeps_transformers_names(hf_llama_dir, tmp_path, capsys):
+    from perfcounter.cli import main
+    out = tmp_path / "sim.json"
+    argv = ["simulate", "--checkpoint_path", str(hf_llama_dir), "--hf", "--prompt_length", "4",
+            "--max_new_tokens", "2", "--precision", "float32", "--mapping",
+            "{q_proj: 'PIM-AI-4chip,t', model.layers.1.mlp: H100}", "--save_path", str(out)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(argv=argv) == 0
+    doc = json.loads(out.read_text())
+    devices = {m["path"]: m["devices"] for m in doc["phases"]["decode"]["modules"]}
+    assert devices["LlamaForCausalLM.model.layers.0.self_attn.q_proj"] == ["pim-ai-4chip"]
+    assert devices["LlamaForCausalLM.model.layers.1.mlp.down_proj"] == ["upmem-h100"]
