@@ -8,12 +8,14 @@ from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.devices import (CUDADeviceSpec, DeviceSpec, default_device_spec, get_device_spec,
                                  list_device_specs)
 from perfcounter.mode import PerformanceCounterMode
-from perfcounter.simulate import Simulation, simulate
+from perfcounter.simulation import Simulation, simulate
 from perfcounter.stats import PerformanceStats
+from perfcounter.timer import CUDAPerformanceTimer, PerformanceTimer, total_model_params
 from perfcounter.trace import OpRecord, Trace
 
 __version__ = "0.1.0"
 
-__all__ = ["CUDADeviceSpec", "DeviceSpec", "OpRecord", "PerformanceCounterMode",
-           "PerformanceStats", "Simulation", "Trace", "TransformerPerformanceCounter",
-           "default_device_spec", "get_device_spec", "list_device_specs", "simulate"]
+__all__ = ["CUDADeviceSpec", "CUDAPerformanceTimer", "DeviceSpec", "OpRecord",
+           "PerformanceCounterMode", "PerformanceStats", "PerformanceTimer", "Simulation", "Trace",
+           "TransformerPerformanceCounter", "default_device_spec", "get_device_spec",
+           "list_device_specs", "simulate", "total_model_params"]

@@ -30,6 +30,20 @@ Device names resolve as UPMEM writes them: any case, `_` or `-`; "host" is the
 host; UPMEM's own profile names (H100, Snapdragon8gen3, DGX100, ...) mean the
 registry's UPMEM profiles ("upmem-h100"), other names the registry's entries,
 and "FILE.yaml:ENTRY" a device file.
+
+Device figures beyond one device come from the DeviceSpec (YAML `peak_fraction`,
+`device_link_GBs` / `device_link_pj_per_bit`, `interconnect_GBs` /
+`interconnect_pj_per_bit`), and an option given to simulate() (or the CLI's
+--peak_fraction, --device_link_GBs, --interconnect_GBs) overrides them:
+- peak_fraction: one number for every device > {device: fraction} for that
+  device > the spec's `peak_fraction` > 1 (peak);
+- a device<->device transfer: the `device_link` option (one fabric between all
+  non-host devices, its pJ/bit included) > the specs' device link when both
+  ends have one (the slower end's bandwidth, the mean pJ/bit when both give
+  one) > through the host;
+- a tensor-parallel all-reduce: the `interconnect` option > the spec's
+  interconnect > through the host.
+A link without a pJ/bit charges 0 J and warns (once per link and simulation).
 """
 from __future__ import annotations
 
@@ -37,7 +51,8 @@ import enum
 import fnmatch
 import json
 import re
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfcounter._util import did_you_mean
@@ -310,19 +325,17 @@ def _check_fraction(where: str, f) -> float:
 class Plan:
     """A mapping resolved against a model's modules: the devices it uses (by key), and per
     module path the device it runs on (None: where the previous one ran), its own key and
-    value. peak_fraction: one number for every device, or {name or "host": fraction}; a
-    spec's own `peak_fraction` (once DeviceSpec has one) is used otherwise."""
+    value. peak_fraction: one number for every device, or {name or "host": fraction},
+    each overriding the spec's own `peak_fraction` (1 when the spec has none)."""
 
     def __init__(self, mapping: Mapping, modules, host_spec, *, default_device=None,
                  peak_fraction=None, extra: dict | None = None):
         self.extra = extra or {}
         self.host_spec = host_spec
-        self.all_fraction, self.fractions = None, {}
+        self.all_fraction, named = None, {}
         if isinstance(peak_fraction, dict):
-            for name, f in peak_fraction.items():
-                spec = host_spec if str(name).strip().lower() == HOST else \
-                    resolve_device(str(name), host_spec, where="peak_fraction", extra=self.extra)
-                self.fractions[id(spec)] = _check_fraction(f"of {name!r}", f)
+            named = {str(name).strip(): _check_fraction(f"of {name!r}", f)
+                     for name, f in peak_fraction.items()}
         elif peak_fraction is not None:
             self.all_fraction = _check_fraction("for every device", peak_fraction)
         self.host = Device(HOST, host_spec, 1, self._fraction(host_spec), True)
@@ -336,12 +349,22 @@ class Plan:
         self.where = {p: self.device(pl.assignment.device, pl.assignment.tp,
                                      f"mapping entry {pl.key!r}" if pl.key else "mapping")
                       for p, pl in placed.items() if pl.assignment is not None}
+        # per device options last, matched by entry name: a device the mapping loaded from
+        # a file ("FILE.yaml:ENTRY", a new object on each load) may be named by its entry
+        for name, f in named.items():
+            if name.lower() == HOST:
+                hit = [d for d in self.devices.values() if d.spec is host_spec]
+            else:
+                spec = resolve_device(name, host_spec, where="peak_fraction", extra=self.extra)
+                hit = [d for d in self.devices.values() if d.spec.name == spec.name]
+            for dev in hit:
+                dev.fraction = f
 
     def _fraction(self, spec) -> float:
+        """The option for every device, else the spec's own peak_fraction, else 1."""
         if self.all_fraction is not None:
             return self.all_fraction
-        own = getattr(spec, "peak_fraction", None)  # a DeviceSpec field once it exists
-        return self.fractions.get(id(spec), float(own) if own else 1.0)
+        return 1.0 if spec.peak_fraction is None else spec.peak_fraction
 
     def device(self, name: str, tp: int, where: str) -> Device:
         hit = self._by_value.get((name, tp))
@@ -367,23 +390,38 @@ class Link:
 
 @dataclass(frozen=True, slots=True)
 class Links:
-    """The links a simulation may use besides each device's host link."""
+    """The links a simulation may use besides each device's host link: the options given
+    (they override the specs' figures), else each DeviceSpec's own (see the module doc)."""
 
     device_link: Link | None = None  # one fabric between all non-host devices
     interconnect: Link | None = None  # within a tensor-parallel group
+    warned: set = field(default_factory=set, compare=False, repr=False)  # links without pJ/bit
+
+    def _priced(self, link: Link | None, what: str) -> Link | None:
+        """The link, with a warning (once per link and simulation) when it has no pJ/bit."""
+        if link is not None and link.pj_per_bit is None and what not in self.warned:
+            self.warned.add(what)
+            warnings.warn(f"{what} has no pJ/bit: its transfers cost time but 0 J",
+                          stacklevel=4)
+        return link
 
     def between(self, src: Device, dst: Device) -> Link | None:
-        """The device<->device link: both specs' figures when both have one (the slower
-        end's bandwidth, the mean pJ/bit), else the fabric given, else None (via host)."""
-        ends = [getattr(d.spec, "device_link_bw", None) for d in (src, dst)]
-        if all(ends):
-            pjs = [getattr(d.spec, "device_link_pj_per_bit", None) for d in (src, dst)]
-            return Link(min(ends), None if None in pjs else sum(pjs) / 2)
-        return self.device_link
+        """The device<->device link: the fabric given, else both specs' figures when both
+        have one (the slower end's bandwidth, the mean pJ/bit), else None (via the host)."""
+        if self.device_link is not None:
+            return self._priced(self.device_link, "the device_link option")
+        ends = [d.spec.device_link_bw for d in (src, dst)]
+        if None in ends:
+            return None
+        pjs = [d.spec.device_link_pj_per_bit for d in (src, dst)]
+        return self._priced(Link(min(ends), None if None in pjs else sum(pjs) / 2),
+                            f"the device link {src.spec.name}<->{dst.spec.name}")
 
     def within(self, dev: Device) -> Link | None:
-        """The interconnect of a tensor-parallel group: the spec's, else the one given."""
-        bw = getattr(dev.spec, "interconnect_bw", None)
-        if bw:
-            return Link(bw, getattr(dev.spec, "interconnect_pj_per_bit", None))
-        return self.interconnect
+        """The interconnect of a tensor-parallel group: the one given, else the spec's."""
+        if self.interconnect is not None:
+            return self._priced(self.interconnect, "the interconnect option")
+        if dev.spec.interconnect_bw is None:
+            return None
+        return self._priced(Link(dev.spec.interconnect_bw, dev.spec.interconnect_pj_per_bit),
+                            f"the interconnect of {dev.spec.name}")

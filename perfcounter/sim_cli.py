@@ -15,6 +15,15 @@ LlamaRMSNorm: the names UPMEM's mappings use); without it perfcounter's gpt-fast
 model runs (wqkv, wo, w1, w2, w3, output, RMSNorm). `cli.py` registers
 `add_parser`; errors are ValueErrors, which the command prints on one line
 (exit 2).
+
+Device figures: each device's spec gives its own peak_fraction, device link
+and tensor-parallel interconnect (YAML `peak_fraction`, `device_link_GBs`,
+`interconnect_GBs`, ... see devices/schema.py); --peak_fraction,
+--device_link_GBs and --interconnect_GBs (with their _pj_per_bit) override
+them when given: --peak_fraction 0.8 for every device, DEVICE=F for that
+device; --device_link_GBs for every device<->device transfer, instead of the
+specs' links; --interconnect_GBs for every tensor-parallel group, instead of
+each spec's interconnect (placement.py's doc has the full order).
 """
 from __future__ import annotations
 
@@ -170,7 +179,7 @@ def _link(bw_gbs, pj, name: str):
 def run(args) -> int:
     from perfcounter._util import atomic_write, check_writable_target
     from perfcounter.sim_search import search_mapping
-    from perfcounter.simulate import simulate
+    from perfcounter.simulation import simulate
 
     for path in (args.save_path, args.save_mapping, args.save_counts):
         if path is not None:  # fail before a long count, not after
@@ -244,10 +253,13 @@ def add_parser(sub) -> None:
                    help="softmax/SiLU/RMSNorm by FLOPs and bytes, or by ns per element (UPMEM)")
     g.add_argument("--overlap", action="store_true",
                    help="a transfer overlaps the next layer's compute (max, not sum)")
-    g.add_argument("--peak_fraction", help="achievable/peak: 0.8, or pim-ai-4chip=0.7,host=0.5")
-    g.add_argument("--device_link_GBs", type=float, help="device<->device link bandwidth")
+    g.add_argument("--peak_fraction", help="achievable/peak: 0.8, or pim-ai-4chip=0.7,host=0.5 "
+                   "(overrides the specs' peak_fraction; default: the spec's, else 1)")
+    g.add_argument("--device_link_GBs", type=float, help="device<->device link bandwidth, one "
+                   "way (overrides the specs' device_link_GBs; default: theirs, else via host)")
     g.add_argument("--device_link_pj_per_bit", type=float)
-    g.add_argument("--interconnect_GBs", type=float, help="tensor-parallel interconnect")
+    g.add_argument("--interconnect_GBs", type=float, help="tensor-parallel interconnect, one way "
+                   "(overrides the specs' interconnect_GBs; default: theirs, else via host)")
     g.add_argument("--interconnect_pj_per_bit", type=float)
     g = p.add_argument_group("search")
     g.add_argument("--search", choices=["energy", "latency"],

@@ -96,7 +96,7 @@ def search_mapping(source, candidates: list[str], objective: str = "energy", *,
                    max_latency_ms: float | None = None, **simulate_kwargs) -> SearchResult:
     """The mapping of module kinds to the `candidates` devices that minimizes `objective`
     under the bound; simulate_kwargs go to every simulate() (host, devices, links, ...)."""
-    from perfcounter.simulate import _modules, _phases, simulate
+    from perfcounter.simulation import _modules, _phases, simulate
 
     if objective not in OBJECTIVES:
         raise MappingError(f"unknown search objective {objective!r}; "

@@ -271,8 +271,9 @@ PREPARED = PreparedCache()
 
 
 def is_upmem_profile(spec) -> bool:
-    """A spec that came from UPMEM's accelerator file (its bandwidth cites UPMEM)."""
-    return "upmem" in str(getattr(spec, "source", {}).get("bandwidth", "")).lower()
+    """A spec marked as one of the UPMEM framework's profiles (DeviceSpec.profile "upmem":
+    `profile: upmem` in our YAML, or any entry of a file in UPMEM's own format)."""
+    return spec.profile == "upmem"
 
 
 def elementwise_spec(spec, model: str):

@@ -33,8 +33,6 @@ says, and:
 """
 from __future__ import annotations
 
-import sys
-import types
 import warnings
 from dataclasses import astuple
 
@@ -359,14 +357,3 @@ def simulate(source, mapping=None, *, host=None, default_device: str | None = No
                                      ("interconnect", links.interconnect))}}
     return Simulation(results, mapping.to_dict(), host.name, options,
                       {k: _device_figures(d) for k, d in plan.devices.items()}, sorted(notes))
-
-
-class _CallableModule(types.ModuleType):
-    """`perfcounter.simulate(...)` is the function, but once this module is imported the
-    package attribute `perfcounter.simulate` is the module: calling it calls the function."""
-
-    def __call__(self, *args, **kwargs) -> Simulation:
-        return simulate(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

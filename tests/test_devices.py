@@ -212,6 +212,13 @@ devices:
     ("    tflops: {bfloat16: 0}\n", ["field 'tflops.bfloat16'", "got 0", "positive number"]),
     ("    aliases: 7\n", ["field 'aliases'", "got 7", "list of non-empty strings"]),
     ("    dtype: int8\n", ["field 'dtype'", "got 'int8'", "one of the tflops dtypes"]),
+    ("    peak_fraction: 1.5\n", ["field 'peak_fraction'", "got 1.5", "a number in (0, 1]"]),
+    ("    peak_fraction: 0\n", ["field 'peak_fraction'", "got 0", "a number in (0, 1]"]),
+    ("    device_link_GBs: 0\n", ["field 'device_link_GBs'", "got 0", "a positive number"]),
+    ("    interconnect_GBs: fast\n", ["field 'interconnect_GBs'", "got 'fast'", "positive"]),
+    ("    device_link_pj_per_bit: -1\n", ["field 'device_link_pj_per_bit'", "got -1",
+                                        "non-negative"]),
+    ("    profile: upmen\n", ["field 'profile'", "got 'upmen'", "one of upmem"]),
 ])
 def test_bad_entry_errors_name_file_entry_field_value_and_expectation(tmp_path, entry, expect):
     lines = GOOD.splitlines()
@@ -333,6 +340,99 @@ def test_write_and_read_back(tmp_path):
         write_device_specs(tmp_path / "bad.yaml", [DeviceSpec(name="x", bandwidth=1.0,
                                                               flops_per_s=1.0, dtype="bf16")])
     assert not (tmp_path / "bad.yaml").exists()
+
+
+LINKED = GOOD.replace("    source: my lab's measurement\n", """\
+    profile: upmem
+    device_link_GBs: 450
+    device_link_pj_per_bit: 1.5
+    interconnect_GBs: 300
+    interconnect_pj_per_bit: 2
+    peak_fraction: 0.8
+    source:
+      default: my lab's measurement
+      device_link_GBs: link datasheet
+      interconnect_GBs: switch datasheet
+""")
+
+
+def test_link_fraction_and_profile_fields_load_from_our_schema(tmp_path):
+    (spec,) = load_device_specs(_write(tmp_path, LINKED))
+    # GB/s -> B/s: 450 * 1e9, 300 * 1e9
+    assert (spec.device_link_bw, spec.device_link_pj_per_bit) == (450e9, 1.5)
+    assert (spec.interconnect_bw, spec.interconnect_pj_per_bit) == (300e9, 2.0)
+    assert spec.peak_fraction == 0.8 and spec.profile == "upmem"
+    assert spec.source["device_link_bw"] == "link datasheet"
+    assert spec.source["interconnect_bw"] == "switch datasheet"
+    assert spec.source["peak_fraction"] == spec.source["device_link_pj_per_bit"] == \
+        "my lab's measurement"
+    plain = DeviceSpec(name="x", bandwidth=1.0)  # all optional: unknown is None
+    assert (plain.device_link_bw, plain.interconnect_bw, plain.peak_fraction,
+            plain.profile) == (None, None, None, None)
+
+
+def test_a_link_figure_without_a_source_is_refused(tmp_path):
+    path = _write(tmp_path, GOOD.replace("    source: my lab's measurement\n",
+                                         "    device_link_GBs: 450\n    source:\n"
+                                         "      bandwidth_GBs: a\n      tflops: b\n"))
+    with pytest.raises(DeviceSpecError, match="entry 'my-gpu': figure 'device_link_GBs' has "
+                                              "no source"):
+        load_device_specs(path)
+
+
+def test_link_fraction_and_profile_round_trip_through_to_dict_and_the_yaml_writer(tmp_path):
+    (spec,) = load_device_specs(_write(tmp_path, LINKED))
+    assert DeviceSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    (back,) = load_device_specs(write_device_specs(tmp_path / "out.yaml", [spec]))
+    for f in ("device_link_bw", "device_link_pj_per_bit", "interconnect_bw",
+              "interconnect_pj_per_bit", "peak_fraction", "bandwidth"):
+        assert getattr(back, f) == pytest.approx(getattr(spec, f)), f
+    assert back.profile == "upmem" and back.source == spec.source
+    text = (tmp_path / "out.yaml").read_text()
+    assert "device_link_GBs: 450" in text and "profile: upmem" in text
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"peak_fraction": 1.01}, r"peak_fraction must be a number in \(0, 1\], got 1.01"),
+    ({"peak_fraction": 0}, r"peak_fraction must be a number in \(0, 1\], got 0"),
+    ({"peak_fraction": "0.5"}, "peak_fraction must be a number, got '0.5'"),
+    ({"device_link_bw": -1}, "device_link_bw must be a positive"),
+    ({"interconnect_pj_per_bit": float("nan")}, "interconnect_pj_per_bit must be a non-negative"),
+    ({"profile": "upmen"}, r"unknown profile 'upmen'; did you mean upmem\? \(valid: upmem"),
+    ({"profile": 3}, "unknown profile 3"),
+])
+def test_constructor_rejects_bad_link_fraction_and_profile(kwargs, match):
+    with pytest.raises(DeviceSpecError, match=match) as info:
+        DeviceSpec(name="x", **kwargs)
+    assert info.value.field == next(iter(kwargs))
+    assert DeviceSpec(name="x", profile=" UPMEM ").profile == "upmem"  # one spelling
+
+
+def test_shipped_links_and_profiles():
+    h100 = get_device_spec("h100-sxm")
+    # NVLink 900 GB/s both ways together: 450 GB/s each way; no pJ/bit is published
+    assert (h100.device_link_bw, h100.interconnect_bw) == (450e9, 450e9)
+    assert h100.device_link_pj_per_bit is None and "NVLink 900 GB/s" in \
+        h100.source["device_link_bw"]
+    assert get_device_spec("a100-sxm4-80gb").device_link_bw == 300e9  # 600 / 2
+    assert get_device_spec("b200").interconnect_bw == 900e9  # 1.8 TB/s / 2
+    for name in ("h100-pcie", "v100-sxm2-16gb", "pim-ai-4chip", "generic-cpu"):
+        assert get_device_spec(name).device_link_bw is None, name  # no sourced figure
+    assert all(get_device_spec(n).peak_fraction is None for n in list_device_specs())
+    # UPMEM's profiles say so; a datasheet entry whose source merely cites UPMEM does not
+    assert get_device_spec("pim-ai-4chip").profile == "upmem"
+    assert get_device_spec("upmem-snapdragon8gen3").profile == "upmem"
+    assert get_device_spec("a17-pro").profile is None
+    assert get_device_spec("h100-sxm").profile is None
+
+
+def test_an_upmem_format_file_is_an_upmem_profile(tmp_path):
+    path = _write(tmp_path, UPMEM_TEXT, "accels.yaml")
+    assert {s.profile for s in load_device_specs(path)} == {"upmem"}
+    path = _write(tmp_path, UPMEM_TEXT.replace("    tflops: 320\n",
+                                               "    tflops: 320\n    profile: upmem\n"), "b.yaml")
+    with pytest.raises(DeviceSpecError, match="unknown field 'profile'"):
+        load_device_specs(path)  # UPMEM's schema has no such field: it is implied
 
 
 def test_parse_rejects_what_is_neither_schema():

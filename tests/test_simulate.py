@@ -6,6 +6,7 @@ checked with a pencil (1 pJ = 1e-12 J, 1 ns = 1e-9 s).
 import itertools
 import json
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -173,6 +174,90 @@ def test_device_link_between_two_devices(two):
     assert p.devices["dev-b"].device_link_bytes == 0 and p.time_s == pytest.approx(708e-9)
 
 
+def linked(**figures):
+    """DEVICES with figures added to both toy devices ({"dev-a": {...}, "dev-b": {...}})."""
+    return {name: replace(spec, **figures.get(name, {})) for name, spec in DEVICES.items()}
+
+
+def test_a_spec_with_a_device_link_prices_the_transfer_over_it_without_an_option(two):
+    # dev-a: 1 GB/s @ 2 pJ/bit, dev-b: 2 GB/s @ 4 pJ/bit -> the slower end, 1 GB/s, and
+    # the mean, 3 pJ/bit: b's 32 B cross in 32 ns, 32*8*3 = 768 pJ, no host leg
+    devices = linked(**{"dev-a": {"device_link_bw": 1e9, "device_link_pj_per_bit": 2.0},
+                        "dev-b": {"device_link_bw": 2e9, "device_link_pj_per_bit": 4.0}})
+    p = simulate(two, {"a": "dev-a", "b": "dev-b"}, host=HOST,
+                 devices=devices).phases["decode"]
+    b = p.devices["dev-b"]
+    assert b.device_link_bytes == 32 and b.host_to_device_bytes == 0
+    assert p.devices["dev-a"].device_to_host_bytes == 0
+    assert p.energy_by_component_j["device_link"] == pytest.approx(768e-12)
+    assert p.time_s == pytest.approx(160e-9 + 176e-9 + 32e-9 + 52e-9 + 80e-9)
+    # the option overrides the specs: 0.5 GB/s @ 1 pJ/bit -> 64 ns, 32*8*1 = 256 pJ
+    p = simulate(two, {"a": "dev-a", "b": "dev-b"}, host=HOST, devices=devices,
+                 device_link=Link(0.5e9, 1.0)).phases["decode"]
+    assert p.time_s == pytest.approx(160e-9 + 176e-9 + 64e-9 + 52e-9 + 80e-9)
+    assert p.energy_by_component_j["device_link"] == pytest.approx(256e-12)
+    # one end without a link: through the host, as with no link at all (708 ns)
+    one = linked(**{"dev-a": {"device_link_bw": 1e9, "device_link_pj_per_bit": 2.0}})
+    p = simulate(two, {"a": "dev-a", "b": "dev-b"}, host=HOST, devices=one).phases["decode"]
+    assert p.devices["dev-b"].device_link_bytes == 0 and p.time_s == pytest.approx(708e-9)
+
+
+def test_a_link_without_pj_per_bit_costs_time_and_warns_of_its_0_joules(two):
+    devices = linked(**{"dev-a": {"device_link_bw": 1e9}, "dev-b": {"device_link_bw": 1e9}})
+    with pytest.warns(UserWarning, match=r"device link dev-a<->dev-b has no pJ/bit"):
+        p = simulate(two, {"a": "dev-a", "b": "dev-b"}, host=HOST,
+                     devices=devices).phases["decode"]
+    assert p.devices["dev-b"].device_link_bytes == 32  # 32 B in 32 ns, 0 J
+    assert p.energy_by_component_j["device_link"] == 0
+    assert p.time_s == pytest.approx(160e-9 + 176e-9 + 32e-9 + 52e-9 + 80e-9)
+
+
+def test_shipped_nvlink_figures_price_a_gpu_to_gpu_transfer(two):
+    # h100-sxm -> a tp=2 group of h100-sxm: NVLink, 450 GB/s each way: 32 B in 32/450 ns
+    with pytest.warns(UserWarning, match="has no pJ/bit"):
+        p = simulate(two, {"a": "h100-sxm", "b": "h100-sxm,tp=2"}, host=HOST).phases["decode"]
+    hop = next(r for r in p.log if r.transfer == "h100-sxm->h100-sxm,tp=2")
+    assert hop.bytes == 32 and hop.duration_s == pytest.approx(32 / 450e9)
+    assert p.devices["h100-sxm,tp=2"].host_to_device_bytes == 0
+
+
+def test_the_interconnect_comes_from_the_spec_unless_given():
+    torch.manual_seed(0)
+    counter = count(Block(), torch.ones(1, 4))
+    devices = linked(**{"dev-a": {"interconnect_bw": 1e9, "interconnect_pj_per_bit": 1.0}})
+    # as test_tp2_mlp_all_reduce_bytes with interconnect=Link(1e9, 1.0): 16 B per device in
+    # 16 ns, 2 * 16 * 8 * 1 = 256 pJ, no note about a missing interconnect
+    s = simulate(counter, {"mlp": "dev-a,tp=2"}, host=HOST, devices=devices)
+    p = s.phases["decode"]
+    assert p.devices["dev-a,tp=2"].allreduce_bytes == 16
+    assert p.energy_by_component_j["device_link"] == pytest.approx(256e-12)
+    assert not any("interconnect" in n for n in s.notes)
+    given = sim(counter, {"mlp": "dev-a,tp=2"}, interconnect=Link(1e9, 1.0)).phases["decode"]
+    assert p.time_s == pytest.approx(given.time_s)
+    # the option overrides the spec: 2 GB/s -> 8 ns instead of 16
+    fast = simulate(counter, {"mlp": "dev-a,tp=2"}, host=HOST, devices=devices,
+                    interconnect=Link(2e9, 1.0)).phases["decode"]
+    assert fast.time_s == pytest.approx(p.time_s - 8e-9)
+
+
+def test_peak_fraction_from_the_spec_and_the_option_overriding_it(two):
+    devices = linked(**{"dev-a": {"peak_fraction": 0.5}})
+    # dev-a at half its peak: a takes 2 * 176 = 352 ns; the rest as before
+    s = simulate(two, {"a": "dev-a", "b": "dev-b"}, host=HOST, devices=devices)
+    p = s.phases["decode"]
+    assert p.time_s == pytest.approx(708e-9 + 176e-9)
+    assert p.devices["dev-a"].peak_fraction == 0.5 and p.devices["dev-b"].peak_fraction == 1
+    # an option for that device, or for every device, wins over the spec
+    for option in ({"dev-a": 1.0}, 1.0):
+        p = simulate(two, {"a": "dev-a", "b": "dev-b"}, host=HOST, devices=devices,
+                     peak_fraction=option).phases["decode"]
+        assert p.time_s == pytest.approx(708e-9), option
+    # an option for another device leaves dev-a's own
+    p = simulate(two, {"a": "dev-a", "b": "dev-b"}, host=HOST, devices=devices,
+                 peak_fraction={"dev-b": 1.0}).phases["decode"]
+    assert p.time_s == pytest.approx(708e-9 + 176e-9)
+
+
 def test_overlap_takes_the_longer_of_a_transfer_and_the_compute_after_it(two):
     # windows: [160 | 176] [160+80 | 52] [80 | 0] -> max: 176 + 240 + 80 = 496 ns
     p = sim(two, {"a": "dev-a", "b": "dev-b"}, overlap=True).phases["decode"]
@@ -303,6 +388,12 @@ def test_elementwise_model():
             up.rmsnorm_ns_per_element) == (0.4, 0.6, 1.1)
     datasheet = get_device_spec("h100-sxm")  # not UPMEM's: no defaults
     assert elementwise_spec(datasheet, "upmem") is datasheet
+    # the spec's `profile` decides, not the text of its sources: a17-pro cites UPMEM's
+    # A17Pro profile for some figures but is no UPMEM profile; a user spec marked upmem is
+    a17 = get_device_spec("a17-pro")
+    assert "UPMEM" in a17.source["bandwidth"] and elementwise_spec(a17, "upmem") is a17
+    mine = elementwise_spec(replace(DEV_A, profile="upmem"), "upmem")
+    assert (mine.softmax_ns_per_element, mine.rmsnorm_ns_per_element) == (0.4, 1.1)
 
 
 # -- mapping keys and device names -------------------------------------------------------------
@@ -416,11 +507,10 @@ def test_to_json_is_plain_data_written_atomically(two, tmp_path):
     assert "dev-a->host->dev-b" in text and "aten.mm" in text and "TwoLinears.b" in text
 
 
-def test_perfcounter_simulate_is_callable_after_importing_the_module(two):
-    import sys
-    module = sys.modules["perfcounter.simulate"]
-    assert callable(perfcounter.simulate) and callable(module)
-    assert module(two, host=HOST).phases["decode"].time_s > 0
+def test_perfcounter_simulate_is_the_function(two):
+    import perfcounter.simulation  # noqa: F401  (importing the module leaves the name alone)
+    assert perfcounter.simulate is perfcounter.simulation.simulate
+    assert perfcounter.simulate(two, host=HOST).phases["decode"].time_s > 0
     assert PREPARED.cache_info()["hits"] > 0
 
 
@@ -474,6 +564,47 @@ def test_cli_simulate_writes_json_and_exits_2_on_errors(tmp_path, capsys):
                    " tp=N (tensor parallel degree)")
     assert main(argv=["simulate", "--model", "llama-2-7bx"]) == 2
     assert "unknown model 'llama-2-7bx'" in capsys.readouterr().err
+
+
+def test_cli_device_figures_from_yaml_and_options_overriding_them(tmp_path, capsys,
+                                                                   monkeypatch):
+    from perfcounter.cli import main
+    from perfcounter.devices import registry
+    monkeypatch.setattr(registry, "_user_specs", [])  # the file's entries stay in this test
+    devs = tmp_path / "devs.yaml"
+    entry = ("    device_type: pim\n    dtype: float32\n    bandwidth_GBs: 1\n"
+             "    tflops: 0.001\n    host_to_device_bw_GBs: 0.1\n    device_to_host_bw_GBs: 0.1\n"
+             "    device_link_GBs: {link}\n    device_link_pj_per_bit: 1\n")
+    devs.write_text("source: test figures\ndevices:\n"
+                    "  link-a:\n" + entry.format(link=2) + "    peak_fraction: 0.5\n"
+                    "  link-b:\n" + entry.format(link=4))
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text(f"Attention: '{devs}:link-a'\nFeedForward: '{devs}:link-b'\n")
+    out = tmp_path / "sim.json"
+    argv = ["simulate", "--config", str(_config(tmp_path)), "--mapping", str(mapping),
+            "--prompt_length", "5", "--max_new_tokens", "2", "--precision", "float32",
+            "--save_path", str(out)]
+
+    def decode(*extra):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert main(argv=argv + list(extra)) == 0
+        capsys.readouterr()
+        return json.loads(out.read_text())["phases"]["decode"]
+
+    # --peak_fraction link-a=1 overrides link-a's own 0.5 (named by its entry, before the
+    # mapping has loaded the file)
+    full = decode("--peak_fraction", "link-a=1")
+    p = decode()
+    assert full["devices"]["link-a"]["peak_fraction"] == 1.0 and full["time_s"] < p["time_s"]
+    a, b = p["devices"]["link-a"], p["devices"]["link-b"]
+    assert a["peak_fraction"] == 0.5 and b["peak_fraction"] == 1.0  # link-a's own figure
+    moved = a["device_link_bytes"] + b["device_link_bytes"]
+    assert moved > 0  # attention <-> MLP over the specs' link: min(2, 4) = 2 GB/s
+    assert p["energy_by_component_j"]["device_link"] == pytest.approx(moved * 8 * 1e-12)
+    # --device_link_GBs 1 overrides it: the same bytes take twice as long (1 GB/s, not 2)
+    slow = decode("--device_link_GBs", "1", "--device_link_pj_per_bit", "1")
+    assert slow["time_s"] - p["time_s"] == pytest.approx(moved / 1e9 - moved / 2e9)
 
 
 def test_cli_search_prints_a_mapping_file(tmp_path, capsys):

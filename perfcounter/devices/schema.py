@@ -14,7 +14,16 @@ Our schema (device_specs/*.yaml, and what `perfcounter calibrate` writes):
         tflops: {bfloat16: 989.5, float32: 67}  # dense; a number means `dtype`
         mem_pj_per_bit: 7
         pj_per_flop: {bfloat16: 0.5}            # a number applies to every dtype
+        device_link_GBs: 450         # to another non-host device (NVLink ...), one way
+        interconnect_GBs: 450        # within a tensor-parallel group, one way
         source: {bandwidth_GBs: "datasheet ...", default: "..."}
+
+Optional figures for placement (simulate.py), each with a source like every
+other number: device_link_GBs / device_link_pj_per_bit, interconnect_GBs /
+interconnect_pj_per_bit, and peak_fraction (achievable / peak, 0 < f <= 1).
+`profile: upmem` marks an entry as one of the UPMEM LLM framework's simulator
+profiles (its conventions apply, e.g. default per-element costs); every entry
+of a file in UPMEM's own format gets it.
 
 Figure names follow the UPMEM framework's accelerator format (mem_bw_GBs,
 tflops, tflops_int4, pj_per_tflop, host_to_device_bw_GBs, ...), so an UPMEM
@@ -71,8 +80,14 @@ FIGURES = {
     "rmsnorm_ns_per_element": Figure("rmsnorm_ns_per_element", 1.0),
     "tdp_W": Figure("tdp_w", 1.0),
     "static_W": Figure("static_w", 1.0),
+    "device_link_GBs": Figure("device_link_bw", 1e9),
+    "device_link_pj_per_bit": Figure("device_link_pj_per_bit", 1.0),
+    "interconnect_GBs": Figure("interconnect_bw", 1e9),
+    "interconnect_pj_per_bit": Figure("interconnect_pj_per_bit", 1.0),
+    "peak_fraction": Figure("peak_fraction", 1.0),
 }
-OTHER_FIELDS = ("device_type", "dtype", "aliases", "cuda_names", "source", "notes")
+OTHER_FIELDS = ("device_type", "dtype", "profile", "aliases", "cuda_names", "source", "notes")
+UPMEM_PROFILE = "upmem"  # what `profile` says for the entries of a file in UPMEM's format
 UPMEM_REQUIRED = ("host_to_device_bw_GBs", "host_to_device_pj_per_bit",
                   "device_to_host_bw_GBs", "device_to_host_pj_per_bit", "mem_bw_GBs",
                   "mem_pj_per_bit", "tflops", "pj_per_tflop")
@@ -256,7 +271,8 @@ def _dtype(ctx: _Entry, value):
         raise ctx.bad("dtype", value, f"a dtype name ({exc})") from None
 
 
-def _build(ctx: _Entry, name: str, entry: dict, device_type: str, aliases, source) -> DeviceSpec:
+def _build(ctx: _Entry, name: str, entry: dict, device_type: str, aliases, source,
+           profile=None) -> DeviceSpec:
     given: dict = {}  # (DeviceSpec field, dtype or None) -> (YAML key, YAML value)
     dtype = _dtype(ctx, entry["dtype"]) if "dtype" in entry else None
     flops = _per_dtype(ctx, "tflops", entry["tflops"], [dtype or as_dtype("bfloat16")], given)
@@ -284,10 +300,13 @@ def _build(ctx: _Entry, name: str, entry: dict, device_type: str, aliases, sourc
             kwargs[target] = _scaled(entry[key], scale)
             given[(target, None)] = (key, entry[key])
     cuda_names = _patterns(ctx, entry.get("cuda_names", []))
+    if "profile" in entry:
+        profile = entry["profile"]
+        given[("profile", None)] = ("profile", profile)
     try:
         return DeviceSpec(device_type=device_type, name=name, dtype=dtype, flops_by_dtype=flops,
                           pj_per_flop_by_dtype=pj, source=source, aliases=aliases,
-                          cuda_names=cuda_names, **kwargs)
+                          cuda_names=cuda_names, profile=profile, **kwargs)
     except DeviceSpecError as exc:
         where = given.get((exc.field, exc.dtype))
         if where is not None and exc.expected:
@@ -342,7 +361,7 @@ def parse_device_specs(data, origin: str) -> list[DeviceSpec]:
             canonical = name.replace("_", "-").lower()
             aliases = (name,) if canonical != name else ()
             source = _sources(ctx, entry, f"UPMEM-format file {origin}, entry {name}")
-            spec = _build(ctx, canonical, entry, "accelerator", aliases, source)
+            spec = _build(ctx, canonical, entry, "accelerator", aliases, source, UPMEM_PROFILE)
         else:
             _check_fields(ctx, entry, tuple(FIGURES) + OTHER_FIELDS,
                           ("device_type", ("bandwidth_GBs", "mem_bw_GBs"), "tflops"))
@@ -392,6 +411,8 @@ def spec_to_entry(spec: DeviceSpec) -> dict:
         entry["cuda_names"] = list(spec.cuda_names)
     if spec.dtype is not None:
         entry["dtype"] = dtype_name(spec.dtype)
+    if spec.profile is not None:
+        entry["profile"] = spec.profile
     targets = {}
     for key, (target, scale) in FIGURES.items():
         if target in targets.values() or key[0].isupper():

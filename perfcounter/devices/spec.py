@@ -3,7 +3,11 @@
 A `DeviceSpec` holds memory bandwidth (B/s), peak FLOP/s per dtype (dense,
 not sparse), memory size, and the energy figures the energy model needs (pJ
 per bit of memory traffic, pJ per FLOP, host-link bandwidth and pJ/bit each
-way, optional per-element costs of softmax / SiLU / RMSNorm). Field names and
+way, optional per-element costs of softmax / SiLU / RMSNorm). For placement
+(simulate.py) it may also give a device<->device link and a tensor-parallel
+interconnect (bandwidth one way, pJ/bit), the fraction of peak a real run
+reaches (`peak_fraction`), and the conventions its figures follow (`profile`:
+"upmem" for the UPMEM LLM framework's simulator profiles). Field names and
 units of torchao's removed `DeviceSpec` are kept. `__post_init__` is the one
 place where a figure is checked; a file reader learns which field was wrong
 from `DeviceSpecError.field`.
@@ -109,13 +113,20 @@ def _warn_once(kind: str, spec: "DeviceSpec", dtype, used) -> None:
 
 # ---------------------------------------------------------------- DeviceSpec
 
-# figures that must be > 0, and those that may be 0 (an energy figure)
+# figures that must be > 0, those that may be 0 (an energy figure), and fractions in (0, 1]
 _POSITIVE = ("bandwidth", "flops_per_s", "vram", "roofline_balancepoint",
-             "host_to_device_bw", "device_to_host_bw", "softmax_ns_per_element",
-             "silu_ns_per_element", "rmsnorm_ns_per_element", "tdp_w", "flops_by_dtype")
+             "host_to_device_bw", "device_to_host_bw", "device_link_bw", "interconnect_bw",
+             "softmax_ns_per_element", "silu_ns_per_element", "rmsnorm_ns_per_element", "tdp_w",
+             "flops_by_dtype")
 _NON_NEGATIVE = ("mem_pj_per_bit", "host_to_device_pj_per_bit", "device_to_host_pj_per_bit",
-                 "static_w", "pj_per_flop_by_dtype")
+                 "device_link_pj_per_bit", "interconnect_pj_per_bit", "static_w",
+                 "pj_per_flop_by_dtype")
+_FRACTIONS = ("peak_fraction",)
 _TABLES = ("flops_by_dtype", "pj_per_flop_by_dtype")
+_EXPECTED = {"positive": "a positive number", "non-negative": "a non-negative number",
+             "fraction": "a number in (0, 1]"}
+# what `profile` may say: whose modelling conventions the figures follow
+PROFILES = {"upmem": "a simulator profile of the UPMEM LLM framework (its defaults apply)"}
 
 
 @dataclass(frozen=True)
@@ -126,6 +137,12 @@ class DeviceSpec:
     the peaks of every dtype the source gives. `roofline_balancepoint` is
     flops_per_s / bandwidth (FLOP/byte) unless given. Energy and link fields
     are None when unknown. `source` maps a field name to its citation.
+
+    `device_link_bw` / `device_link_pj_per_bit`: the link this device uses to
+    reach another non-host device (NVLink, ...), B/s one way; `interconnect_bw`
+    / `interconnect_pj_per_bit`: the link within a tensor-parallel group of
+    this device. `peak_fraction`: achievable / peak, 0 < f <= 1, applied to
+    FLOP/s and bandwidth by simulate(). `profile`: None, or a key of PROFILES.
     """
 
     device_type: str = "cuda"
@@ -142,20 +159,34 @@ class DeviceSpec:
     host_to_device_pj_per_bit: float | None = None
     device_to_host_bw: float | None = None  # B/s
     device_to_host_pj_per_bit: float | None = None
+    device_link_bw: float | None = None  # B/s, one way, to another non-host device
+    device_link_pj_per_bit: float | None = None
+    interconnect_bw: float | None = None  # B/s, one way, within a tensor-parallel group
+    interconnect_pj_per_bit: float | None = None
+    peak_fraction: float | None = None  # achievable / peak, in (0, 1]
     softmax_ns_per_element: float | None = None
     silu_ns_per_element: float | None = None
     rmsnorm_ns_per_element: float | None = None
     tdp_w: float | None = None
     static_w: float | None = None
+    profile: str | None = None  # "upmem": one of the UPMEM framework's profiles
     source: dict = field(default_factory=dict)  # field name -> citation
     aliases: tuple = ()
     cuda_names: tuple = ()  # names or globs matched against torch.cuda.get_device_name()
 
     def __post_init__(self):
         put = object.__setattr__
-        for name in _POSITIVE + _NON_NEGATIVE:
+        for name in _POSITIVE + _NON_NEGATIVE + _FRACTIONS:
             if name not in _TABLES:
                 put(self, name, self._number(name, getattr(self, name)))
+        if self.profile is not None:
+            profile = self.profile.strip().lower() if isinstance(self.profile, str) else None
+            if profile not in PROFILES:
+                raise DeviceSpecError(f"DeviceSpec {self._owner}: unknown profile "
+                                      f"{self.profile!r}{did_you_mean(profile or '', PROFILES)}"
+                                      f" (valid: {', '.join(PROFILES)}, or None)",
+                                      field="profile", expected=f"one of {', '.join(PROFILES)}")
+            put(self, "profile", profile)
         dtype = None if self.dtype is None else as_dtype(self.dtype)
         if dtype == TF32:
             raise DeviceSpecError(f"DeviceSpec {self._owner}: dtype tf32 is float32 run on "
@@ -181,20 +212,22 @@ class DeviceSpec:
 
     def _number(self, name: str, value, dtype=None) -> float | None:
         """A figure as a float: None stays None; bools, strings, NaN, ±inf and
-        values out of range (see _POSITIVE / _NON_NEGATIVE) are refused."""
+        values out of range (see _POSITIVE / _NON_NEGATIVE / _FRACTIONS) are refused."""
         if value is None:
             return None
-        kind = "positive" if name in _POSITIVE else "non-negative"
-        expected = f"a {kind} number"
+        kind = "positive" if name in _POSITIVE else \
+            "fraction" if name in _FRACTIONS else "non-negative"
+        expected = _EXPECTED[kind]
         label = name if dtype is None else f"{name}[{dtype_name(dtype)}]"
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise DeviceSpecError(f"DeviceSpec {self._owner}: {label} must be a number, "
                                   f"got {value!r}", field=name, dtype=dtype, expected=expected)
         number = float(value)
-        if not math.isfinite(number) or number < 0 or (kind == "positive" and number == 0):
-            raise DeviceSpecError(f"DeviceSpec {self._owner}: {label} must be a {kind} "
-                                  f"finite number, got {value!r}", field=name, dtype=dtype,
-                                  expected=expected)
+        bad = not math.isfinite(number) or number < 0 or (kind != "non-negative" and number == 0)
+        if bad or (kind == "fraction" and number > 1):
+            what = f"a {kind} finite number" if kind != "fraction" else expected
+            raise DeviceSpecError(f"DeviceSpec {self._owner}: {label} must be {what}, "
+                                  f"got {value!r}", field=name, dtype=dtype, expected=expected)
         return number
 
     def _table(self, name: str) -> dict:
