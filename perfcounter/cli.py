@@ -2,6 +2,11 @@
 
     perfcounter devices [NAME ...] [--type cuda] [--spec FILE.yaml] [--json]
     perfcounter calibrate [--array-mb 256] [--repeats 10] [--matmul-n 1024] [--out PATH]
+    perfcounter count --config config.json|FOLDER|PRESET [--batch_size 1] [--prompt_length 128]
+        [--new_tokens 4] [--precision bfloat16] [--expert_load balanced] [--save_path c.json]
+    perfcounter profile --config ... [--scope attn] [--attr FLOPS --attr MULT] [--phase prefill]
+    perfcounter sweep --model llama-3-8b,mixtral-8x7b --batch_size 1,8 --prompt_length 128,2048
+        [--max_new_tokens 256] [--device_spec h100-sxm,pim-ai-4dimm] [--mapping m.yaml] [--csv F]
 
 Each subcommand is a `_NAME(args) -> int` function registered in
 `build_parser()` with `set_defaults(run=...)`; add one the same way.
@@ -92,6 +97,81 @@ def _calibrate(args) -> int:
     return 0
 
 
+_PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _count_config(args):
+    """The counter `count` and `profile` share: count_config with the flags."""
+    from perfcounter.config_only import count_config
+    from perfcounter.model import UnknownModelError
+    spec = get_device_spec(args.device_spec, dtype=_PRECISIONS[args.precision]) \
+        if args.device_spec else None
+    try:
+        counter = count_config(args.config, batch_size=args.batch_size,
+                               prompt_length=args.prompt_length, new_tokens=args.new_tokens,
+                               dtype=_PRECISIONS[args.precision], hf=args.hf, cache=args.cache,
+                               expert_load=args.expert_load, device_spec=spec,
+                               io_model=args.io_model, depth=args.depth)
+    except UnknownModelError as e:  # not a file either
+        raise ValueError(f"--config {args.config!r} is no config file or folder, nor a preset: "
+                         f"{e}") from None
+    routing = counter.mode.expert_load
+    print(f"{args.config}: counted with no weights (FakeTensorMode), batch {args.batch_size}, "
+          f"prompt {args.prompt_length} tokens, {args.new_tokens} new tokens, {args.precision}; "
+          f"attention masks as the attention modules say (causal, sliding window); "
+          f"MoE routing {routing}")
+    return counter
+
+
+def _count(args) -> int:
+    counter = _count_config(args)
+    labels = [label for label in ("prefill", "decode") if label in counter.counts]
+    if args.json:
+        print(json.dumps(counter.to_dict(), indent=2))
+    else:
+        print(counter.print_summary(labels=labels))
+    if args.save_path:
+        counter.to_json(args.save_path)
+        print(f"wrote {args.save_path}")
+    return 0
+
+
+def _profile(args) -> int:
+    from perfcounter.profile import ATTRS, format_profile
+    attrs = args.attr or ["FLOPS"]
+    if attrs == ["ALL"]:
+        attrs = list(ATTRS)
+    counter = _count_config(args)
+    phases = [args.phase] if args.phase else [p for p in ("prefill", "decode") if p in counter.counts]
+    for phase in phases:
+        if phase not in counter.counts:
+            raise ValueError(f"no phase {phase!r}: counted {', '.join(counter.counts)}")
+        for scope in args.scope or ["transformer"]:
+            print(format_profile(counter.counts[phase], scope, attrs))
+    return 0
+
+
+def _add_config_flags(p) -> None:
+    p.add_argument("--config", required=True,
+                   help="a transformers config.json or a folder holding one (any causal LM), "
+                        "our ModelArgs config.json, or a preset name")
+    p.add_argument("--hf", action="store_true",
+                   help="transformers' model for a preset too (Llama, Mistral, Qwen2, Mixtral)")
+    p.add_argument("--batch_size", type=int, default=1)
+    p.add_argument("--prompt_length", type=int, default=128)
+    p.add_argument("--new_tokens", type=int, default=4,
+                   help="tokens generated: the first by prefill, the rest by decode steps")
+    p.add_argument("--precision", default="bfloat16", choices=list(_PRECISIONS))
+    p.add_argument("--cache", default="dynamic", choices=["dynamic", "static"],
+                   help="transformers' KV cache (default: dynamic, as model.generate)")
+    p.add_argument("--expert_load", default=None,
+                   help="MoE routing with no weights: 'balanced' (default) or weights per "
+                        "expert, '4,2,1,1'")
+    p.add_argument("--device_spec", default=None, help="registry name or YAML path to price on")
+    p.add_argument("--io_model", default="per_op", choices=["per_op", "compulsory"])
+    p.add_argument("--depth", type=int, default=10, help="module depth the counter tracks")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="perfcounter",
@@ -125,8 +205,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-write", action="store_true", help="measure and print only")
     p.set_defaults(run=_calibrate)
 
+    p = sub.add_parser("count", help="count a model from its config alone (no weights)",
+                       description="Count one greedy generation (prefill, decode steps) of a "
+                       "model known by its config, under FakeTensorMode: no weights, no memory.")
+    _add_config_flags(p)
+    p.add_argument("--json", action="store_true", help="print the counter's to_dict() as JSON")
+    p.add_argument("--save_path", default=None, help="write the counts as JSON")
+    p.set_defaults(run=_count)
+
+    p = sub.add_parser("profile", help="llm-profiler's query: FLOPS, ADD, MULT, ... of a scope",
+                       description="Count a config (as `count` does), then print llm-profiler's "
+                       "figures of a scope: transformer, attn, mlp, a module class, path or glob.")
+    _add_config_flags(p)
+    p.add_argument("--scope", action="append", default=None,
+                   help="transformer (default), attn, mlp, embedding, lm_head, a module class "
+                        "(LlamaDecoderLayer), path or glob (model.layers.12.self_attn.k_proj); "
+                        "repeatable")
+    p.add_argument("--attr", action="append", default=None, type=str.upper,
+                   help="FLOPS (default), ADD, MULT, DIV, SQRT, EXP, SPECIAL, CMP, PARAMS, ACT, "
+                        "CACHE or ALL; repeatable")
+    p.add_argument("--phase", default=None, help="prefill or decode (default: both)")
+    p.set_defaults(run=_profile)
+
     from perfcounter.sim_cli import add_parser as add_simulate  # perfcounter simulate
     add_simulate(sub)
+    from perfcounter.sweep import add_parser as add_sweep  # perfcounter sweep
+    add_sweep(sub)
     return parser
 
 

@@ -1,9 +1,23 @@
 """Counting a model from its config alone, under FakeTensorMode.
 
-    counter = TransformerPerformanceCounter(device_spec="h100-sxm")
-    count_config_only(ModelArgs.from_name("llama-3-8b"), counter, prompt_length=128,
-                      max_new_tokens=4)
+    counter = perfcounter.count_config("path/to/config.json", batch_size=1, prompt_length=128,
+                                       new_tokens=4, dtype=torch.bfloat16)
     print(counter.compare(["h100-sxm", "a100-sxm4-80gb"]))
+    print(counter.counts["decode"].profile("attn", "FLOPS"))
+
+`count_config` takes any transformers causal-LM config (a `PretrainedConfig`, a
+local config.json or a folder holding one: transformers' own model class runs,
+whatever the architecture), or a perfcounter preset name or `ModelArgs` (our
+gpt-fast model runs; `hf=True` runs transformers' Llama/Mistral/Qwen2/Mixtral
+instead), and returns a TransformerPerformanceCounter with phases "prefill" and
+"decode". transformers' models generate greedily with their default cache
+(`cache="dynamic"`, what `model.generate` uses) or a StaticCache (`"static"`).
+Under fake tensors two things have no values and are assumed, as stated:
+attention masks have the structure of the attention module (causal, its
+sliding window; op_data.py), and MoE routing spreads rows over experts as
+`expert_load` says (balanced by default). A MoE config asking for
+`experts_implementation="eager"` is counted on the default grouped_mm path (the
+eager loop routes by values; the FLOPs are the same).
 
 `count_config_only` builds our Transformer with fake parameters (loading's
 `fake_model`: shapes and dtypes, no data, no memory, so a 70B model counts on
@@ -16,10 +30,16 @@ generate.py passes its own, and its sampling ops count too.
 """
 from __future__ import annotations
 
+import inspect
+import json
+from pathlib import Path
+
 import torch
 
 from perfcounter.loading import fake_model
 from perfcounter.model import ModelArgs
+
+CACHES = ("dynamic", "static")
 
 
 def _argmax_token(logits: torch.Tensor) -> torch.Tensor:
@@ -57,3 +77,154 @@ def count_config_only(args: ModelArgs, counter, *, batch_size: int = 1, prompt_l
         x = torch.zeros(batch_size, prompt_length, dtype=torch.int64, device=device)
         generate(model, x, max_new_tokens, phase=counter.count, **sampling_kwargs)
     return model
+
+
+# -- any transformers config -------------------------------------------------------------
+def resolve_config(config):
+    """A transformers PretrainedConfig or our ModelArgs, from what count_config accepts:
+    either of those, a dict, a config.json or a folder holding one, or a preset name."""
+    from perfcounter.loading import CheckpointError, model_args_from_dict
+    from perfcounter.tokenizer import offline_transformers
+    if isinstance(config, ModelArgs):
+        return config
+    transformers = offline_transformers()
+    if isinstance(config, transformers.PretrainedConfig):
+        return config
+    source = "config"
+    if isinstance(config, (str, Path)):
+        path = Path(config)
+        if path.is_dir():
+            path = path / "config.json"
+            if not path.is_file():
+                raise CheckpointError(f"{config}: a folder without config.json")
+        if not path.is_file():
+            if path.suffix == ".json" or len(path.parts) > 2:
+                raise CheckpointError(f"{config}: no such config file")
+            return ModelArgs.from_name(str(config))  # a preset (UnknownModelError says which)
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise CheckpointError(f"{path}: not readable JSON ({e})") from None
+        source = str(path)
+    if not isinstance(config, dict):
+        raise TypeError(f"count_config takes a transformers config, a config.json path or "
+                        f"folder, a preset name or ModelArgs; got {type(config).__name__}")
+    if "model_type" not in config:
+        return model_args_from_dict(config, source)
+    data = dict(config)
+    model_type = data.pop("model_type")
+    try:
+        return transformers.AutoConfig.for_model(model_type, **data)
+    except (ValueError, KeyError) as e:
+        raise CheckpointError(f"{source}: model_type {model_type!r} is not a transformers "
+                              f"{transformers.__version__} architecture ({e})") from None
+
+
+def fake_hf_model(config, *, dtype=torch.bfloat16):
+    """(transformers causal LM for `config`, its FakeTensorMode): fake parameters, no memory;
+    MoE experts on the default grouped_mm path (see the module doc)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from perfcounter.tokenizer import offline_transformers
+    transformers = offline_transformers()
+    fake_mode = FakeTensorMode()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # fake parameters cannot be cast afterwards: build in dtype
+    try:
+        with fake_mode:
+            model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    except ValueError as e:  # not a causal LM
+        raise ValueError(f"{type(config).__name__} ({config.model_type}): transformers has no "
+                         f"causal LM for it ({e})") from None
+    finally:
+        torch.set_default_dtype(default)
+    if getattr(model.config, "_experts_implementation", None) == "eager":
+        try:
+            model.set_experts_implementation("grouped_mm")
+        except ValueError:  # no experts to set
+            pass
+    return model, fake_mode
+
+
+@torch.no_grad()
+def hf_greedy_generate(model, prompt: torch.Tensor, max_new_tokens: int, *, phase,
+                       cache: str = "dynamic"):
+    """prompt [B, S] through a transformers causal LM, as `model.generate` runs it greedily:
+    a prefill block, then one decode block per further token, each wrapped in
+    `phase(label, num_tokens)`; the cache transformers makes by default, or a StaticCache."""
+    batch, length = prompt.shape
+    key = "cache_params" if "cache_params" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
+    kwargs = {"use_cache": True}
+    if cache == "static":
+        import transformers
+        kwargs[key] = transformers.StaticCache(config=model.config,
+                                               max_cache_len=length + max_new_tokens)
+    with phase("prefill", num_tokens=batch * length):
+        out = model(input_ids=prompt, **kwargs)
+        token = _argmax_token(out.logits)
+    tokens = [prompt, token]
+    kwargs[key] = getattr(out, key)
+    for _ in range(max_new_tokens - 1):
+        with phase("decode", num_tokens=batch):
+            out = model(input_ids=token, **kwargs)
+            token = _argmax_token(out.logits)
+        kwargs[key] = getattr(out, key)
+        tokens.append(token)
+    return torch.cat(tokens, dim=-1)
+
+
+def count_hf_config(config, counter, *, batch_size: int = 1, prompt_length: int,
+                    max_new_tokens: int, dtype=torch.bfloat16, cache: str = "dynamic",
+                    derive: bool = False):
+    """Count one greedy generation of transformers' model for `config` (anything
+    count_config takes; ModelArgs and presets as transformers' Llama/Mistral/Qwen2/Mixtral)
+    with `counter`, no weights: labels "prefill" and "decode". Returns the fake model.
+    derive: count one layer per kind and the first decode steps, derive the rest
+    (perfcounter.derive.count_generation: exact, checked, falls back to counting)."""
+    if cache not in CACHES:
+        raise ValueError(f"cache={cache!r}; expected one of {', '.join(CACHES)}")
+    resolved = resolve_config(config)
+    if isinstance(resolved, ModelArgs):
+        from perfcounter.sim_cli import hf_config
+        resolved = hf_config(resolved)
+    if derive:
+        from perfcounter.derive import count_generation
+        return count_generation(resolved, counter, batch_size=batch_size,
+                                prompt_length=prompt_length, max_new_tokens=max_new_tokens,
+                                make_model=lambda c: fake_hf_model(c, dtype=dtype),
+                                generate=hf_greedy_generate, cache=cache)
+    model, fake_mode = fake_hf_model(resolved, dtype=dtype)
+    with fake_mode:
+        prompt = torch.zeros(batch_size, prompt_length, dtype=torch.int64)
+        hf_greedy_generate(model, prompt, max_new_tokens, phase=counter.count, cache=cache)
+    return model
+
+
+def count_config(config, *, batch_size: int = 1, prompt_length: int = 128, new_tokens: int = 4,
+                 dtype=torch.bfloat16, hf: bool | None = None, cache: str = "dynamic",
+                 expert_load=None, device_spec=None, io_model: str = "per_op", depth: int = 10):
+    """Count one greedy generation of a model known by its config alone (no weights, no
+    memory): a TransformerPerformanceCounter with "prefill" (batch_size x prompt_length
+    tokens) and "decode" (new_tokens - 1 steps of batch_size tokens).
+
+    config: a transformers PretrainedConfig, a config.json or folder (transformers' model
+    when it has a model_type, ours for our ModelArgs JSON), a preset name or ModelArgs.
+    hf: run transformers' model for a preset or ModelArgs too. cache: "dynamic" or
+    "static" (transformers' models). expert_load: MoE routing under fake tensors, None
+    (balanced) or weights per expert. device_spec, io_model, depth: the counter's."""
+    from perfcounter.counter import TransformerPerformanceCounter
+    if min(batch_size, prompt_length, new_tokens) < 1:
+        raise ValueError(f"batch_size, prompt_length and new_tokens must be >= 1, got "
+                         f"{batch_size}, {prompt_length}, {new_tokens}")
+    resolved = resolve_config(config)
+    counter = TransformerPerformanceCounter(device_spec=device_spec, depth=depth,
+                                            io_model=io_model)
+    counter.mode.expert_load = expert_load
+    sizes = dict(batch_size=batch_size, prompt_length=prompt_length, max_new_tokens=new_tokens,
+                 dtype=dtype)
+    if isinstance(resolved, ModelArgs) and not hf:
+        count_config_only(resolved, counter, **sizes)
+    else:
+        count_hf_config(resolved, counter, cache=cache, **sizes)
+    return counter

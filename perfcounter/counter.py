@@ -13,35 +13,42 @@ The names are those of torchao's removed prototype profiler. Differences, on
 purpose: a repeated label accumulates (numbers summed, steps counted) where
 torchao overwrote it; the measured latency excludes the counter's own
 bookkeeping (both figures are kept); utilizations are fractions; a block run
-on fake or meta tensors has no latency (None, shown "n/a"); to_json writes a
-versioned envelope atomically and from_json reads it back.
+on fake or meta tensors has no latency (None, shown "n/a"); a block that
+raises records nothing.
 
-Timing: time.perf_counter around the block; when CUDA is initialized, the
-device is synchronized before and after and CUDA events time the block.
-The bookkeeping time the mode measures in itself is CPU time; on CUDA it
-overlaps kernels still in flight, so the net latency is then a lower bound.
-What it measures is its per-op work after each op returns; dispatching ops
-to Python at all and the module hooks (together 1.2-1.3x a plain CPU decode
-step of a small model: README, Overhead) stay in the net latency.
+JSON: to_json writes torchao's layout atomically — {label: stats dict}, each
+with every key of torchao's PerformanceStats.to_dict() and ours beside them,
+among them "device" and a "perfcounter" block (schema, version, io_model,
+depth, and the run information a caller adds), so that no label can collide
+with them. from_json reads that, the version-1 envelope ({"schema", "version",
+"counts": {label: ...}}) and torchao's own files (their figures as given).
+
+Timing: a timer from `timer_cls` (timer.py) per block: PerformanceTimer
+(time.perf_counter) or CUDAPerformanceTimer (CUDA events, the device
+synchronized); by default the CUDA one when CUDA is initialized. The
+bookkeeping time the mode measures in itself is CPU time; on CUDA it overlaps
+kernels still in flight, so the net latency is then a lower bound. What it
+measures is its per-op work after each op returns; dispatching ops to Python
+at all and the module hooks (together 1.2-1.3x a plain CPU decode step of a
+small model: README, Overhead) stay in the net latency.
 """
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import os
-import time
 from contextlib import contextmanager
-
-import torch
 
 from perfcounter._util import atomic_write, did_you_mean
 from perfcounter.report import Comparison, format_stats
-from perfcounter.stats import PerformanceStats, check_depth, spec_from_dict, sum_or_none
+from perfcounter.stats import (PerformanceStats, Totals, check_depth, spec_from_dict,
+                               sum_or_none)
+from perfcounter.timer import check_timer_cls, default_timer_cls
 from perfcounter.trace import Block, Trace, build_trace, check_io_model
 
 SCHEMA = "perfcounter.counts"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: torchao's layout, {label: stats + "perfcounter" block}; 1: the envelope
+META_KEY = "perfcounter"  # the block in each label's dict
 SUMMARY_LABEL = "Performance Summary"
 
 
@@ -64,67 +71,6 @@ def _resolve_spec(spec):
     return spec
 
 
-def _fake_mode_active() -> bool:
-    """True when a FakeTensorMode is on the dispatch stack (no real execution)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-    return any(isinstance(m, FakeTensorMode) for m in _get_current_dispatch_mode_stack())
-
-
-class _RealityProbe:
-    """Tells whether a block really executes: no FakeTensorMode active, and the
-    first module called in it holds (or, without weights, receives) neither
-    meta nor fake tensors. The probe's global forward pre-hook removes itself
-    at its first answer, so it costs one hook call per block."""
-
-    def __enter__(self):
-        self.real = not _fake_mode_active()
-        self._handle = None
-        if self.real:
-            self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._look)
-        return self
-
-    def _look(self, module, args):
-        from torch._subclasses.fake_tensor import is_fake
-        tensors = itertools.chain(module.parameters(), module.buffers(),
-                                  (a for a in args if isinstance(a, torch.Tensor)))
-        t = next(tensors, None)
-        if t is not None:
-            self.real = not (t.is_meta or is_fake(t))
-            self._remove()
-
-    def _remove(self):
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
-
-    def __exit__(self, *exc):
-        self._remove()
-
-
-class _Timer:
-    """Wall time of a block; CUDA events and synchronization when CUDA is in use."""
-
-    def __init__(self):
-        self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-        self.method = "cuda events, synchronized" if self.cuda else "time.perf_counter"
-
-    def start(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-            self._begin = torch.cuda.Event(enable_timing=True)
-            self._end = torch.cuda.Event(enable_timing=True)
-            self._begin.record()
-        self._t0 = time.perf_counter()
-
-    def stop(self) -> float:
-        if self.cuda:
-            self._end.record()
-            torch.cuda.synchronize()
-            return self._begin.elapsed_time(self._end) * 1e-3
-        return time.perf_counter() - self._t0
-
-
 @dataclasses.dataclass(slots=True)
 class _Pending:
     """One label's blocks counted but not yet built into its stats."""
@@ -139,7 +85,11 @@ class _Pending:
 class TransformerPerformanceCounter:
     """Counts FLOPs and bytes of labelled phases and prices them on a device."""
 
-    def __init__(self, device_spec=None, depth: int = 10, io_model: str = "per_op"):
+    def __init__(self, device_spec=None, depth: int = 10, io_model: str = "per_op", *,
+                 timer_cls=None):
+        """timer_cls: PerformanceTimer, CUDAPerformanceTimer or a subclass (made per block as
+        timer_cls(name=label, depth=depth, mode=self.mode)); None: the CUDA one when CUDA
+        is initialized, else PerformanceTimer."""
         from perfcounter.mode import PerformanceCounterMode
         # A dispatch mode imports torch._dynamo on its first op (~1.4 s); do it
         # here so that the first timed block does not pay for it.
@@ -147,6 +97,7 @@ class TransformerPerformanceCounter:
         self._depth = check_depth(depth)
         self.device_spec = _resolve_spec(device_spec)
         self.io_model = check_io_model(io_model)
+        self.timer_cls = check_timer_cls(timer_cls)
         self.mode = PerformanceCounterMode(depth=depth)
         self._built: dict[str, PerformanceStats] = {}
         self._pending: dict[str, _Pending] = {}  # blocks not yet turned into stats
@@ -165,24 +116,24 @@ class TransformerPerformanceCounter:
         num_tokens = num_tokens.__index__()
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens}")
+        old = self._built.get(label)
+        if old is not None and old.trace is None:
+            raise CountArgumentError(f"phase {label!r} holds torchao's totals (read from a file), "
+                                     "which counted blocks cannot add to; count under another label")
         if self._open is not None:
             raise NestedCountError(
                 f"count({label!r}) entered inside count({self._open!r}) of the same counter; "
                 "close the first block, or use a second TransformerPerformanceCounter")
         self._open = label
         try:
-            timer = _Timer()
-            with self.mode, _RealityProbe() as probe:
-                timer.start()
+            timer = (self.timer_cls or default_timer_cls())(name=label, depth=self._depth,
+                                                              mode=self.mode)
+            with timer:
                 yield self
-                raw = timer.stop()
             block = self.mode.last_block()
         finally:
             self._open = None
-        if probe.real:
-            self._pend(label, num_tokens, block, raw, timer.method)
-        else:
-            self._pend(label, num_tokens, block, None, "not measured: fake or meta tensors")
+        self._pend(label, num_tokens, block, timer.raw_latency, timer.timing)
 
     # Blocks of one label are kept raw and turned into one Trace when the stats are
     # read (each decode step would otherwise pay for building and merging a Trace).
@@ -231,8 +182,10 @@ class TransformerPerformanceCounter:
 
     # -- torchao's accessors --------------------------------------------------
     def _current(self, stats: PerformanceStats) -> PerformanceStats:
-        """A phase priced on the counter's current device spec and io model."""
-        if stats.device_spec is self.device_spec and stats.io_model == self.io_model:
+        """A phase priced on the counter's current device spec and io model (a phase read
+        from torchao's totals keeps its own figures)."""
+        if stats.totals is not None or (stats.device_spec is self.device_spec
+                                        and stats.io_model == self.io_model):
             return stats
         return dataclasses.replace(stats, device_spec=self.device_spec, io_model=self.io_model)
 
@@ -289,6 +242,8 @@ class TransformerPerformanceCounter:
     def summary(self, labels: list[str] | None = None) -> PerformanceStats:
         """All phases (or the given labels) as one: numbers and steps summed."""
         phases = [self._lookup(lb) for lb in (labels if labels is not None else self._phases)]
+        if any(s.trace is None for s in phases):
+            return _sum_totals(phases, self.device_spec)
         trace, raw, net, tokens = Trace(steps=0), 0.0, 0.0, 0
         for s in phases:
             trace = trace.merge(s.trace)
@@ -328,51 +283,136 @@ class TransformerPerformanceCounter:
         return Comparison(rows)
 
     # -- data ----------------------------------------------------------------
-    def to_dict(self) -> dict[str, dict]:
-        """{label: stats dict} with op names as strings (torchao's shape)."""
-        return {label: s.to_dict() for label, s in self.counts.items()}
-
-    def to_json(self, path=None) -> dict:
-        """The versioned document; written atomically to `path` when given."""
-        summary = self.stats_summary.to_dict() if self._phases else None
-        if summary is not None:
-            del summary["trace"]
+    def _meta(self, run: dict | None = None) -> dict:
         from perfcounter import __version__
-        doc = {"schema": SCHEMA, "version": SCHEMA_VERSION, "perfcounter": __version__,
-               "io_model": self.io_model, "depth": self._depth,
-               "device": None if self.device_spec is None else self.device_spec.to_dict(),
-               "counts": self.to_dict(), "summary": summary}
+        meta = {"schema": SCHEMA, "version": SCHEMA_VERSION, "release": __version__,
+                "io_model": self.io_model, "depth": self._depth}
+        if run is not None:
+            meta["run"] = run
+        return meta
+
+    def to_dict(self, *, run: dict | None = None) -> dict[str, dict]:
+        """torchao's layout: {label: stats dict}, op names as strings, every key of torchao's
+        PerformanceStats and ours beside them, with a "perfcounter" block (schema, version,
+        io_model, depth, and `run`: what the caller says of the run)."""
+        return {label: {**s.to_dict(), META_KEY: self._meta(run)}
+                for label, s in self.counts.items()}
+
+    def to_json(self, path=None, *, run: dict | None = None) -> dict:
+        """to_dict(); written atomically to `path` (as indented JSON) when given."""
+        doc = self.to_dict(run=run)
         if path is not None:
             atomic_write(path, json.dumps(doc, indent=2, allow_nan=False) + "\n")
         return doc
 
     @classmethod
     def from_dict(cls, doc: dict, source: str = "document") -> "TransformerPerformanceCounter":
-        """A counter holding the phases of a to_json() document."""
-        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-            raise ValueError(f"{source}: not a perfcounter counts document "
-                             f"(expected \"schema\": {SCHEMA!r})")
-        if doc.get("version") != SCHEMA_VERSION:
-            raise ValueError(f"{source}: schema version {doc.get('version')!r} is not supported "
-                             f"(this perfcounter reads version {SCHEMA_VERSION})")
+        """A counter holding the phases of a to_json() document (this layout, the version-1
+        envelope, or torchao's own). A malformed document is a ValueError naming `source`."""
+        if not isinstance(doc, dict):
+            raise ValueError(f"{source}: expected a JSON object of phases by label, got "
+                             f"{type(doc).__name__}")
+        if isinstance(doc.get("schema"), str):  # the version-1 envelope (a label maps to a dict)
+            return cls._from_envelope(doc, source)
+        counter = None
+        for label, d in doc.items():
+            where = f"{source}: phase {label!r}"
+            if not isinstance(d, dict):
+                raise ValueError(f"{where}: expected an object of stats fields, got "
+                                 f"{type(d).__name__}")
+            meta = d.get(META_KEY)
+            if meta is not None:
+                _check_meta(meta, where)
+            if counter is None:
+                counter = cls._empty(meta or {}, where)
+            stats = PerformanceStats.from_dict(d, where)
+            if counter.device_spec is None and stats.totals is None:
+                counter.device_spec = stats.device_spec
+            counter._built[label] = stats
+        return counter if counter is not None else cls()
+
+    @classmethod
+    def _empty(cls, meta: dict, where: str) -> "TransformerPerformanceCounter":
         try:
-            counter = cls(depth=doc["depth"], io_model=doc["io_model"])
-            if doc["device"] is not None:
-                counter.device_spec = spec_from_dict(doc["device"])
-            for label, d in doc["counts"].items():
-                stats = PerformanceStats.from_dict(d)
-                counter._phases[label] = dataclasses.replace(stats, device_spec=counter.device_spec)
+            return cls(depth=meta.get("depth", 10), io_model=meta.get("io_model", "per_op"))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from None
+
+    @classmethod
+    def _from_envelope(cls, doc: dict, source: str) -> "TransformerPerformanceCounter":
+        """Version 1: {"schema", "version": 1, "io_model", "depth", "device", "counts"}."""
+        if doc["schema"] != SCHEMA:
+            raise ValueError(f"{source}: not a perfcounter counts document (schema "
+                             f"{doc['schema']!r}; expected {SCHEMA!r})")
+        if doc.get("version") != 1:
+            raise ValueError(f"{source}: schema version {doc.get('version')!r} is not supported "
+                             f"(this perfcounter reads version 1 envelopes and version "
+                             f"{SCHEMA_VERSION} label maps)")
+        try:
+            counter = cls._empty({"depth": doc["depth"], "io_model": doc["io_model"]}, source)
+            device, counts = doc["device"], doc["counts"]
         except KeyError as e:
             raise ValueError(f"{source}: field {e} is missing; the document is incomplete "
                              f"(written by perfcounter {doc.get('perfcounter', '?')})") from None
+        if device is not None and not isinstance(device, dict):
+            raise ValueError(f"{source}: field 'device' must be an object (DeviceSpec.to_dict()) "
+                             f"or null, got {type(device).__name__} {device!r:.40}")
+        if not isinstance(counts, dict):
+            raise ValueError(f"{source}: field 'counts' must be an object of phases by label, "
+                             f"got {type(counts).__name__}")
+        if device is not None:
+            try:
+                counter.device_spec = spec_from_dict(device)
+            except ValueError as e:
+                raise ValueError(f"{source}: field 'device': {e}") from None
+        for label, d in counts.items():
+            stats = PerformanceStats.from_dict(d, f"{source}: phase {label!r}")
+            counter._built[label] = dataclasses.replace(stats, device_spec=counter.device_spec)
         return counter
 
     @classmethod
     def from_json(cls, path) -> "TransformerPerformanceCounter":
+        """A counter from a file to_json() (or torchao's to_json()) wrote."""
         path = os.fspath(path)
-        with open(path, encoding="utf-8") as f:
-            try:
+        try:
+            with open(path, encoding="utf-8") as f:
                 doc = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: not valid JSON ({e})") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: not a JSON text file (not UTF-8; a binary file?)") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        except IsADirectoryError:
+            raise ValueError(f"{path}: is a directory, not a JSON file") from None
         return cls.from_dict(doc, source=path)
+
+
+def _check_meta(meta, where: str) -> None:
+    """The "perfcounter" block of a phase: an object of this schema, a version read here."""
+    if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:
+        raise ValueError(f"{where}: field {META_KEY!r} is not a perfcounter block "
+                         f"(expected an object with \"schema\": {SCHEMA!r})")
+    if meta.get("version") != SCHEMA_VERSION:
+        raise ValueError(f"{where}: schema version {meta.get('version')!r} is not supported "
+                         f"(this perfcounter reads version {SCHEMA_VERSION})")
+
+
+def _sum_totals(phases: list[PerformanceStats], device_spec) -> PerformanceStats:
+    """The summary of phases some of which hold torchao's totals only: figures summed."""
+    def add(a: dict, b: dict) -> dict:
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = add(out.get(k, {}), v) if isinstance(v, dict) else out.get(k, 0) + v
+        return out
+
+    summed = {"flops_summary": {}, "io_summary": {}, "flop_counts": {}, "io_counts": {}}
+    for s in phases:
+        for key in summed:
+            summed[key] = add(summed[key], getattr(s, key))
+    first = phases[0] if phases else None
+    device = {} if device_spec is not None or first is None else {
+        "device_bandwidth": first.device_bandwidth, "device_flops_per_s": first.device_flops_per_s}
+    totals = Totals(sum(s.total_flops for s in phases), sum(s.total_io for s in phases),
+                    **summed, **device)
+    return PerformanceStats(SUMMARY_LABEL, sum(s.num_tokens for s in phases),
+                            sum_or_none(*(s.latency for s in phases)), device_spec=device_spec,
+                            totals=totals, timing=", ".join(sorted({s.timing for s in phases})))

@@ -11,7 +11,8 @@ Kinds, recognised by `checkpoint_kind(path)`:
 - "gguf": a GGUF file, read and dequantized by transformers, then converted.
 `load_hf_model` runs an "hf" or "gguf" checkpoint through transformers itself.
 A missing, corrupt or mismatched file raises CheckpointError naming the file
-and what was expected.
+and what was expected. transformers never runs a checkpoint's own code unless
+asked (trust_remote_code=True; generate.py's --trust_remote_code).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from perfcounter._util import atomic_write, did_you_mean
-from perfcounter.model import ModelArgs, Transformer, UnknownModelError
+from perfcounter.model import ROPE_SCALING_KEYS, ModelArgs, Transformer, UnknownModelError
 from perfcounter.tokenizer import (Tokenizer, TransformersTokenizer, find_tokenizer, load_tokenizer,
                                    offline_transformers)
 
@@ -64,6 +65,29 @@ def default_checkpoint() -> Path:
     return path
 
 
+def check_device(device, *, present: bool = True) -> str:
+    """`device` when a model can run there: "cpu", "cuda", "cuda:N" or "mps", and with
+    present=True that device is here (config-only counts run on fake tensors and need it
+    not). Anything else is a ValueError naming what is valid."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    mps = torch.backends.mps.is_available()
+    here = ", ".join(["cpu"] + (["cuda"] + [f"cuda:{i}" for i in range(gpus)] if gpus else [])
+                     + (["mps"] if mps else []))
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device {str(device)!r} is not one a model runs on here; valid: cpu, "
+                         f"cuda, cuda:N, mps (present: {here})")
+    if present and parsed.type == "cuda" and (parsed.index or 0) >= gpus:
+        found = "no CUDA GPU is available" if not gpus else f"there are {gpus} CUDA GPUs"
+        raise ValueError(f"device {str(device)!r}: {found} here (valid: {here})")
+    if present and parsed.type == "mps" and not mps:
+        raise ValueError(f"device {str(device)!r}: MPS is not available here (valid: {here})")
+    return str(device)
+
+
 # -- configs ------------------------------------------------------------------
 def _read_json(path: Path) -> dict:
     try:
@@ -91,6 +115,15 @@ def model_args_from_dict(data: dict, source) -> ModelArgs:
         raise CheckpointError(f"{source}: invalid ModelArgs ({e})") from e
 
 
+# our ModelArgs field -> the Hugging Face config key it is read from (for error messages)
+_HF_KEYS = {"block_size": "max_position_embeddings", "vocab_size": "vocab_size",
+            "n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "dim": "hidden_size",
+            "intermediate_size": "intermediate_size", "n_local_heads": "num_key_value_heads",
+            "head_dim": "head_dim", "rope_base": "rope_theta", "norm_eps": "rms_norm_eps",
+            "rope_scaling": "rope_scaling", "sliding_window": "sliding_window",
+            "num_experts": "num_local_experts", "num_activated_experts": "num_experts_per_tok"}
+
+
 def model_args_from_hf(cfg: dict, source) -> ModelArgs:
     """ModelArgs from a Hugging Face config (file or `config.to_dict()`)."""
     mtype = cfg.get("model_type")
@@ -98,10 +131,19 @@ def model_args_from_hf(cfg: dict, source) -> ModelArgs:
         raise CheckpointError(f"{source}: model_type {mtype!r} is not supported; "
                               f"supported: {', '.join(HF_MODEL_TYPES)}")
 
+    def positive_int(key, value):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"{source}: {key!r} must be a positive integer, got {value!r}")
+        return value
+
     def need(key):
         if cfg.get(key) is None:
             raise CheckpointError(f"{source}: missing {key!r}, expected in a {mtype} config.json")
-        return cfg[key]
+        return positive_int(key, cfg[key])
+
+    def optional(key):
+        value = cfg.get(key)
+        return None if value is None else positive_int(key, value)
 
     def unsupported(what):
         raise CheckpointError(f"{source}: {what} is not supported by perfcounter's Transformer")
@@ -114,29 +156,44 @@ def model_args_from_hf(cfg: dict, source) -> ModelArgs:
         unsupported("attention_bias=true for llama (bias on o_proj)")
     if mtype == "qwen2" and cfg.get("use_sliding_window"):
         unsupported("use_sliding_window=true (per-layer windows)")
+    for key in ("rope_parameters", "rope_scaling"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], dict):
+            raise CheckpointError(f"{source}: {key!r} must be an object such as "
+                                  f"{{\"rope_type\": \"llama3\", \"factor\": 8.0, ...}}, got "
+                                  f"{type(cfg[key]).__name__} {cfg[key]!r:.40}")
     rope = cfg.get("rope_parameters") or {}  # transformers >= 5 keeps theta and scaling here
     scaling = cfg.get("rope_scaling") or rope
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "llama3":
-        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-        rope_scaling = {k: scaling[k] for k in keys}
+        missing = [k for k in ROPE_SCALING_KEYS if k not in scaling]
+        if missing:
+            raise CheckpointError(f"{source}: the llama3 rope scaling block lacks "
+                                  f"{', '.join(missing)}; it needs {', '.join(ROPE_SCALING_KEYS)}")
+        rope_scaling = {k: scaling[k] for k in ROPE_SCALING_KEYS}
     elif rope_type == "default":
         rope_scaling = None
     else:
         unsupported(f"rope scaling {rope_type!r} (only 'llama3')")
     dim, n_head = need("hidden_size"), need("num_attention_heads")
-    window = cfg.get("sliding_window") if mtype in ("mistral", "mixtral") else None
-    return ModelArgs(
-        block_size=cfg.get("max_position_embeddings") or 2048,
-        vocab_size=need("vocab_size"), n_layer=need("num_hidden_layers"), n_head=n_head, dim=dim,
-        intermediate_size=need("intermediate_size"),
-        n_local_heads=cfg.get("num_key_value_heads") or n_head,
-        head_dim=cfg.get("head_dim") or dim // n_head,
-        rope_base=cfg.get("rope_theta", rope.get("rope_theta", 10000.0)),
-        norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_scaling=rope_scaling,
-        attention_bias=mtype == "qwen2", tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        sliding_window=window, num_experts=cfg.get("num_local_experts") or 0,
-        num_activated_experts=cfg.get("num_experts_per_tok") or 0)
+    window = optional("sliding_window") if mtype in ("mistral", "mixtral") else None
+    try:
+        return ModelArgs(
+            block_size=optional("max_position_embeddings") or 2048,
+            vocab_size=need("vocab_size"), n_layer=need("num_hidden_layers"), n_head=n_head,
+            dim=dim, intermediate_size=need("intermediate_size"),
+            n_local_heads=optional("num_key_value_heads") or n_head,
+            head_dim=optional("head_dim") or dim // n_head,
+            rope_base=cfg.get("rope_theta", rope.get("rope_theta", 10000.0)),
+            norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_scaling=rope_scaling,
+            attention_bias=mtype == "qwen2",
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), sliding_window=window,
+            num_experts=cfg.get("num_local_experts") or 0,
+            num_activated_experts=cfg.get("num_experts_per_tok") or 0)
+    except (TypeError, ValueError) as e:
+        message = str(e)
+        for ours, theirs in _HF_KEYS.items():  # name the config's keys, not ours
+            message = message.replace(f"ModelArgs.{ours} ", f"{theirs!r} ")
+        raise CheckpointError(f"{source}: {message}") from None
 
 
 def read_config(path) -> ModelArgs:
@@ -180,12 +237,13 @@ def read_hf_weights(folder: Path) -> dict:
     for index_name, reader in (("model.safetensors.index.json", lambda p: read_safetensors(p)[0]),
                                ("pytorch_model.bin.index.json", read_pth)):
         if (folder / index_name).is_file():
-            shards = sorted(set(_read_json(folder / index_name).get("weight_map", {}).values()))
-            if not shards:
-                raise CheckpointError(f"{folder / index_name}: empty 'weight_map'")
+            weight_map = _read_json(folder / index_name).get("weight_map", {})
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise CheckpointError(f"{folder / index_name}: 'weight_map' must be a non-empty "
+                                      "object of tensor name -> shard file name")
             state = {}
-            for shard in shards:
-                state.update(reader(folder / shard))
+            for shard in sorted(set(map(str, weight_map.values()))):
+                state.update(reader(folder / _shard_name(shard, folder / index_name)))
             return state
     if (folder / "model.safetensors").is_file():
         return read_safetensors(folder / "model.safetensors")[0]
@@ -193,6 +251,16 @@ def read_hf_weights(folder: Path) -> dict:
         return read_pth(folder / "pytorch_model.bin")
     raise CheckpointNotFoundError(f"{folder}: no weights; expected model.safetensors, "
                                   "model.safetensors.index.json or pytorch_model.bin")
+
+
+def _shard_name(shard: str, index: Path) -> str:
+    """A shard's file name as the index gives it, refused when it leaves the folder
+    (an absolute path, '..'); a shard may still be a symlink, as in the Hub's cache."""
+    parts = Path(shard).parts
+    if not parts or Path(shard).is_absolute() or ".." in parts or "\\" in shard:
+        raise CheckpointError(f"{index}: shard {shard!r} is outside the model folder; the "
+                              "'weight_map' must name files in the folder itself")
+    return shard
 
 
 def _interleave(w: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
@@ -225,29 +293,45 @@ def convert_hf_state_dict(hf: dict, args: ModelArgs, source) -> dict:
             layers.setdefault(int(m[1]), {})[m[2]] = hf.pop(key)
     if hf:
         raise CheckpointError(f"{source}: unexpected tensors {sorted(hf)[:4]} for {args!r}")
-    hd = args.head_dim
     for i, t in sorted(layers.items()):
-        p = f"layers.{i}."
-        for kind in ("weight", "bias"):
-            q, k, v = (t.pop(f"self_attn.{x}_proj.{kind}", None) for x in "qkv")
-            if q is not None and k is not None and v is not None:
-                out[p + f"attention.wqkv.{kind}"] = torch.cat(
-                    [_interleave(q, args.n_head, hd), _interleave(k, args.n_local_heads, hd), v])
-        if "mlp.experts.gate_up_proj" in t:  # transformers >= 5 in memory: [E, 2I, dim]
-            out[p + "feed_forward.cond_ffn.w1"], out[p + "feed_forward.cond_ffn.w3"] = (
-                w.contiguous() for w in t.pop("mlp.experts.gate_up_proj").chunk(2, dim=1))
-            out[p + "feed_forward.cond_ffn.w2"] = t.pop("mlp.experts.down_proj")
-        for w in ("w1", "w2", "w3"):  # files: one tensor per expert
-            names = [f"block_sparse_moe.experts.{e}.{w}.weight" for e in range(args.num_experts)]
-            if names and all(n in t for n in names):
-                out[p + f"feed_forward.cond_ffn.{w}"] = torch.stack([t.pop(n) for n in names])
-        for name in list(t):
-            if name in _HF_RENAMES:
-                out[p + _HF_RENAMES[name]] = t.pop(name)
-        if t:
-            raise CheckpointError(f"{source}: unexpected tensors {[p + n for n in sorted(t)][:4]} "
-                                  f"for {args!r}")
+        try:
+            _convert_layer(out, f"layers.{i}.", t, args, source)
+        except RuntimeError as e:  # tensors that cannot be stacked or split as the config says
+            raise CheckpointError(f"{source}: the tensors of layer {i} do not fit {args!r} "
+                                  f"({e})") from None
     return {k: v for k, v in out.items() if v is not None}
+
+
+def _convert_layer(out: dict, p: str, t: dict, args: ModelArgs, source) -> None:
+    """One Hugging Face layer's tensors `t` into `out` under prefix `p`, in our layout."""
+    hd = args.head_dim
+    for kind in ("weight", "bias"):
+        q, k, v = (t.pop(f"self_attn.{x}_proj.{kind}", None) for x in "qkv")
+        if q is not None and k is not None and v is not None:
+            for x, w, heads in (("q", q, args.n_head), ("k", k, args.n_local_heads),
+                                ("v", v, args.n_local_heads)):
+                want = (heads * hd, args.dim) if kind == "weight" else (heads * hd,)
+                if tuple(w.shape) != want:
+                    raise CheckpointError(
+                        f"{source}: {p}self_attn.{x}_proj.{kind} has shape {tuple(w.shape)}, "
+                        f"the config says {want} ({heads} heads of {hd}, hidden size "
+                        f"{args.dim})")
+            out[p + f"attention.wqkv.{kind}"] = torch.cat(
+                [_interleave(q, args.n_head, hd), _interleave(k, args.n_local_heads, hd), v])
+    if "mlp.experts.gate_up_proj" in t:  # transformers >= 5 in memory: [E, 2I, dim]
+        out[p + "feed_forward.cond_ffn.w1"], out[p + "feed_forward.cond_ffn.w3"] = (
+            w.contiguous() for w in t.pop("mlp.experts.gate_up_proj").chunk(2, dim=1))
+        out[p + "feed_forward.cond_ffn.w2"] = t.pop("mlp.experts.down_proj")
+    for w in ("w1", "w2", "w3"):  # files: one tensor per expert
+        names = [f"block_sparse_moe.experts.{e}.{w}.weight" for e in range(args.num_experts)]
+        if names and all(n in t for n in names):
+            out[p + f"feed_forward.cond_ffn.{w}"] = torch.stack([t.pop(n) for n in names])
+    for name in list(t):
+        if name in _HF_RENAMES:
+            out[p + _HF_RENAMES[name]] = t.pop(name)
+    if t:
+        raise CheckpointError(f"{source}: unexpected tensors {[p + n for n in sorted(t)][:4]} "
+                              f"for {args!r}")
 
 
 # -- models ---------------------------------------------------------------------
@@ -265,6 +349,10 @@ def build_model(args: ModelArgs, state: dict, source, device="cpu", dtype=None) 
         state.pop("output.weight", None)
         if "tok_embeddings.weight" in state:
             state["output.weight"] = state["tok_embeddings.weight"]
+    not_float = [f"{k} ({v.dtype})" for k, v in state.items() if not v.is_floating_point()]
+    if not_float:
+        raise CheckpointError(f"{source}: weights must be floating point; {len(not_float)} are "
+                              f"not: {', '.join(not_float[:4])}{' …' if len(not_float) > 4 else ''}")
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     have = {k: tuple(v.shape) for k, v in state.items()}
     missing = sorted(want.keys() - have.keys())
@@ -320,25 +408,26 @@ def _weights_file(path: Path, kind: str) -> Path:
     return path / ("model.pth" if kind == "pth" else "model.safetensors")
 
 
-def _hf_from_gguf(path: Path, dtype=None):
+def _hf_from_gguf(path: Path, dtype=None, trust_remote_code: bool = False):
     transformers = offline_transformers()
     try:
         return transformers.AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=dtype or torch.float32,
-            local_files_only=True).eval()
+            local_files_only=True, trust_remote_code=trust_remote_code).eval()
     except ImportError as e:
         raise CheckpointError(f"{path}: reading GGUF needs `pip install gguf accelerate` ({e})") from e
     except Exception as e:
         raise CheckpointError(f"{path}: transformers could not load this GGUF file ({e})") from e
 
 
-def read_checkpoint(path, *, model_name=None, config_path=None) -> tuple[ModelArgs, dict, str, Path]:
+def read_checkpoint(path, *, model_name=None, config_path=None,
+                    trust_remote_code: bool = False) -> tuple[ModelArgs, dict, str, Path]:
     """(ModelArgs, state dict in our layout, kind, weights file) of any checkpoint kind."""
     path = Path(path)
     kind = checkpoint_kind(path)
     weights = _weights_file(path, kind)
     if kind == "gguf":
-        hf = _hf_from_gguf(weights)
+        hf = _hf_from_gguf(weights, trust_remote_code=trust_remote_code)
         args = model_args_from_hf(hf.config.to_dict(), weights)
         return args, convert_hf_state_dict(hf.state_dict(), args, weights), kind, weights
     if kind == "hf":
@@ -351,7 +440,7 @@ def read_checkpoint(path, *, model_name=None, config_path=None) -> tuple[ModelAr
     elif model_name:
         args = ModelArgs.from_name(model_name)
     elif _META_KEY in meta:
-        args = model_args_from_dict(json.loads(meta[_META_KEY]), weights)
+        args = model_args_from_dict(_metadata_args(meta[_META_KEY], weights), weights)
     elif (weights.parent / "config.json").is_file():
         args = read_config(weights.parent / "config.json")
     else:  # gpt-fast's convention: the folder is named after the model
@@ -363,12 +452,27 @@ def read_checkpoint(path, *, model_name=None, config_path=None) -> tuple[ModelAr
     return args, state, kind, weights
 
 
-def load_model(path, *, model_name=None, config_path=None, device="cpu", dtype=None) -> Loaded:
+def _metadata_args(text, weights: Path) -> dict:
+    """The ModelArgs dict a safetensors file of ours carries in its metadata."""
+    try:
+        data = json.loads(text)
+    except (TypeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{weights}: metadata {_META_KEY!r} is not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{weights}: metadata {_META_KEY!r} must be a JSON object of "
+                              f"ModelArgs fields, got {type(data).__name__}")
+    return data
+
+
+def load_model(path, *, model_name=None, config_path=None, device="cpu", dtype=None,
+               trust_remote_code: bool = False) -> Loaded:
     """Our Transformer and the checkpoint's tokenizer (None when there is none)."""
-    args, state, kind, weights = read_checkpoint(path, model_name=model_name, config_path=config_path)
+    args, state, kind, weights = read_checkpoint(path, model_name=model_name, config_path=config_path,
+                                                 trust_remote_code=trust_remote_code)
     model = build_model(args, state, weights, device=device, dtype=dtype)
     found = weights if kind == "gguf" else find_tokenizer(weights)
-    return Loaded(model, load_tokenizer(found) if found else None, args, kind, weights)
+    tokenizer = load_tokenizer(found, trust_remote_code=trust_remote_code) if found else None
+    return Loaded(model, tokenizer, args, kind, weights)
 
 
 class HFCausalLM(nn.Module):
@@ -399,7 +503,7 @@ class HFCausalLM(nn.Module):
                           past_key_values=self.cache, use_cache=True).logits
 
 
-def load_hf_model(path, *, device="cpu", dtype=None) -> Loaded:
+def load_hf_model(path, *, device="cpu", dtype=None, trust_remote_code: bool = False) -> Loaded:
     """A Hugging Face folder or GGUF file run through transformers itself."""
     path = Path(path)
     kind = checkpoint_kind(path)
@@ -408,16 +512,18 @@ def load_hf_model(path, *, device="cpu", dtype=None) -> Loaded:
                               f"model folder or a .gguf file, not a {kind!r} checkpoint")
     if kind == "gguf":
         weights = _weights_file(path, kind)
-        hf, tokenizer = _hf_from_gguf(weights, dtype), load_tokenizer(weights)
+        hf = _hf_from_gguf(weights, dtype, trust_remote_code)
+        tokenizer = load_tokenizer(weights, trust_remote_code=trust_remote_code)
     else:
         weights = path if path.is_dir() else path.parent
         try:
             hf = offline_transformers().AutoModelForCausalLM.from_pretrained(
-                str(weights), dtype=dtype or torch.float32, local_files_only=True).eval()
+                str(weights), dtype=dtype or torch.float32, local_files_only=True,
+                trust_remote_code=trust_remote_code).eval()
         except Exception as e:
             raise CheckpointError(f"{weights}: transformers could not load this folder ({e})") from e
         found = find_tokenizer(weights)
-        tokenizer = load_tokenizer(found) if found else None
+        tokenizer = load_tokenizer(found, trust_remote_code=trust_remote_code) if found else None
     return Loaded(HFCausalLM(hf.to(device)), tokenizer, None, kind, weights)
 
 
@@ -462,16 +568,18 @@ def save_checkpoint(out_dir, args: ModelArgs, state: dict) -> Path:
     return target
 
 
-def convert_checkpoint(src, out_dir, *, dtype=None, model_name=None, config_path=None) -> Path:
+def convert_checkpoint(src, out_dir, *, dtype=None, model_name=None, config_path=None,
+                       trust_remote_code: bool = False) -> Path:
     """Any checkpoint kind -> our model.safetensors + config.json + tokenizer in `out_dir`."""
     src, out_dir = Path(src), Path(out_dir)
-    args, state, kind, weights = read_checkpoint(src, model_name=model_name, config_path=config_path)
+    args, state, kind, weights = read_checkpoint(src, model_name=model_name, config_path=config_path,
+                                                 trust_remote_code=trust_remote_code)
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     target = save_checkpoint(out_dir, args, state)
     if kind == "gguf":
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-            TransformersTokenizer.from_gguf(weights).save(tmp)
+            TransformersTokenizer.from_gguf(weights, trust_remote_code=trust_remote_code).save(tmp)
             for name in ("tokenizer.json", "tokenizer_config.json"):
                 if (Path(tmp) / name).is_file():
                     atomic_write(out_dir / name, (Path(tmp) / name).read_bytes())

@@ -4,29 +4,40 @@ The public class owns a private TorchDispatchMode (torch's pattern: the mode is
 entered afresh to count a composite's decomposition, with no re-entry flag).
 For each call the private mode runs the op, then records it in one place
 (`_CountingMode._record`): the op's plan (op_plan.py: FLOPs by kind and byte
-counts, cached per signature), the role of each tensor's storage and what the
-compulsory model must add (storage.py), and the module the op ran under
-(module_path.py). A block's log becomes a `Trace` (trace.py) when someone asks.
+counts, cached per signature; op_data.py: the few numbers some plans read from
+the data), the role of each tensor's storage and what the compulsory model must
+add (storage.py), and the module the op ran under (module_path.py). A block's
+log becomes a `Trace` (trace.py) when someone asks.
+
+Composites reach the mode only under inference_mode; the mode runs their C++
+decomposition under itself, as autograd does under no_grad, so the counted run
+is bitwise the uncounted one and counts do not depend on the grad mode.
 """
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
+from torch._C import DispatchKey
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from perfcounter import op_plan
+from perfcounter import op_data
 from perfcounter.module_path import ModulePath
-from perfcounter.op_plan import FUSED_CHOICE, HANDLING, OpKind, classify, plan_for
+from perfcounter.op_data import ExpertLoad
+from perfcounter.op_plan import HANDLING, OpKind, classify, plan_for
 from perfcounter.report import torchao_si
-from perfcounter.stats import by_module_and_op, check_depth
-from perfcounter.storage import BUFFER, WEIGHT, StorageTable, storage_id
+from perfcounter.stats import check_depth, flop_counts, io_counts
+from perfcounter.storage import BUFFER, KV, WEIGHT, StorageTable, storage_id
 from perfcounter.trace import Block, Trace, build_trace, check_io_model
 
 Tensor = torch.Tensor
 _clock = time.perf_counter
-_COUNT, _VIEW, _VIEW_OR_COPY, _FUSED, _DECOMPOSE = (
-    OpKind.COUNT, OpKind.VIEW, OpKind.VIEW_OR_COPY, OpKind.FUSED, OpKind.DECOMPOSE)
+_VIEW, _DATA, _DECOMPOSE, _FRESH = OpKind.VIEW, OpKind.DATA, OpKind.DECOMPOSE, OpKind.FRESH
+_COMPOSITE = DispatchKey.CompositeImplicitAutograd
+_NO_DATA = (DynamicOutputShapeException, DataDependentOutputException)
+_caller_tls = torch._C._RestorePythonTLSSnapshot
 
 
 class _CountingMode(TorchDispatchMode):
@@ -38,7 +49,10 @@ class _CountingMode(TorchDispatchMode):
         super().__init__()
         self.storages = StorageTable()
         self.tracker = ModulePath(depth, self._register_module)
-        self._modules_seen: set[int] = set()
+        self._modules_seen: dict[int, weakref.ref] = {}
+        self._attention: dict[int, tuple[bool, int | None]] = {}  # id(module) -> structure
+        self._masks: dict[int, tuple] = {}  # id(mask) -> (mask, version, kept entries)
+        self.expert_load = ExpertLoad()  # MoE routing under fake tensors (op_data.py)
         self.log: list = []
         self.views: list = []
         self.overhead = 0.0
@@ -46,6 +60,7 @@ class _CountingMode(TorchDispatchMode):
     def reset(self) -> None:
         self.storages.reset()
         self.tracker.reset()
+        self._masks = {}
         self.log, self.views, self.overhead = [], [], 0.0
 
     def block(self) -> Block:
@@ -55,46 +70,41 @@ class _CountingMode(TorchDispatchMode):
     def _register_module(self, mod) -> None:
         """A module's own parameters are weights and its buffers model state, from the first
         time it runs (a view of a parameter, such as the transposed weight a linear layer
-        multiplies by, is not a Parameter itself)."""
-        if id(mod) in self._modules_seen:
+        multiplies by, is not a Parameter itself); an attention module's mask structure."""
+        seen = self._modules_seen.get(id(mod))
+        if seen is not None and seen() is mod:
             return
-        self._modules_seen.add(id(mod))
+        self._modules_seen[id(mod)] = weakref.ref(mod)
         for p in mod.parameters(recurse=False):
             self.storages.register(p, WEIGHT)
         for b in mod.buffers(recurse=False):
             self.storages.register(b, BUFFER)
-
-    def _decompose(self, func, args, kwargs):
-        """Run a CompositeImplicit op's decomposition under this mode, so its parts count."""
-        with self:
-            return func.decompose(*args, **kwargs)
+        structure = _attention_structure(mod)
+        if structure is not None:
+            self._attention[id(mod)] = structure
+        else:
+            self._attention.pop(id(mod), None)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         handling = HANDLING.get(id(func)) or classify(func)
         kind, call, name = handling
         if kwargs is None:
             kwargs = {}
-        if kind >= _FUSED:  # composites that reach the mode (under inference_mode)
-            if kind == _FUSED:
-                t0 = _clock()
-                fused = FUSED_CHOICE[func._overloadpacket](*args, **kwargs)
-                self.overhead += _clock() - t0
-                kind = _COUNT if fused else _DECOMPOSE
-            if kind == _DECOMPOSE:
-                out = self._decompose(func, args, kwargs)
-                if out is not NotImplemented:
-                    return out
-                if handling.kind == _DECOMPOSE:  # no decomposition after all: count it whole
-                    HANDLING[id(func)] = op_plan.Handling(_COUNT, call, name)
-                kind = _COUNT
-        out = call(*args, **kwargs)
+        if kind == _DECOMPOSE:  # a composite (inference_mode): its C++ decomposition, counted
+            with _caller_tls(), self:  # the keys the caller had (views of weights keep requires_grad)
+                return func._op_dk(_COMPOSITE, *args, **kwargs)
+        try:
+            out = call(*args, **kwargs)
+        except _NO_DATA as e:  # fake tensors: an op that needs values
+            e.add_note(f"perfcounter: {name} needs tensor values, which fake tensors do not "
+                       "have; a MoE model's experts_implementation='eager' routes tokens this way: "
+                       "count it with the default experts path (grouped_mm), as count_config does")
+            raise
         t0 = _clock()
-        if kind == _VIEW_OR_COPY:
-            a = args[0]
-            if (out is a or not isinstance(out, Tensor) or not isinstance(a, Tensor)
-                    or storage_id(out) == storage_id(a)):
-                kind = _VIEW
         if kind == _VIEW:
+            self.views.append((self.tracker.scope, name))
+        elif kind == _FRESH:  # its storage is new, whatever an address reused from a freed one said
+            self.storages.fresh(out)
             self.views.append((self.tracker.scope, name))
         else:
             self._record(func, args, kwargs, out, kind)
@@ -103,9 +113,61 @@ class _CountingMode(TorchDispatchMode):
 
     def _record(self, func, args, kwargs, out, kind) -> None:
         """The one place an op is recorded: its plan, its tensors' roles, its module."""
-        plan, tensors = plan_for(func, args, kwargs, out, kind)
+        data = op_data.DATA_OPS[func._overloadpacket](self, args, kwargs) if kind == _DATA else ()
+        plan, tensors = plan_for(func, args, kwargs, out, kind, data)
         roles = self.storages.account(plan, tensors, out)
         self.log.append((self.tracker.scope, plan, roles))
+
+    # -- what op_data asks of the mode ---------------------------------------------------
+    def attention_structure(self) -> tuple[bool, int | None] | None:
+        """(is_causal, sliding window) of the innermost running attention module, or None."""
+        for frame in reversed(self.tracker.stack):
+            found = self._attention.get(frame.module_id)
+            if found is not None:
+                return found
+        return None
+
+    def kv_positions(self, k) -> int:
+        """Key positions that hold valid entries: a static cache's buffer is valid as far as
+        it was written (storage.py keeps the bytes written); anything else is all valid."""
+        sk = k.shape[-2]
+        st = self.storages.by_id.get(storage_id(k))
+        if st is None or st.role != KV or not st.size:
+            return sk
+        valid = self.storages.kv_valid_bytes.get(st.alloc)
+        return sk if valid is None else max(1, min(sk, round(sk * valid / st.size)))
+
+    def mask_pairs(self, mask) -> int:
+        """Entries a real mask keeps, read once per mask and block (layers share a mask)."""
+        try:
+            version = mask._version
+        except RuntimeError:  # an inference tensor keeps no version: it is not changed in place
+            version = -1
+        found = self._masks.get(id(mask))
+        if found is not None and found[0] is mask and found[1] == version:
+            return found[2]
+        kept = op_data.mask_pairs(mask)
+        self._masks[id(mask)] = (mask, version, kept)
+        return kept
+
+
+def _attention_structure(mod) -> tuple[bool, int | None] | None:
+    """An attention module's mask structure: transformers' attention modules and ours say
+    `is_causal`; the window is their `sliding_window`, else the config's for a layer that
+    slides (config.layer_types, where the model has them)."""
+    causal = getattr(mod, "is_causal", None)
+    if not isinstance(causal, bool):
+        return None
+    if hasattr(mod, "sliding_window"):
+        window = mod.sliding_window
+    else:
+        config = getattr(mod, "config", None)
+        window = getattr(config, "sliding_window", None)
+        types, layer = getattr(config, "layer_types", None), getattr(mod, "layer_idx", None)
+        if window and types and isinstance(layer, int) and layer < len(types) \
+                and types[layer] != "sliding_attention":
+            window = None
+    return causal, window if isinstance(window, int) and window > 0 else None
 
 
 class PerformanceCounterMode:
@@ -118,15 +180,18 @@ class PerformanceCounterMode:
     """
 
     def __init__(self, display: bool = False, depth: int = 10, debug: bool = False,
-                 io_model: str = "per_op"):
+                 io_model: str = "per_op", expert_load=None):
         """display: print the per-module FLOPs summary when a block ends (torchao's flag);
-        debug: also print every record (op, module, shapes, FLOPs, bytes) then."""
+        debug: also print every record (op, module, shapes, FLOPs, bytes) then;
+        expert_load: how MoE routing spreads rows over experts under fake tensors, which
+        have no values: None or "balanced" (evenly), or weights per expert ("4,2,1,1")."""
         import torch._dynamo  # noqa: F401  (a dispatch mode imports it on first use; not inside a timed block)
         self.depth = check_depth(depth)
         self.io_model = check_io_model(io_model)
         self.display = display
         self.debug = debug
         self._mode = _CountingMode(depth)
+        self.expert_load = expert_load
         self._active = False
         self._block: Block | None = None
         self._trace: Trace | None = Trace()
@@ -160,6 +225,15 @@ class PerformanceCounterMode:
             if self.display or self.debug:  # asked for explicitly: torchao printed here
                 self._show()
 
+    @property
+    def expert_load(self) -> ExpertLoad:
+        """MoE routing assumed under fake tensors (real tensors route by their values)."""
+        return self._mode.expert_load
+
+    @expert_load.setter
+    def expert_load(self, value) -> None:
+        self._mode.expert_load = ExpertLoad.parse(value)
+
     # -- results ---------------------------------------------------------------------
     def trace(self) -> Trace:
         """The Trace of the last completed `with` block."""
@@ -187,12 +261,14 @@ class PerformanceCounterMode:
 
     # -- torchao-compatible getters (last block) -------------------------------------
     def get_flop_counts(self) -> dict[str, dict]:
-        """{module path or "Global": {op packet: FLOPs}}, every parent included."""
-        return by_module_and_op(self.trace().records, lambda r: r.flops, _packet)
+        """{module path or "Global": {op packet: FLOPs}}, every parent included. A fused
+        attention kernel's packet holds its matmuls (torch's formula), its softmax is
+        under "sdpa_softmax"; every module that ran is a key, as in get_io_counts."""
+        return flop_counts(self.trace().records, _packet)
 
     def get_io_counts(self) -> dict[str, dict]:
         """{module path or "Global": {op packet: bytes read + written}} (per_op model)."""
-        return by_module_and_op(self.trace().records, lambda r: r.bytes, _packet)
+        return io_counts(self.trace().records, _packet)
 
     def get_total_flops(self) -> int:
         return self.trace().flops
@@ -203,7 +279,8 @@ class PerformanceCounterMode:
         return t.compulsory_bytes if self.io_model == "compulsory" else t.per_op_bytes
 
     def get_summary_flop_counts(self) -> dict[str, int]:
-        """{module path or "Global": FLOPs} (torchao's summary: totals per module)."""
+        """{module path or "Global": FLOPs} (torchao's summary: totals per module); the same
+        keys as get_summary_io_counts (a module that only moved bytes has 0 FLOPs)."""
         return {m: sum(ops.values()) for m, ops in self.get_flop_counts().items()}
 
     def get_summary_io_counts(self) -> dict[str, int]:

@@ -60,12 +60,24 @@ class ModelArgs:
     num_activated_experts: int = 0
 
     def __post_init__(self):
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "dim"):
+            _check_int(self, name, 1)
         if self.n_local_heads == -1:
             self.n_local_heads = self.n_head
         if self.intermediate_size is None:
             self.intermediate_size = find_multiple(int(2 * 4 * self.dim / 3), 256)
         if self.head_dim is None:
             self.head_dim = self.dim // self.n_head
+        for name in ("n_local_heads", "intermediate_size", "head_dim"):
+            _check_int(self, name, 1)
+        for name in ("num_experts", "num_activated_experts"):
+            _check_int(self, name, 0)
+        if self.sliding_window is not None:
+            _check_int(self, "sliding_window", 1)
+        for name in ("rope_base", "norm_eps"):
+            _check_real(name, getattr(self, name))
+        if self.rope_scaling is not None:
+            _check_rope_scaling(self.rope_scaling)
         if self.n_head % self.n_local_heads:
             raise ValueError(f"n_head={self.n_head} is not a multiple of n_local_heads={self.n_local_heads}")
         if self.head_dim % 2:
@@ -93,6 +105,40 @@ class ModelArgs:
             raise UnknownModelError(f"unknown model {name!r}{did_you_mean(key, _LOOKUP) or ';'} "
                                     f"presets: {', '.join(PRESETS)}")
         return cls(**PRESETS[_LOOKUP[key]])
+
+
+def _check_int(args: "ModelArgs", name: str, least: int) -> None:
+    value = getattr(args, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        what = "a positive int" if least == 1 else f"an int >= {least}"
+        raise ValueError(f"ModelArgs.{name} must be {what}, got {value!r}")
+
+
+def _check_real(name: str, value) -> None:
+    """A finite number > 0 (rope_base, norm_eps, the rope scaling factors)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value <= 0:
+        raise ValueError(f"ModelArgs.{name} must be a finite number > 0, got {value!r}")
+
+
+ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+                     "original_max_position_embeddings")
+
+
+def _check_rope_scaling(scaling) -> None:
+    """Llama-3 rope scaling: a dict of the four figures apply_rope_scaling reads."""
+    if not isinstance(scaling, dict):
+        raise ValueError(f"ModelArgs.rope_scaling must be a dict with {', '.join(ROPE_SCALING_KEYS)} "
+                         f"(Llama-3), got {type(scaling).__name__} {scaling!r:.40}")
+    missing = [k for k in ROPE_SCALING_KEYS if k not in scaling]
+    if missing:
+        raise ValueError(f"ModelArgs.rope_scaling lacks {', '.join(missing)}; a Llama-3 block "
+                         f"has {', '.join(ROPE_SCALING_KEYS)}")
+    for k in ROPE_SCALING_KEYS:
+        _check_real(f"rope_scaling[{k!r}]", scaling[k])
+    if scaling["low_freq_factor"] == scaling["high_freq_factor"]:
+        raise ValueError("ModelArgs.rope_scaling: low_freq_factor and high_freq_factor must "
+                         f"differ, both are {scaling['low_freq_factor']!r}")
 
 
 _EXTRA_FIELDS = ("rope_scaling", "attention_bias", "tie_embeddings", "sliding_window",
@@ -252,6 +298,9 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(config.dim, q_size + 2 * kv_size, bias=config.attention_bias)
         self.wo = nn.Linear(q_size, config.dim, bias=False)
         self.kv_cache: Optional[KVCache] = None
+        # the mask's structure, for a counter that has no mask values (fake tensors): causal,
+        # within the window, as transformers' attention modules say it
+        self.is_causal, self.sliding_window = True, config.sliding_window
 
     def forward(self, x: Tensor, freqs_cis: Tensor, mask: Tensor, input_pos: Tensor) -> Tensor:
         bsz, seqlen, _ = x.shape

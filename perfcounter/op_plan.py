@@ -1,8 +1,15 @@
 """How the counter handles each aten op, decided once: its kind, and its plan per signature.
 
 `classify(func)` says once per op how the dispatch mode treats it (`OpKind`):
-count it, skip it as a view, decide per call whether it viewed or copied,
-run a fused composite whole, or count a composite's decomposition.
+count it, skip it as a view, run a composite's own decomposition under the
+mode, or count it with a few numbers read from its data (`DATA`, op_data.py).
+
+Composites (CompositeImplicitAutograd) reach the mode only under
+inference_mode; under no_grad autograd has already decomposed them. The mode
+runs the same C++ decomposition that autograd (and the uncounted
+inference_mode run) would, so outputs are bitwise those of the uncounted run,
+a view stays a view (eval-mode dropout returns its input), and the ops counted
+are the same in both grad modes.
 
 `plan_for(func, args, kwargs, out, kind)` returns the `OpPlan` of one call: all
 that is constant across calls with the same op, shapes, dtypes and other
@@ -10,7 +17,8 @@ arguments — the FLOPs (from perfcounter.costs), which tensors are read and how
 many bytes (`Read`), which are written in place (`Write`), which outputs are new
 storages (`Output`) — and the call's tensors in argument order. Plans are kept
 in `PLANS` (`cache_info()`, `cache_clear()`), keyed by a typed signature: scalar
-arguments carry their type, since 1 and 1.0 hash alike but write different dtypes.
+arguments carry their type, since 1 and 1.0 hash alike but write different dtypes;
+a DATA op's numbers are part of its key and reach its formula as keywords.
 """
 from __future__ import annotations
 
@@ -21,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from perfcounter import costs
+from perfcounter import costs, op_data
 from perfcounter.storage import ACTIVATION, FRESH, JOINED, SKIP, flat_tensors, reported_role
 from perfcounter.trace import ROLES
 
@@ -32,11 +40,11 @@ Tensor = torch.Tensor
 class OpKind(enum.IntEnum):
     COUNT = 0  # priced by its formula (or its bytes only, when it has none)
     VIEW = 1  # moves no data (a view, or metadata)
-    VIEW_OR_COPY = 2  # returns its input (or a view) when it can, else a copy: decided per call
-    DYNAMIC = 3  # output shape depends on data: the key includes the output shapes
-    HOP = 4  # a higher-order operator (flex attention)
-    FUSED = 5  # a composite that runs one fused kernel when the dispatcher picks one
-    DECOMPOSE = 6  # a composite that reaches the mode (inference_mode): count its parts
+    DYNAMIC = 2  # output shape depends on data: the key includes the output shapes
+    HOP = 3  # a higher-order operator (flex attention)
+    DATA = 4  # its plan reads a few numbers from the data (op_data.py): in the key
+    DECOMPOSE = 5  # a composite that reaches the mode (inference_mode): run its C++ decomposition
+    FRESH = 6  # lift_fresh: a tensor torch.tensor(...) made in the phase; a new activation, no bytes
 
 
 class Handling(NamedTuple):
@@ -45,9 +53,6 @@ class Handling(NamedTuple):
     name: str  # "aten.mm.default"
 
 
-_VIEW_OR_COPY_OPS = {aten.to, aten.reshape, aten.contiguous, aten.flatten, aten.type_as}
-# composite -> the op that says whether a fused kernel runs it (0: none; then decomposed)
-FUSED_CHOICE = {aten.scaled_dot_product_attention: aten._fused_sdp_choice.default}
 # views whose schema does not say so
 _EXTRA_VIEWS = {aten._unsafe_view, aten._reshape_alias, aten.detach_, aten.t_, aten.transpose_,
                 aten.squeeze_, aten.unsqueeze_, aten.as_strided_, aten.swapdims_, aten.swapaxes_}
@@ -59,21 +64,23 @@ def classify(func) -> Handling:
     """Decide once per op how the mode treats it."""
     if isinstance(func, torch._ops.HigherOrderOperator):
         kind = OpKind.HOP
-    elif func._overloadpacket in _VIEW_OR_COPY_OPS:
-        kind = OpKind.VIEW_OR_COPY
-    elif func._overloadpacket in FUSED_CHOICE:
-        kind = OpKind.FUSED
-    elif func._overloadpacket in costs.COSTS:
-        kind = OpKind.COUNT
+    elif func._overloadpacket is aten.lift_fresh:
+        kind = OpKind.FRESH
     elif _is_composite(func):
         kind = OpKind.DECOMPOSE
+    elif func._overloadpacket in op_data.DATA_OPS:
+        kind = OpKind.DATA
+    elif func._overloadpacket in costs.COSTS:
+        kind = OpKind.COUNT
     elif func._overloadpacket in _EXTRA_VIEWS or _is_view(func) or _is_metadata(func):
         kind = OpKind.VIEW
     else:
         kind = OpKind.COUNT
     if kind == OpKind.COUNT and torch.Tag.dynamic_output_shape in func.tags:
         kind = OpKind.DYNAMIC
-    call = func._op if type(func) is torch._ops.OpOverload else func  # one Python frame less
+    call = op_data.CALLS.get(getattr(func, "_overloadpacket", None))
+    if call is None:
+        call = func._op if type(func) is torch._ops.OpOverload else func  # one Python frame less
     handling = HANDLING[id(func)] = Handling(kind, call, str(func))
     return handling
 
@@ -195,8 +202,9 @@ class PlanCache:
 PLANS = PlanCache()
 
 
-def plan_for(func, args, kwargs, out, kind) -> tuple[OpPlan, list]:
-    """The plan of one call and the call's tensors in argument order."""
+def plan_for(func, args, kwargs, out, kind, data: tuple = ()) -> tuple[OpPlan, list]:
+    """The plan of one call and the call's tensors in argument order; `data`: a DATA op's
+    (name, value) pairs, passed to its formula as keywords."""
     tensors = []
     key = [id(func)]
     values = args
@@ -223,6 +231,8 @@ def plan_for(func, args, kwargs, out, kind) -> tuple[OpPlan, list]:
             key.append(a)
     if kind == OpKind.DYNAMIC:
         key.extend(t.shape for t in flat_tensors(out))
+    elif data:
+        key.append(data)
     PLANS.lookups += 1
     try:
         key = tuple(key)
@@ -231,7 +241,7 @@ def plan_for(func, args, kwargs, out, kind) -> tuple[OpPlan, list]:
         key, plan = None, None
     if plan is None:
         PLANS.misses += 1
-        plan = _make_plan(func, args, kwargs, out, tensors)
+        plan = _make_plan(func, args, kwargs, out, tensors, data)
         if key is not None:
             if len(PLANS.plans) >= PLANS.MAX_SIZE:
                 PLANS.plans.clear()
@@ -239,7 +249,7 @@ def plan_for(func, args, kwargs, out, kind) -> tuple[OpPlan, list]:
     return plan, tensors
 
 
-def _make_plan(func, args, kwargs, out, tensors) -> OpPlan:
+def _make_plan(func, args, kwargs, out, tensors, data=()) -> OpPlan:
     name = str(func)
     packet = getattr(func, "_overloadpacket", func)
     info = costs.op_info(packet)
@@ -253,7 +263,7 @@ def _make_plan(func, args, kwargs, out, tensors) -> OpPlan:
     if formula is not None:
         try:
             cost = formula(*costs.shape_tree(args), out_shape=costs.shape_tree(out),
-                           **{k: costs.shape_tree(v) for k, v in kwargs.items()})
+                           **{k: costs.shape_tree(v) for k, v in kwargs.items()}, **dict(data))
         except Exception as e:  # a formula that cannot price these arguments
             has_formula = False
             warnings.warn(f"perfcounter: cost formula for {name} failed on "
@@ -273,8 +283,7 @@ def _make_plan(func, args, kwargs, out, tensors) -> OpPlan:
                  if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)) else Place.REGION)
         reads.append(Read(i, (numel if elems is None else elems) * itemsize, itemsize, place))
     schema = getattr(func, "_schema", None)
-    aliased = ([r.alias_info is not None for r in schema.returns]
-               if schema is not None and packet not in _VIEW_OR_COPY_OPS else [])
+    aliased = [r.alias_info is not None for r in schema.returns] if schema is not None else []
     outputs = []
     for j, o in enumerate(out_tensors):
         if aliased and (aliased[0] if len(aliased) == 1 else j < len(aliased) and aliased[j]):

@@ -1,7 +1,8 @@
 """All of perfcounter's text formatting: numbers, tables, phase reports, device comparisons.
 
-Numbers: `si` scales to the nearest SI prefix (13.25 GB, 0.37 ms) or, for a table
-column, to a fixed one (3,350 GB/s); `scaled` is the bare number at a fixed prefix
+Numbers: `si` scales to an SI prefix (13.25 GB, 0.37 ms; nearest=True: torchao's
+nearest prefix above one too, 0.12 TFLOPs) or, for a table column, to a fixed one
+(3,350 GB/s); `scaled` is the bare number at a fixed prefix
 (989.5 under a "TFLOP/s" header); `rate` is a throughput in words (4.77 tokens/s);
 `percent` prints a fraction, as utilizations are stored, as a percent (1.13 %).
 A figure that cannot be known is printed "n/a". Tables: `format_table`, fixed-width
@@ -32,9 +33,12 @@ def scaled(value, prefix: str = "", digits: int = 2, *, na: str = NA) -> str:
     return f"{value / 10 ** _POWERS[prefix]:,.{digits}f}"
 
 
-def si(value, unit: str, digits: int = 2, *, prefix: str | None = None, na: str = NA) -> str:
+def si(value, unit: str, digits: int = 2, *, prefix: str | None = None, nearest: bool = False,
+       na: str = NA) -> str:
     """'13.25 GB', '0.37 ms': the value scaled to an SI prefix (torchao's choice below
-    one: the prefix nearest the magnitude, so 0.16 s stays s). prefix="G" fixes the
+    one: the prefix nearest the magnitude, so 0.16 s stays s; above one the largest
+    prefix not above it, 148 B, 123.00 GFLOPs). nearest=True takes the nearest prefix
+    above one too, as torchao's report did: 0.12 TFLOPs, 0.15 KB. prefix="G" fixes the
     prefix instead, as a table column wants: si(3.35e12, "B/s", 0, prefix="G") == "3,350 GB/s"."""
     if value is None:
         return na
@@ -43,13 +47,13 @@ def si(value, unit: str, digits: int = 2, *, prefix: str | None = None, na: str 
     if value == 0:
         return f"0 {unit}"
     power = math.floor(math.log10(abs(value)))
-    if power >= 0:  # 148 B, 13.25 GB
-        nearest = min(3 * (power // 3), max(_PREFIXES))
-    else:  # below one, the nearest prefix: 0.16 s, 0.37 ms, 14.15 ms
-        nearest = min(_PREFIXES, key=lambda p: (abs(p - power), p))
-    if nearest == 0 and float(value).is_integer():
+    if power >= 0 and not nearest:  # 148 B, 13.25 GB
+        chosen = min(3 * (power // 3), max(_PREFIXES))
+    else:  # the nearest prefix: 0.16 s, 0.37 ms, 14.15 ms (and with nearest=True 0.12 TFLOPs)
+        chosen = min(_PREFIXES, key=lambda p: (abs(p - power), p))
+    if chosen == 0 and float(value).is_integer():
         return f"{int(value):,} {unit}"
-    return f"{scaled(value, _PREFIXES[nearest], digits)} {_PREFIXES[nearest]}{unit}"
+    return f"{scaled(value, _PREFIXES[chosen], digits)} {_PREFIXES[chosen]}{unit}"
 
 
 def torchao_si(value, unit: str, precision: int = 2) -> str:
@@ -119,9 +123,16 @@ def _device_line(stats) -> str:
     return f"{spec.name} ({spec.device_type}, {dtype})"
 
 
+def _utilization(fraction) -> str:
+    """'1.13 % (0.0113 of peak)': the percent, and the fraction torchao printed."""
+    return NA if fraction is None else f"{percent(fraction)} ({fraction:.4f} of peak)"
+
+
 def format_stats(stats, module_depth: int | None = 4) -> str:
     """One phase (a PerformanceStats) as text, in seed 004's layout plus roofline, energy, scopes
-    and a per-module table down to `module_depth` (None: no module table)."""
+    and a per-module table down to `module_depth` (None: no module table). IO and FLOPs
+    take torchao's nearest SI prefix (0.12 TFLOPs); a phase built from torchao's totals
+    (no trace) has the torchao block only."""
     s = stats
     latency = si(s.latency, "s")
     if s.latency is not None and s.raw_latency is not None:
@@ -136,17 +147,19 @@ def format_stats(stats, module_depth: int | None = 4) -> str:
         f"    Total: {s.num_tokens} tokens" + (f" in {s.steps} steps" if s.steps > 1 else ""),
         f"    Throughput: {rate(s.token_throughput, 'tokens/s')}",
         "  IO" + ("" if s.io_model == "per_op" else f" ({s.io_model})"),
-        f"    Total: {si(s.total_io, 'B')}",
-        f"    Throughput: {si(s.achieved_bandwidth, 'B/s')}",
+        f"    Total: {si(s.total_io, 'B', nearest=True)}",
+        f"    Throughput: {si(s.achieved_bandwidth, 'B/s', nearest=True)}",
         f"    Theoretical Latency: {si(s.theoretical_io_latency, 's')}",
         "  FLOPs ",
-        f"    Total: {si(s.total_flops, 'FLOPs')}",
-        f"    Throughput: {si(s.achieved_flops_per_s, 'FLOPs/s')}",
+        f"    Total: {si(s.total_flops, 'FLOPs', nearest=True)}",
+        f"    Throughput: {si(s.achieved_flops_per_s, 'FLOPs/s', nearest=True)}",
         f"    Theoretical Latency: {si(s.theoretical_compute_latency, 's')}",
         "  Utilization",
-        f"    Bandwidth: {percent(s.bandwidth_utilization)}",
-        f"    FLOPs: {percent(s.flops_utilization)}",
+        f"    Bandwidth: {_utilization(s.bandwidth_utilization)}",
+        f"    FLOPs: {_utilization(s.flops_utilization)}",
     ]
+    if s.trace is None:
+        return "\n".join(lines)
     kinds = ", ".join(f"{k} {si(v, '')}".rstrip() for k, v in s.flops_by_kind.items() if v)
     lines.append(f"  Ops by kind: {kinds or 'none'}")
     io = s.io_by_role

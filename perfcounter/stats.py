@@ -16,44 +16,39 @@ Conventions:
 - Utilizations are fractions (0.0113 is 1.13 %); reports print percents.
 - A latency that was not measured (meta or fake tensors, a re-costed phase)
   is None, and so is every figure derived from it.
+- Per-op breakdowns (flop_counts, get_flop_counts) show a fused attention
+  kernel's matmuls under its own op (torch's SDPA formula) and its softmax
+  under "sdpa_softmax" (costs/attention.py); total_flops holds both. Every
+  module that ran is a key of both the FLOPs and the bytes breakdowns.
+
+torchao's dataclass fields are accepted too: `PerformanceStats(label=,
+num_tokens=, latency=, total_flops=, total_io=, flops_summary=, io_summary=,
+flop_counts=, io_counts=, device_bandwidth=, device_flops_per_s=)` holds those
+figures as given (`Totals`), with torchao's derived properties (None without a
+device). Such stats have no per-op records: the figures that need them
+(executed FLOPs, kinds, roles, roofline, energy, modules) are None or empty.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from perfcounter.breakdown import (GLOBAL, SCOPES, by_module_and_op, flop_counts,  # noqa: F401
+                                   flop_parts, io_counts, record_scopes)
 from perfcounter.energy import Energy, energy
 from perfcounter.report import format_stats
-from perfcounter.roofline import Roofline, op_costs, op_packet, peak_flops, roofline
+from perfcounter.roofline import Roofline, op_costs, peak_flops, roofline
 from perfcounter.trace import ROLES, Trace, check_io_model
 
-GLOBAL = "Global"
-
-# llm-profiler style scopes, matched on exact module path components
-SCOPE_NAMES = {
-    "embedding": frozenset({"embed_tokens", "tok_embeddings", "wte", "word_embeddings",
-                            "embed_in"}),
-    "attn": frozenset({"self_attn", "attention", "attn", "self_attention"}),
-    "mlp": frozenset({"mlp", "feed_forward", "ffn", "block_sparse_moe"}),
-    # the output head, only as a direct child of the root model
-    "lm_head": frozenset({"lm_head", "output", "embed_out"}),
-}
-SCOPES = ("transformer", "embedding", "attn", "mlp", "lm_head")
-
-
-def record_scopes(module: str) -> list[str]:
-    """The scopes a module path belongs to ('transformer' = all but lm_head)."""
-    if not module:
-        return []
-    parts = module.split(".")
-    if len(parts) >= 2 and parts[1] in SCOPE_NAMES["lm_head"]:
-        return ["lm_head"]
-    found = ["transformer"]
-    for scope in ("embedding", "attn", "mlp"):
-        if any(p in SCOPE_NAMES[scope] for p in parts):
-            found.append(scope)
-    return found
-
+# torchao's PerformanceStats: its dataclass fields, then its derived properties
+TORCHAO_FIELDS = ("label", "num_tokens", "latency", "total_flops", "total_io", "flops_summary",
+                  "io_summary", "flop_counts", "io_counts", "device_bandwidth",
+                  "device_flops_per_s")
+TORCHAO_PROPERTIES = ("token_throughput", "achieved_flops_per_s", "achieved_bandwidth",
+                      "theoretical_io_latency", "theoretical_compute_latency",
+                      "bandwidth_utilization", "flops_utilization")
 
 def spec_from_dict(d: dict):
     """A DeviceSpec from DeviceSpec.to_dict(): see DeviceSpec.from_dict."""
@@ -80,84 +75,155 @@ def check_depth(depth, *, none_ok: bool = False):
     return depth
 
 
-def by_module_and_op(records, value, op_key=op_packet) -> dict[str, dict]:
-    """{module path or 'Global': {op packet: Σ value(record)}}: torchao's flop_counts shape,
-    each record counted under 'Global' and under every prefix of its module path.
-    op_key(record.op) names the op ('aten.mm'; the mode's getters use torch's packets)."""
-    out: dict[str, dict] = {GLOBAL: {}}
-    keys: dict[str, object] = {}
-    for r in records:
-        v = value(r)
-        if not v:
-            continue
-        op = keys.get(r.op)
-        if op is None:
-            op = keys[r.op] = op_key(r.op)
-        paths = [GLOBAL]
-        if r.module:
-            parts = r.module.split(".")
-            paths += [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
-        for p in paths:
-            ops = out.setdefault(p, {})
-            ops[op] = ops.get(op, 0) + v
-    return out
-
-
 @dataclass(frozen=True)
+class Totals:
+    """torchao's figures given as numbers: a PerformanceStats built without a trace."""
+
+    total_flops: float
+    total_io: float
+    flops_summary: dict = field(default_factory=dict)
+    io_summary: dict = field(default_factory=dict)
+    flop_counts: dict = field(default_factory=dict)
+    io_counts: dict = field(default_factory=dict)
+    device_bandwidth: float | None = None
+    device_flops_per_s: float | None = None
+
+
+def _number(value, name: str, *, none_ok: bool = True):
+    """value when it is a finite real number >= 0 (or None with none_ok); else a ValueError."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0{' or None' if none_ok else ''}, "
+                         f"got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, init=False)
 class PerformanceStats:
-    """One phase (possibly several steps of one label) and its derived metrics."""
+    """One phase (possibly several steps of one label) and its derived metrics.
+
+    PerformanceStats(label, num_tokens, latency, trace, device_spec, io_model, raw_latency,
+    timing) from a counted trace, or with torchao's keyword fields (total_flops=,
+    total_io=, ..., device_bandwidth=, device_flops_per_s=) from numbers."""
 
     label: str
     num_tokens: int
     latency: float | None  # measured seconds, counting overhead excluded; None if not measured
-    trace: Trace = field(repr=False)
+    trace: Trace | None = field(default=None, repr=False)  # None: built from torchao's totals
     device_spec: object | None = None  # a DeviceSpec
     io_model: str = "per_op"
     raw_latency: float | None = None  # measured seconds including the counter's own work
     timing: str = ""  # how latency was measured
+    totals: Totals | None = field(default=None, repr=False)  # torchao's figures, when given
 
-    def __post_init__(self):
-        check_io_model(self.io_model)
+    def __init__(self, label: str, num_tokens: int, latency: float | None = None,
+                 trace: Trace | None = None, device_spec=None, io_model: str = "per_op",
+                 raw_latency: float | None = None, timing: str = "",
+                 totals: Totals | None = None, *, total_flops=None, total_io=None,
+                 flops_summary=None, io_summary=None, flop_counts=None, io_counts=None,
+                 device_bandwidth=None, device_flops_per_s=None):
+        given = {k: v for k, v in (("total_flops", total_flops), ("total_io", total_io),
+                                   ("flops_summary", flops_summary), ("io_summary", io_summary),
+                                   ("flop_counts", flop_counts), ("io_counts", io_counts),
+                                   ("device_bandwidth", device_bandwidth),
+                                   ("device_flops_per_s", device_flops_per_s)) if v is not None}
+        if given:
+            if trace is not None or totals is not None:
+                raise TypeError(f"PerformanceStats takes a trace or torchao's figures "
+                                f"({', '.join(given)}), not both")
+            if device_spec is not None and ("device_bandwidth" in given
+                                            or "device_flops_per_s" in given):
+                raise TypeError("give device_spec or device_bandwidth= / device_flops_per_s=, "
+                                "not both")
+            missing = [k for k in ("total_flops", "total_io") if k not in given]
+            if missing:
+                raise TypeError(f"PerformanceStats from torchao's figures needs "
+                                f"{' and '.join(k + '=' for k in missing)}")
+            for k in ("total_flops", "total_io", "device_bandwidth", "device_flops_per_s"):
+                _number(given.get(k), k, none_ok=k.startswith("device"))
+            for k in ("flops_summary", "io_summary", "flop_counts", "io_counts"):
+                if not isinstance(given.get(k, {}), dict):
+                    raise TypeError(f"{k} must be a dict, got {type(given[k]).__name__}")
+            totals = Totals(**given)
+        elif trace is None and totals is None:
+            raise TypeError("PerformanceStats needs a trace, or torchao's total_flops= and "
+                            "total_io=")
+        if trace is not None and not isinstance(trace, Trace):
+            raise TypeError(f"trace must be a perfcounter Trace, got {type(trace).__name__}; "
+                            "torchao's fields (total_flops=, total_io=, ...) are keywords")
+        _number(latency, "latency")
+        values = dict(label=label, num_tokens=num_tokens, latency=latency, trace=trace,
+                      device_spec=device_spec, io_model=check_io_model(io_model),
+                      raw_latency=raw_latency, timing=timing, totals=totals)
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
+    # -- torchao's dict-like access (its DictMixin) -----------------------------
     def __getitem__(self, key: str):
-        """torchao's dict-like access: stats['total_flops']."""
+        """stats['total_flops']."""
         if not isinstance(key, str) or key.startswith("_") or not hasattr(self, key):
             raise KeyError(key)
         return getattr(self, key)
 
+    def __contains__(self, key) -> bool:
+        return isinstance(key, str) and not key.startswith("_") and hasattr(self, key)
+
+    def __iter__(self):
+        """torchao's field names."""
+        return iter(TORCHAO_FIELDS)
+
     # -- torchao fields -------------------------------------------------------
     @property
     def total_flops(self) -> int:
+        if self.totals is not None:
+            return self.totals.total_flops
         return self.trace.flops
 
     @property
     def total_io(self) -> int:
+        if self.totals is not None:
+            return self.totals.total_io
         return self.trace.per_op_bytes if self.io_model == "per_op" else self.trace.compulsory_bytes
 
     @cached_property
     def flop_counts(self) -> dict[str, dict[str, int]]:
-        """FLOPs by module path (every parent included) and op; 'Global' = all."""
-        return by_module_and_op(self.trace.records, lambda r: r.flops)
+        """FLOPs by module path (every parent included) and op; 'Global' = all. A fused
+        attention's softmax is under 'sdpa_softmax' (see the module doc)."""
+        if self.totals is not None:
+            return self.totals.flop_counts
+        return flop_counts(self.trace.records)
 
     @cached_property
     def io_counts(self) -> dict[str, dict[str, int]]:
         """Per-op bytes by module path (every parent included) and op."""
-        return by_module_and_op(self.trace.records, lambda r: r.bytes)
+        if self.totals is not None:
+            return self.totals.io_counts
+        return io_counts(self.trace.records)
 
     @property
     def flops_summary(self) -> dict[str, int]:
+        if self.totals is not None:
+            return self.totals.flops_summary
         return {m: sum(ops.values()) for m, ops in self.flop_counts.items()}
 
     @property
     def io_summary(self) -> dict[str, int]:
+        if self.totals is not None:
+            return self.totals.io_summary
         return {m: sum(ops.values()) for m, ops in self.io_counts.items()}
 
     @property
     def device_bandwidth(self) -> float | None:
+        if self.totals is not None and self.device_spec is None:
+            return self.totals.device_bandwidth
         return getattr(self.device_spec, "bandwidth", None)
 
     @property
     def device_flops_per_s(self) -> float | None:
+        if self.totals is not None and self.device_spec is None:
+            return self.totals.device_flops_per_s
         return getattr(self.device_spec, "flops_per_s", None)
 
     @property
@@ -178,9 +244,12 @@ class PerformanceStats:
 
     @cached_property
     def theoretical_compute_latency(self) -> float | None:
-        """Σ dense FLOPs / peak FLOP/s of each op's dtype."""
+        """Σ dense FLOPs / peak FLOP/s of each op's dtype (torchao's total_flops /
+        device_flops_per_s for stats built from totals)."""
         if not self.device_flops_per_s:
             return None
+        if self.trace is None:
+            return self.total_flops / self.device_flops_per_s
         peaks: dict[str, float] = {}
         total = 0.0
         for r in self.trace.records:
@@ -198,34 +267,36 @@ class PerformanceStats:
     def flops_utilization(self) -> float | None:
         return _div(self.achieved_flops_per_s, self.device_flops_per_s)
 
-    # -- counting ------------------------------------------------------------
+    # -- counting (None or empty for stats built from torchao's totals) -------------
     @property
-    def executed_flops(self) -> int:
-        return self.trace.executed_flops
+    def executed_flops(self) -> int | None:
+        return None if self.trace is None else self.trace.executed_flops
 
     @property
-    def flops_by_kind(self) -> dict[str, int]:
-        return self.trace.kinds
+    def flops_by_kind(self) -> dict[str, int] | None:
+        return None if self.trace is None else self.trace.kinds
 
     @property
-    def io_by_role(self) -> dict[str, dict[str, int]]:
+    def io_by_role(self) -> dict[str, dict[str, int]] | None:
         """Bytes read and written by tensor role, in the io model."""
         t = self.trace
+        if t is None:
+            return None
         read, written = ((t.per_op_read, t.per_op_written) if self.io_model == "per_op"
                          else (t.compulsory_read, t.compulsory_written))
         return {"read": dict(zip(ROLES, read)), "written": dict(zip(ROLES, written))}
 
     @property
-    def per_op_io(self) -> int:
-        return self.trace.per_op_bytes
+    def per_op_io(self) -> int | None:
+        return None if self.trace is None else self.trace.per_op_bytes
 
     @property
-    def compulsory_io(self) -> int:
-        return self.trace.compulsory_bytes
+    def compulsory_io(self) -> int | None:
+        return None if self.trace is None else self.trace.compulsory_bytes
 
     @property
-    def kv_cache_valid_read(self) -> int:
-        return self.trace.kv_cache_valid_read
+    def kv_cache_valid_read(self) -> int | None:
+        return None if self.trace is None else self.trace.kv_cache_valid_read
 
     @property
     def arithmetic_intensity(self) -> float | None:
@@ -234,28 +305,31 @@ class PerformanceStats:
 
     @property
     def steps(self) -> int:
-        return self.trace.steps
+        return 1 if self.trace is None else self.trace.steps
 
     @property
     def uncounted_ops(self) -> dict[str, int]:
-        return dict(self.trace.uncounted_ops)
+        return {} if self.trace is None else dict(self.trace.uncounted_ops)
 
     @property
-    def coverage(self) -> dict[str, float]:
+    def coverage(self) -> dict[str, float] | None:
+        if self.trace is None:
+            return None
         by_bytes, by_calls = self.trace.coverage
         return {"bytes": by_bytes, "calls": by_calls}
 
     @property
     def overhead_s(self) -> float:
         """Seconds spent in the counter's own bookkeeping (excluded from latency)."""
-        return self.trace.overhead_s
+        return 0.0 if self.trace is None else self.trace.overhead_s
 
     # -- device models -------------------------------------------------------
     @property
     def priced(self) -> bool:
         """True when the device spec has the bandwidth and peak a roofline needs."""
         spec = self.device_spec
-        return spec is not None and bool(spec.bandwidth) and bool(spec.flops_per_s)
+        return (self.trace is not None and spec is not None and bool(spec.bandwidth)
+                and bool(spec.flops_per_s))
 
     @cached_property
     def roofline(self) -> Roofline | None:
@@ -290,6 +364,9 @@ class PerformanceStats:
     def on(self, device_spec, io_model: str | None = None) -> "PerformanceStats":
         """The same phase priced on another device (a DeviceSpec, a registry
         name or a YAML path). Nothing was measured there: latency is None."""
+        if self.trace is None:
+            raise ValueError(f"phase {self.label!r} was built from torchao's totals: it has no "
+                             "per-op records to price on another device")
         if isinstance(device_spec, str):
             from perfcounter.devices import get_device_spec
             device_spec = get_device_spec(device_spec)
@@ -302,6 +379,8 @@ class PerformanceStats:
         """Totals per module path, every record rolled up to each parent prefix;
         paths deeper than `depth` components are folded into their parent."""
         check_depth(depth, none_ok=True)
+        if self.trace is None:
+            return {}
         costs = op_costs(self.trace, self.device_spec) if self.priced else None
         out: dict[str, dict] = {}
         for i, r in enumerate(self.trace.records):
@@ -315,12 +394,21 @@ class PerformanceStats:
 
     def scopes(self) -> dict[str, dict]:
         """Totals per llm-profiler scope: transformer, embedding, attn, mlp, lm_head."""
+        if self.trace is None:
+            return {}
         costs = op_costs(self.trace, self.device_spec) if self.priced else None
         out = {s: self._empty_row(costs is not None) for s in SCOPES}
         for i, r in enumerate(self.trace.records):
             for scope in record_scopes(r.module):
                 self._add_row(out, scope, r, costs[i] if costs else None)
         return out
+
+    def profile(self, scope: str | None = "transformer", attr: str = "FLOPS") -> int:
+        """llm-profiler's query on this phase: FLOPS, ADD, MULT, DIV, SQRT, PARAMS, ACT or
+        CACHE of a scope ("transformer", "attn", "mlp", a module class, path or glob);
+        perfcounter/profile.py says what each means next to llm-profiler's meaning."""
+        from perfcounter.profile import profile
+        return profile(self, scope, attr)
 
     @staticmethod
     def _empty_row(with_roofline: bool) -> dict:
@@ -342,7 +430,8 @@ class PerformanceStats:
 
     # -- data ----------------------------------------------------------------
     def to_dict(self) -> dict:
-        """torchao's keys and ours, plain JSON types; from_dict() reads it back."""
+        """torchao's keys (every field and derived property of its PerformanceStats) and
+        ours beside them, plain JSON types; from_dict() reads it back."""
         spec = self.device_spec
         return {
             "label": self.label, "num_tokens": self.num_tokens, "steps": self.steps,
@@ -370,15 +459,50 @@ class PerformanceStats:
             "energy": None if self.energy is None else self.energy.to_dict(),
             "uncounted_ops": self.uncounted_ops, "coverage": self.coverage,
             "device": None if spec is None else spec.to_dict(),
-            "trace": self.trace.to_dict(),
+            "trace": None if self.trace is None else self.trace.to_dict(),
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "PerformanceStats":
-        """Rebuild a phase from to_dict(); derived figures are recomputed."""
-        spec = None if d.get("device") is None else spec_from_dict(d["device"])
-        return cls(d["label"], d["num_tokens"], d["latency"], Trace.from_dict(d["trace"]),
-                   spec, d["io_model"], d["raw_latency"], d["timing"])
+    def from_dict(cls, d: dict, source: str = "stats") -> "PerformanceStats":
+        """Rebuild a phase from to_dict(), or from torchao's to_dict() (no "trace": its
+        figures as given); derived figures are recomputed. A malformed dict is a
+        ValueError naming `source` and the field."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{source}: expected an object of stats fields, got "
+                             f"{type(d).__name__}")
+        try:
+            device = d.get("device")
+            if device is not None and not isinstance(device, dict):
+                raise ValueError(f"field 'device' must be an object (DeviceSpec.to_dict()) or "
+                                 f"null, got {type(device).__name__} {device!r:.40}")
+            spec = None if device is None else spec_from_dict(device)
+            common = dict(label=_typed(d, "label", str), latency=d.get("latency"),
+                          num_tokens=_typed(d, "num_tokens", int))
+            if d.get("trace") is None:  # torchao's layout, or stats built from totals
+                given = {k: d[k] for k in TORCHAO_FIELDS[3:] if d.get(k) is not None}
+                if spec is not None:
+                    given.pop("device_bandwidth", None)
+                    given.pop("device_flops_per_s", None)
+                return cls(**common, device_spec=spec, **given)
+            trace = d["trace"]
+            if not isinstance(trace, dict):
+                raise ValueError(f"field 'trace' must be an object, got {type(trace).__name__}")
+            return cls(**common, trace=Trace.from_dict(trace), device_spec=spec,
+                       io_model=d.get("io_model", "per_op"), raw_latency=d.get("raw_latency"),
+                       timing=d.get("timing", ""))
+        except KeyError as e:
+            raise ValueError(f"{source}: field {e} is missing") from None
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"{source}: {e}") from None
 
     def __str__(self) -> str:
         return format_stats(self)
+
+
+def _typed(d: dict, key: str, kind: type):
+    """d[key] when it is a `kind` (an int is not a bool); else a ValueError naming the key."""
+    value = d[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"field {key!r} must be {kind.__name__}, got {type(value).__name__} "
+                         f"{value!r:.40}")
+    return value

@@ -158,6 +158,12 @@ class StorageTable:
         self.by_id[sid] = st
         return st
 
+    def fresh(self, t) -> None:
+        """A tensor the Python constructor made in this block (torch.tensor(...) arrives as
+        lift_fresh, its copy unseen): an activation, whatever a freed storage at the same
+        address was."""
+        self.new(storage_id(t), ACTIVATION, t.untyped_storage().nbytes())
+
     def first_sight(self, t, sid: int) -> Storage:
         base = t._base if t._base is not None else t
         param = isinstance(t, torch.nn.Parameter) or isinstance(base, torch.nn.Parameter)

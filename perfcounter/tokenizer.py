@@ -5,7 +5,10 @@ Three kinds, found next to a checkpoint by `load_tokenizer(path)`:
 - Hugging Face `tokenizer.json` (Llama-3, Qwen2, SmolLM2) through the `tokenizers`
   library: special tokens added by the file's own post-processor; BOS / EOS names
   read from `tokenizer_config.json` when it is there;
-- the tokenizer inside a GGUF file, through transformers' AutoTokenizer.
+- the tokenizer inside a GGUF file, through transformers' AutoTokenizer (never running a
+  file's own code unless trust_remote_code=True).
+`encode_prompt(tokenizer, text, vocab_size)` encodes a prompt for a model, refusing an
+empty one and ids the model's embedding does not have.
 """
 from __future__ import annotations
 
@@ -31,6 +34,11 @@ class Tokenizer:
     eos_id: Optional[int] = None
     source: str = ""
 
+    @property
+    def vocab_size(self) -> Optional[int]:
+        """Tokens the tokenizer knows (ids 0 .. vocab_size - 1), None when unknown."""
+        return None
+
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
 
@@ -52,6 +60,10 @@ class SentencePieceTokenizer(Tokenizer):
             raise TokenizerError(f"{path}: not a readable SentencePiece model ({e})") from e
         self.bos_id = self.sp.bos_id() if self.sp.bos_id() >= 0 else None
         self.eos_id = self.sp.eos_id() if self.sp.eos_id() >= 0 else None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.vocab_size()
 
     def encode(self, text: str) -> list[int]:
         ids = self.sp.encode(text)
@@ -78,6 +90,10 @@ class HFTokenizer(Tokenizer):
             token = token.get("content")
         return self.tok.token_to_id(token) if isinstance(token, str) else None
 
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=True).ids
 
@@ -92,13 +108,19 @@ class TransformersTokenizer(Tokenizer):
         self.tok, self.source = tokenizer, source
         self.bos_id, self.eos_id = tokenizer.bos_token_id, tokenizer.eos_token_id
 
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tok)
+
     @classmethod
-    def from_gguf(cls, path: str | os.PathLike) -> "TransformersTokenizer":
+    def from_gguf(cls, path: str | os.PathLike,
+                  trust_remote_code: bool = False) -> "TransformersTokenizer":
         path = Path(path)
         transformers = offline_transformers()
         try:
             tok = transformers.AutoTokenizer.from_pretrained(
-                str(path.parent), gguf_file=path.name, local_files_only=True)
+                str(path.parent), gguf_file=path.name, local_files_only=True,
+                trust_remote_code=trust_remote_code)
         except Exception as e:
             raise TokenizerError(f"{path}: could not read the GGUF file's tokenizer ({e})") from e
         return cls(tok, str(path))
@@ -117,9 +139,13 @@ def _special_tokens(config_path: Path) -> dict:
     if not config_path.is_file():
         return {}
     try:
-        return json.loads(config_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        data = json.loads(config_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TokenizerError(f"{config_path}: not readable JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{config_path}: expected a JSON object (bos_token, eos_token, ...), "
+                             f"got {type(data).__name__}")
+    return data
 
 
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")
@@ -137,13 +163,13 @@ def find_tokenizer(path: str | os.PathLike) -> Optional[Path]:
     return None
 
 
-def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+def load_tokenizer(path: str | os.PathLike, *, trust_remote_code: bool = False) -> Tokenizer:
     """A tokenizer from a file (tokenizer.model, tokenizer.json, *.gguf) or a folder holding one."""
     path = Path(path)
     if path.suffix == ".gguf":
         if not path.is_file():
             raise TokenizerError(f"{path}: no such GGUF file")
-        return TransformersTokenizer.from_gguf(path)
+        return TransformersTokenizer.from_gguf(path, trust_remote_code=trust_remote_code)
     found = find_tokenizer(path)
     if found is None:
         raise TokenizerError(f"{path}: no tokenizer found; expected one of "
@@ -151,3 +177,21 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     if found.name == "tokenizer.model":
         return SentencePieceTokenizer(found)
     return HFTokenizer(found)
+
+
+def encode_prompt(tokenizer: Tokenizer, text: str, vocab_size: int) -> list[int]:
+    """`text` as token ids for a model of `vocab_size` tokens; a TokenizerError for an empty
+    prompt and for ids the model has no embedding for (a tokenizer that does not fit it)."""
+    if not text:
+        raise TokenizerError("the prompt is empty; give some text, or --prompt_length N for a "
+                             "synthetic prompt")
+    ids = tokenizer.encode(text)
+    if not ids:
+        raise TokenizerError(f"the prompt {text!r} encodes to no tokens with {tokenizer!r}")
+    if max(ids) >= vocab_size:
+        size = tokenizer.vocab_size
+        raise TokenizerError(
+            f"{tokenizer.source}: the prompt encodes to token id {max(ids)}, but the model has "
+            f"vocab_size={vocab_size} (ids 0..{vocab_size - 1}); this tokenizer"
+            f"{f' of {size} tokens' if size else ''} does not fit the checkpoint")
+    return ids

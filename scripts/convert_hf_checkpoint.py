@@ -27,10 +27,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def main(*, checkpoint_dir: Path, out_dir: Path, dtype: str | None = None,
-         model_name: str | None = None, config: Path | None = None) -> Path:
+         model_name: str | None = None, config: Path | None = None,
+         trust_remote_code: bool = False) -> Path:
     t0 = time.perf_counter()
     target = convert_checkpoint(checkpoint_dir, out_dir, dtype=DTYPES[dtype] if dtype else None,
-                                model_name=model_name, config_path=config)
+                                model_name=model_name, config_path=config,
+                                trust_remote_code=trust_remote_code)
     print(f"Wrote {target} and its config / tokenizer in {time.perf_counter() - t0:.1f} s")
     return target
 
@@ -45,6 +47,8 @@ if __name__ == "__main__":
     parser.add_argument("--model", dest="model_name", default=None,
                         help="preset name giving the config of a model.pth")
     parser.add_argument("--config", type=Path, default=None, help="config.json to use")
+    parser.add_argument("--trust_remote_code", action="store_true",
+                        help="let transformers run code that comes with a checkpoint (off: refused)")
     args = parser.parse_args()
     try:
         main(**vars(args))

@@ -6,6 +6,11 @@ into op_plan / storage / module_path, and test_restructure.py holds today's
 code to it. Roles added since (a module buffer was an input then) are folded
 into the roles that existed, and records are summed over what today's keys add
 (the segment within a module), so the comparison is like for like.
+
+Regenerated once, deliberately, for issue 11 (json.dumps(snapshot(), separators=(",", ":"),
+sort_keys=True)): under inference_mode composites now run their own decomposition, so the
+inference_mode records are the no_grad ones; and the static-cache decode steps' attention
+(an explicit mask) carries the executed FLOPs of the pairs its mask keeps. Nothing else moved.
 """
 import torch
 

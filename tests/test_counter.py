@@ -170,14 +170,32 @@ def test_json_round_trip(tmp_path, toy):
     assert os.listdir(tmp_path) == ["stats.json"]  # no temporary file left
     on_disk = json.loads(path.read_text())
     assert on_disk == doc
-    assert on_disk["schema"] == SCHEMA and on_disk["version"] == SCHEMA_VERSION
-    assert on_disk["counts"]["decode"]["steps"] == 2
-    assert on_disk["counts"]["prefill"]["flop_counts"]["Global"] == {"aten.mm": 240}
-    assert on_disk["summary"]["total_flops"] == 240 + 2 * 60
+    # torchao's layout: labels at the top level, our version and device inside each phase
+    assert list(on_disk) == ["prefill", "decode"]
+    meta = on_disk["decode"]["perfcounter"]
+    assert meta["schema"] == SCHEMA and meta["version"] == SCHEMA_VERSION == 2
+    assert meta["io_model"] == "per_op" and meta["depth"] == 10
+    assert on_disk["decode"]["steps"] == 2 and on_disk["decode"]["device"]["name"] == "toy"
+    assert on_disk["prefill"]["flop_counts"]["Global"] == {"aten.mm": 240}
     back = TransformerPerformanceCounter.from_json(path)
     assert back.to_dict() == counter.to_dict()
     assert back.device_spec == toy
+    assert back.stats_summary.total_flops == 240 + 2 * 60
     assert back.print_summary(["prefill", "decode"]) == counter.print_summary(["prefill", "decode"])
+
+
+def test_from_json_reads_the_version_1_envelope(tmp_path, toy):
+    counter = TransformerPerformanceCounter(device_spec=toy)
+    with counter.count("prefill", 4):
+        Proj()(torch.randn(4, 6))
+    stats = counter.counts["prefill"].to_dict()
+    old = {"schema": SCHEMA, "version": 1, "perfcounter": "0.1.0", "io_model": "per_op",
+           "depth": 10, "device": toy.to_dict(), "counts": {"prefill": stats},
+           "summary": None}
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(old))
+    back = TransformerPerformanceCounter.from_json(path)
+    assert back.device_spec == toy and back.counts["prefill"].total_flops == 240
 
 
 def test_json_errors_and_atomic_write(tmp_path, monkeypatch):
@@ -198,12 +216,14 @@ def test_json_errors_and_atomic_write(tmp_path, monkeypatch):
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         TransformerPerformanceCounter.from_json(bad)
-    bad.write_text("{}")
+    bad.write_text(json.dumps({"schema": "perfcounter.simulation", "version": 1}))
     with pytest.raises(ValueError, match="not a perfcounter counts document"):
         TransformerPerformanceCounter.from_json(bad)
-    bad.write_text(json.dumps({"schema": SCHEMA, "version": SCHEMA_VERSION, "depth": 10}))
+    bad.write_text(json.dumps({"schema": SCHEMA, "version": 1, "depth": 10}))
     with pytest.raises(ValueError, match="field 'io_model' is missing"):
         TransformerPerformanceCounter.from_json(bad)
+    bad.write_text("{}")  # torchao's to_json of a counter that counted nothing
+    assert TransformerPerformanceCounter.from_json(bad).counts == {}
 
 
 @pytest.mark.filterwarnings("ignore:device .* has no .* figure for float32")
@@ -276,6 +296,50 @@ def test_tiny_transformer_prefill_and_decode(tiny_model):
     text = counter.print_summary(["prefill"])
     assert "Transformer.layers.*.attention" in text and "Scopes" in text
     assert decode.roofline_latency > 0 and decode.energy_per_token_j > 0
+
+
+class Other(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.ReLU())
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_another_thread_running_a_model_leaves_per_module_counts_alone():
+    """Module hooks are process-wide, the dispatch mode is per thread: a model another
+    thread runs meanwhile must neither add records nor move ours under its modules."""
+    import threading
+    import time
+    counter, model, other = TransformerPerformanceCounter(), Proj(), Other()
+    stop, runs = threading.Event(), []
+
+    def busy():
+        x = torch.randn(64, 6)
+        while not stop.is_set():
+            other(x)
+            runs.append(1)
+
+    thread = threading.Thread(target=busy)
+    thread.start()
+    try:
+        while len(runs) < 3:
+            time.sleep(0.001)
+        x = torch.randn(4, 6)
+        for _ in range(20):
+            with counter.count("prefill", 4):
+                model(x)
+    finally:
+        stop.set()
+        thread.join()
+    assert len(runs) > 3  # the other thread ran while we counted
+    s = counter.counts["prefill"]
+    # 20 blocks of Linear(6, 5) on x[4, 6]: 20 * 240 FLOPs, 20 * 296 bytes
+    assert s.flop_counts == {"Global": {"aten.mm": 4800}, "Proj": {"aten.mm": 4800},
+                             "Proj.lin": {"aten.mm": 4800}}
+    assert s.io_summary == {"Global": 5920, "Proj": 5920, "Proj.lin": 5920}
+    assert [m.path for m in s.trace.modules] == ["Proj", "Proj.lin"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -139,21 +139,21 @@ def test_sdpa_causal_and_not_and_gqa():
     assert gqa.per_op_read == [0, 1024, 0, 2048, 0]
 
 
-def test_sdpa_under_inference_mode_priced_whole_or_decomposed_as_it_runs():
+def test_sdpa_under_inference_mode_runs_the_kernel_no_grad_runs():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     q = torch.randn(1, 4, 8, 16)
     k = v = torch.randn(1, 4, 8, 16)
     run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     kernel = count(run)  # no_grad: the composite decomposes before the mode sees it
-    fused = count(run, grad=torch.inference_mode)  # the composite reaches the mode
-    attn = one(fused, "aten.scaled_dot_product_attention")
-    assert attn.calls == 1 and len(fused.records) == 1  # priced whole: one op, no parts
-    assert (fused.flops, fused.executed_flops) == (kernel.flops, kernel.executed_flops)
-    # reads q, k (= v, once): 2 * 4*8*16*4 = 4096 B; writes the output, 2048 B (the CPU
-    # kernel's 4*8 float log-sum-exp, 128 B, is not in the composite's bytes)
-    assert sum(fused.per_op_read) == 4096 and sum(fused.per_op_written) == 2048
-    assert sum(kernel.per_op_written) == 2048 + 128
+    inference = count(run, grad=torch.inference_mode)  # the composite reaches the mode: its own
+    recs = lambda t: [(r.op, r.shapes, r.calls, r.flops, r.executed_flops, r.read, r.written)  # noqa: E731
+                      for r in t.records]
+    assert recs(inference) == recs(kernel)  # decomposition picks the same CPU flash kernel
+    attn = one(inference, "aten._scaled_dot_product_flash_attention_for_cpu")
+    # reads q, k (= v, once): 2 * 4*8*16*4 = 4096 B; writes the output, 2048 B, and the
+    # kernel's 4*8 float log-sum-exp, 128 B
+    assert sum(attn.read) == 4096 and sum(attn.written) == 2048 + 128
     with sdpa_kernel(SDPBackend.MATH):  # no fused kernel: the math ops are counted one by one
         math = count(run, grad=torch.inference_mode)
     assert not [r for r in math.records if "scaled_dot_product" in r.op]
@@ -440,3 +440,94 @@ def test_torchao_constructor_and_pretty_summary(capsys):
     assert mode.pretty_summary_counts() == "Sequential: 128.00FLOPs\n Sequential.0: 128.00FLOPs"
     assert printed.strip() == mode.pretty_summary_counts()
     assert mode.pretty_summary_counts("io", depth=1) == "Sequential: 224.00B"  # (16 + 32 + 8) * 4
+
+
+# --- inference_mode: composites run their own decomposition -----------------------------
+
+
+def _counted(trace) -> list:
+    return sorted((r.op, r.module, r.shapes, r.calls, r.flops, r.executed_flops, r.read, r.written)
+                  for r in trace.records if r.flops or r.bytes)
+
+
+def test_eval_dropout_returns_its_input_in_both_grad_modes():
+    drop = torch.nn.Dropout(0.1).eval()
+    x = torch.randn(4, 8)
+    for grad in (torch.no_grad, torch.inference_mode):
+        mode = PerformanceCounterMode()
+        with grad(), mode:
+            y = drop(x)
+        assert y is x  # no copy (the Python decomposition of dropout clones in eval)
+        assert mode.trace().per_op_bytes == 0, grad.__name__
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, w: F.linear(x, w, w[:, 0]),  # linear with bias, 3-D input
+    lambda x, w: torch.matmul(x, w.t()),
+    lambda x, w: F.one_hot(x.argmax(-1), 8),  # a Python decomposition counts otherwise
+    lambda x, w: torch.where(x > 0),  # nonzero, then unbind
+    lambda x, w: F.scaled_dot_product_attention(x[None], x[None], x[None],
+                                                attn_mask=torch.ones(5, 5, dtype=torch.bool).tril()),
+], ids=["linear", "matmul", "one_hot", "where", "sdpa_bool_mask"])
+def test_both_grad_modes_count_a_composite_alike(fn):
+    x, w = torch.randn(2, 5, 8), torch.nn.Parameter(torch.randn(6, 8))
+    counted = []
+    for grad in (torch.no_grad, torch.inference_mode):
+        with grad():
+            reference = fn(x, w)
+            mode = PerformanceCounterMode()
+            with mode:
+                result = fn(x, w)
+        result, reference = (result, reference) if isinstance(result, tuple) else \
+            ((result,), (reference,))
+        assert all(torch.equal(a, b) for a, b in zip(result, reference)), grad.__name__
+        counted.append(_counted(mode.trace()))
+    assert counted[0] == counted[1] and counted[0]
+
+
+def test_a_tensor_made_in_the_block_is_an_activation():
+    x = torch.randn(3, 4)
+    for grad in (torch.no_grad, torch.inference_mode):
+        t = count(lambda: x[torch.tensor([2, 0])], grad=grad)
+        rec = one(t, "aten.index")
+        # x's 2 rows (2 * 4 * 4 = 32 B) are an input; the index (2 int64 = 16 B), made by
+        # torch.tensor inside the block, an activation, whatever address it got
+        assert rec.read == [0, 0, 16, 32, 0], grad.__name__
+
+
+def test_eager_experts_under_fake_tensors_say_what_to_do():
+    from torch._subclasses.fake_tensor import DynamicOutputShapeException
+
+    with FakeTensorMode():
+        x = torch.randn(4)
+        with pytest.raises(DynamicOutputShapeException) as caught, PerformanceCounterMode():
+            torch.nonzero(x)
+    assert "experts_implementation='eager'" in str(caught.value.__notes__)
+
+
+# --- attention masks: what a causal kernel executes ------------------------------------
+
+
+@pytest.mark.parametrize("window, pairs", [(None, 21), (4, 18)])
+def test_our_model_passes_its_mask_structure(window, pairs):
+    """tiny_args: 2 layers, batch 2, 4 heads of 8; a 6-token prompt into a 10-position cache.
+    Per score 8 + 8 + 3 adds, 8 + 8 + 1 muls, 1 exp, 1 cmp = 38 FLOPs; dense: 6 x 10 scores
+    a head. Causal: 1 + 2 + ... + 6 = 21 pairs; a window of 4: 1 + 2 + 3 + 4 + 4 + 4 = 18.
+    Real tensors read the mask; fake tensors take the structure from the Attention module."""
+    from conftest import randomize_, tiny_args
+
+    from perfcounter.config_only import count_config_only, greedy_generate
+    from perfcounter.counter import TransformerPerformanceCounter
+    from perfcounter.model import Transformer
+
+    args = tiny_args(sliding_window=window)
+    torch.manual_seed(0)
+    real = TransformerPerformanceCounter()
+    greedy_generate(randomize_(Transformer(args)), torch.randint(0, 64, (2, 6)), 4, phase=real.count)
+    fake = TransformerPerformanceCounter()
+    count_config_only(args, fake, batch_size=2, prompt_length=6, max_new_tokens=4, dtype=torch.float32)
+    for counter in (real, fake):
+        prefill = counter.counts["prefill"]
+        skipped = 2 * 2 * 4 * (6 * 10 - pairs) * 38  # layers x batch x heads x masked pairs
+        assert prefill.total_flops - prefill.executed_flops == skipped
+    assert fake.counts["decode"].executed_flops == real.counts["decode"].executed_flops

@@ -42,6 +42,13 @@ def test_si_prefixes():
     assert si(5e-9, "J") == "5.00 nJ"
     assert si(0, "J") == "0 J"
     assert si(None, "J") == "n/a"
+    # nearest=True: torchao's nearest prefix above one too (its report's IO and FLOPs)
+    assert si(123e9, "FLOPs", nearest=True) == "0.12 TFLOPs"
+    assert si(123e6, "B", nearest=True) == "0.12 GB"
+    assert si(1.23e9, "B/s", nearest=True) == "1.23 GB/s"
+    assert si(13.25e9, "B", nearest=True) == "13.25 GB"
+    assert si(148, "B", nearest=True) == "0.15 KB"
+    assert si(0.00037, "s", nearest=True) == "0.37 ms"
 
 
 def test_percent_and_rate():
@@ -75,8 +82,8 @@ def test_seed_004_prefill_figures(rtx3090):
         "    Throughput: 63.06 GFLOPs/s",  # 79.31e9 / 1.2576
         "    Theoretical Latency: 2.23 ms",  # 79.31e9 / 35.6e12
         "  Utilization",
-        "    Bandwidth: 1.13 %",  # 10.536e9 / 936.1e9 = 0.01126
-        "    FLOPs: 0.18 %",  # 63.06e9 / 35.6e12 = 0.00177
+        "    Bandwidth: 1.13 % (0.0113 of peak)",  # 10.536e9 / 936.1e9 = 0.01126
+        "    FLOPs: 0.18 % (0.0018 of peak)",  # 63.06e9 / 35.6e12 = 0.00177
     ]
     text = "\n".join(lines)
     # one record: max(2.23 ms compute, 14.15 ms memory)

@@ -261,7 +261,9 @@ def test_by_module_and_op_rolls_records_up_every_parent():
     assert by_module_and_op(recs, lambda r: r.flops) == {
         "Global": {"aten.mm": 480, "aten.add": 4}, "M": {"aten.mm": 480},
         "M.a": {"aten.mm": 240}, "M.b": {"aten.mm": 240}, "M.b.c": {"aten.mm": 240}}
-    assert by_module_and_op(recs, lambda r: 0) == {"Global": {}}  # zeros leave no entry
+    # zeros add no op, but every module that ran stays a key (FLOPs and bytes share keys)
+    assert by_module_and_op(recs, lambda r: 0) == {
+        "Global": {}, "M": {}, "M.a": {}, "M.b": {}, "M.b.c": {}}
 
 
 def test_depth_check_and_none_propagating_sums():

@@ -46,7 +46,7 @@ from perfcounter.costs._core import (COSTS, OPS, PER_ELEMENT, ZERO, Cost, OpInfo
 from perfcounter.costs.attention import (attention_cost, causal_pairs, efficient_forward_cost,
                                          flash_forward_cost, flex_attention_cost,
                                          sdpa_composite_cost, sdpa_cpu_flash_cost,
-                                         sdpa_efficient_cost, sdpa_flash_cost)
+                                         sdpa_efficient_cost, sdpa_flash_cost, window_pairs)
 from perfcounter.costs.elementwise import (add_cost, arange_cost, clamp_cost, gelu_cost, mul_cost,
                                            polar_cost, pow_cost)
 from perfcounter.costs.indexing import (embedding_cost, gather_cost, index_add_cost,
@@ -69,7 +69,7 @@ __all__ = [
     "shape_tree",
     "attention_cost", "causal_pairs", "efficient_forward_cost", "flash_forward_cost",
     "flex_attention_cost", "sdpa_composite_cost", "sdpa_cpu_flash_cost", "sdpa_efficient_cost",
-    "sdpa_flash_cost",
+    "sdpa_flash_cost", "window_pairs",
     "add_cost", "arange_cost", "clamp_cost", "gelu_cost", "mul_cost", "polar_cost", "pow_cost",
     "embedding_cost", "gather_cost", "index_add_cost", "index_add_inplace_cost", "index_copy_cost",
     "index_cost", "index_put_cost", "index_select_cost", "scatter_add_cost", "scatter_cost",

@@ -9,11 +9,15 @@ flex, whose keys and values the mode does not promote): their arguments 1 and
 
 Conventions: attention is dense (both matmuls over every score, as torch and
 torchao count it); `executed` is what a kernel that skips causally masked
-blocks computes. Softmax inside attention is counted too, score by score.
+blocks computes. Softmax inside attention is counted too, score by score, so
+a fused kernel costs what the math path's bmm + softmax + bmm cost. Per-op
+breakdowns (get_flop_counts, flop_counts) split a fused kernel in two: its
+matmuls under its own op key, equal to torch.utils.flop_counter's SDPA
+formula (`attention_matmul_flops`), and its softmax under `SDPA_SOFTMAX`.
 """
 from __future__ import annotations
 
-from perfcounter.costs._core import DIV, Cost, aten, kinds, register
+from perfcounter.costs._core import DIV, EXP, MUL, OPS, Cost, aten, kinds, op_name, register
 
 
 def causal_pairs(s_q: int, s_k: int) -> int:
@@ -22,13 +26,27 @@ def causal_pairs(s_q: int, s_k: int) -> int:
     return full * (full + 1) // 2 + (s_q - full) * s_k
 
 
-def attention_cost(q, k, v, is_causal=False, has_mask=False) -> Cost:
+def window_pairs(s_q: int, valid: int, window: int | None = None) -> int:
+    """Query-key pairs of s_q causal queries that are the last of `valid` keys (bottom-right
+    aligned: query i sits at position valid - s_q + i and sees the keys up to it), each
+    seeing at most `window` keys (a sliding window), never fewer than one.
+
+    NB: with s_q == valid this is causal_pairs(s_q, s_q)."""
+    total = 0
+    for i in range(s_q):
+        seen = max(valid - s_q + i + 1, 1)
+        total += seen if window is None else min(seen, window)
+    return total
+
+
+def attention_cost(q, k, v, is_causal=False, has_mask=False, kept_pairs=None) -> Cost:
     """softmax(q·kᵀ·scale [+ mask]) · v for q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv].
 
     Per score: D MACs (q·k), 1 scale mul, 1 cmp (running max), 1 add (minus max),
     1 exp, 1 add (row sum), [1 add for an additive mask], Dv MACs (p·v); then one
     div per output element. Dense over all Sq·Sk scores (torch's convention);
-    `executed` keeps only the pairs a causal kernel computes.
+    `executed` keeps only the pairs a causal kernel computes, or the `kept_pairs` of an
+    explicit mask (over all batches and query heads).
     NB: grouped-query attention (Hkv < Hq) computes over Hq heads: KV heads are
     broadcast, not recomputed."""
     b, hq, sq, d = q[-4:] if len(q) == 4 else (1, *q[-3:])
@@ -40,7 +58,9 @@ def attention_cost(q, k, v, is_causal=False, has_mask=False) -> Cost:
     out_div = b * hq * sq * dv
     dense = dense[:DIV] + (dense[DIV] + out_div,) + dense[DIV + 1:]
     executed = None
-    if is_causal:
+    if kept_pairs is not None:
+        executed = kept_pairs * sum(per_score) + out_div
+    elif is_causal:
         kept = b * hq * causal_pairs(sq, sk)
         executed = kept * sum(per_score) + out_div
     return Cost(dense, executed=executed)
@@ -48,19 +68,19 @@ def attention_cost(q, k, v, is_causal=False, has_mask=False) -> Cost:
 
 @register(aten._scaled_dot_product_flash_attention_for_cpu, attention=True)
 def sdpa_cpu_flash_cost(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None,
-                        out_shape=None, **kw) -> Cost:
+                        kept_pairs=None, out_shape=None, **kw) -> Cost:
     """The CPU flash kernel; torch.utils.flop_counter counts 0 for it."""
-    return attention_cost(q, k, v, is_causal, attn_mask is not None)
+    return attention_cost(q, k, v, is_causal, attn_mask is not None, kept_pairs)
 
 
 @register(aten.scaled_dot_product_attention, attention=True)
 def sdpa_composite_cost(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
-                        enable_gqa=False, out_shape=None, **kw) -> Cost:
-    """F.scaled_dot_product_attention itself, priced whole when a fused kernel runs it
-    (the mode decomposes it when the math path would run, so those ops count one by one).
+                        enable_gqa=False, kept_pairs=None, out_shape=None, **kw) -> Cost:
+    """F.scaled_dot_product_attention itself, for a caller that sees the composite whole.
 
-    NB: a fused kernel's auxiliary output (the B·H·Sq log-sum-exp) is not in its bytes."""
-    return attention_cost(q, k, v, is_causal, attn_mask is not None)
+    NB: the counting mode never prices it whole: it runs the composite's own decomposition
+    (as autograd does under no_grad), so the kernel it picks is what is counted."""
+    return attention_cost(q, k, v, is_causal, attn_mask is not None, kept_pairs)
 
 
 @register(aten._scaled_dot_product_flash_attention, attention=True)
@@ -72,9 +92,9 @@ def sdpa_flash_cost(q, k, v, dropout_p=0.0, is_causal=False, *args, out_shape=No
 @register(aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_cudnn_attention,
           attention=True)
 def sdpa_efficient_cost(q, k, v, attn_bias=None, compute_lse=False, dropout_p=0.0, is_causal=False,
-                        *args, out_shape=None, **kw) -> Cost:
+                        *args, kept_pairs=None, out_shape=None, **kw) -> Cost:
     """Memory-efficient and cuDNN kernels (optional additive bias)."""
-    return attention_cost(q, k, v, is_causal, attn_bias is not None)
+    return attention_cost(q, k, v, is_causal, attn_bias is not None, kept_pairs)
 
 
 @register(aten._flash_attention_forward, attention=True)
@@ -110,3 +130,30 @@ except ImportError:  # older torch without flex attention
     _flex_hop = None
 if _flex_hop is not None:
     register(_flex_hop)(flex_attention_cost)
+
+
+class OpKey(str):
+    """A key of the per-op breakdowns that is no aten op but reads like one: a str that
+    also has the `__name__` code written for torch's op packets looks at."""
+
+    @property
+    def __name__(self) -> str:
+        return str(self)
+
+
+SDPA_SOFTMAX = OpKey("sdpa_softmax")  # the softmax share of fused attention kernels
+
+# "aten._scaled_dot_product_flash_attention_for_cpu", ...: the ops attention_cost prices
+FUSED_ATTENTION = frozenset(
+    op_name(op) for op, info in OPS.items()
+    if info.formula in (sdpa_cpu_flash_cost, sdpa_composite_cost, sdpa_flash_cost,
+                        sdpa_efficient_cost, flash_forward_cost, efficient_forward_cost,
+                        flex_attention_cost))
+
+
+def attention_matmul_flops(op_kinds) -> int:
+    """The matmul share of a fused attention's dense primitive counts (attention_cost's
+    layout): 2·scores·(D + Dv) = 2·(mul − exp), torch's SDPA formula; the rest is softmax.
+
+    NB: per score attention_cost counts D + Dv + 1 muls (the +1 is the scale) and one exp."""
+    return 2 * (op_kinds[MUL] - op_kinds[EXP])

@@ -63,7 +63,8 @@ def baddbmm_cost(bias, a, b, *args, beta=1, alpha=1, out_shape=None, **kw) -> Co
 def linear_cost(x, w, bias=None, *args, out_shape=None, **kw) -> Cost:
     """x [..., K] @ w[N, K]ᵀ (+ bias): M·N·K multiply-accumulates (+ M·N adds), M = numel(x)/K.
 
-    NB: reaches the counter only under inference_mode (elsewhere it arrives as t + mm/addmm)."""
+    NB: a composite: the counting mode runs its decomposition (t + mm/addmm) in every grad
+    mode and never prices it whole; this is for callers that see linear itself."""
     k = x[-1]
     m = numel(x) // k if k else 0
     n = w[0]
@@ -71,14 +72,18 @@ def linear_cost(x, w, bias=None, *args, out_shape=None, **kw) -> Cost:
 
 
 @register(aten._grouped_mm)
-def grouped_mm_cost(a, b, offs=None, bias=None, *args, out_shape=None, **kw) -> Cost:
-    """Grouped matmul (MoE experts): M·K·N multiply-accumulates, whatever `offs` holds.
+def grouped_mm_cost(a, b, offs=None, bias=None, *args, groups_hit=None, rows=None, out_shape=None,
+                    **kw) -> Cost:
+    """Grouped matmul (MoE experts): M·K·N multiply-accumulates, however `offs` splits the rows.
 
     [M, K] x [E, K, N] -> [M, N]: each row meets one expert's [K, N]: M·K·N.
     [E, M, K] x [K, N] -> [M, N]: each column group meets one [M, K]: M·K·N.
     [M, K] x [K, N] -> [E, M, N]: groups split K; each k is used once: M·K·N.
     [E, M, K] x [E, K, N] -> [E, M, N]: a batched matmul, E·M·K·N.
-    NB: rows past offs[-1] are counted as computed (transformers' experts leave none)."""
+    NB: for [M, K] x [E, K, N] the mode passes what `offs` says (op_data.py): `rows`, the
+    rows up to offs[-1] (the kernel skips the rest), and `groups_hit`, the experts that got
+    rows: only their K·N weights are read."""
+    read_elems = None
     if len(a) == 3 and len(b) == 3:
         e, m, k = a
         macs = e * m * k * b[2]
@@ -87,8 +92,14 @@ def grouped_mm_cost(a, b, offs=None, bias=None, *args, out_shape=None, **kw) -> 
         macs = m * k * b[1]
     else:  # 2-D x 3-D or 2-D x 2-D
         m, k = a
+        skipped = rows is not None and rows < m
+        if skipped:
+            m = rows
         macs = m * k * b[-1]
-    return Cost(kinds(add=macs, mul=macs))
+        if len(b) == 3 and (skipped or groups_hit is not None and groups_hit < b[0]):
+            read_elems = (m * k if skipped else None,
+                          b[0] * b[1] * b[2] if groups_hit is None else groups_hit * b[1] * b[2])
+    return Cost(kinds(add=macs, mul=macs), read_elems=read_elems)
 
 
 # --- convolutions -------------------------------------------------------------------

@@ -1,0 +1,136 @@
+"""Whole generations priced in seconds: derived counts next to step-by-step counting.
+
+Three figures, each printed next to what counting every step costs (issue 13's goals):
+
+  70b-1024   `python generate.py --model llama-3-70b --prompt_length 2048
+             --max_new_tokens 1024 --quiet` (config only): wall seconds and peak RSS
+             of the process. Step by step (--count_every_step) is timed for 2 and 4 new
+             tokens and extrapolated to 1,024 (it would take most of an hour).
+  70b-1      the same with --max_new_tokens 2 (prefill 2048 + one decode step), both ways.
+  smollm2    a real SmolLM2-135M generation of 64 tokens (generate.py's default model and
+             sampling, float32, 2 threads): the generation counted through derive.DecodeSteps
+             (prefill and the first three decode steps counted, the rest run and timed
+             without the dispatch mode, stats built) over the same generation with no
+             counter; and over it, every step counted (counter.count). Median of --rounds
+             interleaved rounds, after one warm-up round each.
+
+Timings are wall clock on a shared machine: run it alone, and rerun a figure that looks
+contended.
+
+    python benchmarks/bench_generation.py [--rounds 5] [--skip_70b] [--skip_smollm2]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+GOALS = {"70b-1024": 10.0, "70b-1": 3.0, "smollm2": 1.1}
+
+
+def run_generate(*flags: str) -> tuple[float, float]:
+    """(wall seconds, peak RSS in MB) of one `python generate.py ... --quiet` process."""
+    cmd = [sys.executable, str(REPO / "generate.py"), "--quiet", *flags]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - t0
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    if os.waitstatus_to_exitcode(status):
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{err}")
+    return seconds, usage.ru_maxrss / 1024  # Linux: KiB
+
+
+def bench_70b() -> None:
+    base = ["--model", "llama-3-70b", "--prompt_length", "2048"]
+    derived_1024, rss = run_generate(*base, "--max_new_tokens", "1024")
+    derived_2, rss_2 = run_generate(*base, "--max_new_tokens", "2")
+    every_2, _ = run_generate(*base, "--max_new_tokens", "2", "--count_every_step")
+    every_4, _ = run_generate(*base, "--max_new_tokens", "4", "--count_every_step")
+    per_step = (every_4 - every_2) / 2
+    every_1024 = every_2 + 1022 * per_step
+    print(f"llama-3-70b config, prompt 2048 (step by step: {per_step:.2f} s per decode step)")
+    print(f"  70b-1024  derived {derived_1024:6.2f} s, {rss:5.0f} MB peak RSS  |  step by step "
+          f"~{every_1024:7.0f} s (extrapolated)  |  goal <= {GOALS['70b-1024']:.0f} s, <= 1024 MB")
+    print(f"  70b-1     derived {derived_2:6.2f} s, {rss_2:5.0f} MB peak RSS  |  step by step "
+          f"{every_2:8.2f} s               |  goal <= {GOALS['70b-1']:.0f} s")
+
+
+def bench_smollm2(rounds: int) -> None:
+    spec = importlib.util.spec_from_file_location("generate", REPO / "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    from perfcounter import TransformerPerformanceCounter
+    from perfcounter.derive import DecodeSteps
+    from perfcounter.loading import default_checkpoint, load_model
+
+    loaded = load_model(default_checkpoint(), dtype=torch.float32)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    prompt = torch.tensor([tokenizer.encode("Hello, my name is")])
+    sampling = dict(temperature=0.8, top_k=200)
+    new_tokens = 64
+
+    def plain():
+        gen.generate(model, prompt, new_tokens, **sampling)
+
+    def derived():
+        counter = TransformerPerformanceCounter(device_spec="generic-cpu")
+        steps = DecodeSteps(counter, new_tokens - 1, prompt_length=prompt.shape[1])
+        gen.generate(model, prompt, new_tokens, phase=steps, **sampling)
+        steps.finish()
+        counter.counts  # stats built: part of counting
+        assert len(steps.counted) == DecodeSteps.FIT_STEPS, steps.reason
+
+    def every_step():
+        counter = TransformerPerformanceCounter(device_spec="generic-cpu")
+        gen.generate(model, prompt, new_tokens, phase=counter.count, **sampling)
+        counter.counts
+
+    variants = {"plain": plain, "derived": derived, "every step": every_step}
+    times = {name: [] for name in variants}
+    for name, fn in variants.items():  # warm-up: plan cache, allocator, first-call costs
+        fn()
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    print(f"SmolLM2-135M, real weights (float32), {prompt.shape[1]} prompt tokens, {new_tokens} "
+          f"new, median of {rounds}")
+    print(f"  smollm2   plain {med['plain']:.2f} s; counted, derived {med['derived']:.2f} s = "
+          f"{med['derived'] / med['plain']:.3f}x  |  every step counted "
+          f"{med['every step']:.2f} s = "
+          f"{med['every step'] / med['plain']:.2f}x  |  goal <= {GOALS['smollm2']}x")
+    spread = {name: f"{min(t):.2f}-{max(t):.2f}" for name, t in times.items()}
+    print(f"            spread (s): {spread}")
+
+
+def main(*, rounds: int = 5, skip_70b: bool = False, skip_smollm2: bool = False) -> None:
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(2)
+    print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    if not skip_70b:
+        bench_70b()
+    if not skip_smollm2:
+        bench_smollm2(rounds)
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--skip_70b", action="store_true")
+    p.add_argument("--skip_smollm2", action="store_true")
+    a = p.parse_args()
+    main(rounds=a.rounds, skip_70b=a.skip_70b, skip_smollm2=a.skip_smollm2)

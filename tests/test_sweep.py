@@ -1,0 +1,82 @@
+"""perfcounter sweep: every combination counted once, priced per device, written out."""
+import csv
+import json
+
+import pytest
+import torch
+
+import perfcounter.derive as derive
+from conftest import tiny_args
+from perfcounter import TransformerPerformanceCounter
+from perfcounter.config_only import count_config_only
+from perfcounter.sweep import parse_list, sweep, to_csv, to_text
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(tiny_args(n_layer=3).__dict__))
+    return str(path)
+
+
+def test_each_combination_counted_once_and_priced_per_device(tiny_config, monkeypatch):
+    counted = []
+    real = derive.count_generation
+
+    def spy(args, counter, **kw):
+        counted.append((kw["batch_size"], kw["prompt_length"], kw["max_new_tokens"]))
+        return real(args, counter, **kw)
+
+    monkeypatch.setattr(derive, "count_generation", spy)
+    rows = sweep([tiny_config], [1, 4], [8], [6], ["h100-sxm", "generic-cpu"], dtype=torch.float32)
+    assert counted == [(1, 8, 6), (4, 8, 6)]  # devices re-price, they do not count again
+    assert len(rows) == 2 * 2 * 2  # batches x devices x phases
+    row = next(r for r in rows if r["batch"] == 4 and r["device"] == "h100-sxm"
+               and r["phase"] == "decode")
+    # KV cache: 2 (k, v) * 3 layers * batch 4 * 2 kv heads * (8 + 6) positions * 8 dims * 4 B
+    assert row["kv_cache_bytes"] == 2 * 3 * 4 * 2 * 14 * 8 * 4 == 21_504
+    assert row["tokens"] == 4 * 5 and row["fits"] is True and row["latency_s"] > 0
+    # the same figures as counting every step of the same generation
+    every = TransformerPerformanceCounter()
+    count_config_only(tiny_args(n_layer=3), every, batch_size=4, prompt_length=8,
+                      max_new_tokens=6, dtype=torch.float32)
+    assert row["flops"] == every.counts["decode"].total_flops
+    assert row["compulsory_bytes"] == every.counts["decode"].trace.compulsory_bytes
+
+
+def test_what_does_not_fit_is_flagged(tiny_config):
+    from perfcounter.devices import get_device_spec
+    small = get_device_spec("generic-cpu")
+    rows = sweep([tiny_config], [1], [8], [2], [small.name], dtype=torch.float32)
+    weights = rows[0]["weights_bytes"]
+    # untied: embedding 64*32 + output 32*64 + 3 layers (wqkv 64*32 + wo 32*32 + 3*32*48
+    # + 2 norms 32) + final norm 32 = 4096 + 3 * 7744 + 32 = 27_360 params, 4 B each
+    assert weights == 27_360 * 4
+    row = rows[0]
+    assert row["footprint_bytes"] == weights + row["kv_cache_bytes"] + row["activations_bytes"]
+    row = dict(row, memory_bytes=1000, fits=False)
+    assert to_text([row]).splitlines()[-1].endswith("NO")
+
+
+def test_cli_writes_table_csv_and_markdown(tiny_config, tmp_path, capsys):
+    from perfcounter.cli import main
+    out_csv, out_md = tmp_path / "s.csv", tmp_path / "s.md"
+    assert main(argv=["sweep", "--model", tiny_config, "--batch_size", "1,2",
+                      "--prompt_length", "4", "--max_new_tokens", "3",
+                      "--device_spec", "h100-sxm,pim-ai-4dimm", "--precision", "float32",
+                      "--csv", str(out_csv), "--markdown", str(out_md)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:6] == ["model", "batch", "prompt", "new", "device", "phase"]
+    assert len(table) == 2 + 2 * 2 * 2  # header, rule, batches x devices x phases
+    rows = list(csv.DictReader(out_csv.open()))
+    assert len(rows) == 8 and {r["fits"] for r in rows if r["device"] == "pim-ai-4dimm"} == {""}
+    assert out_md.read_text().startswith("| model | batch |")
+    assert main(argv=["sweep", "--model", tiny_config, "--batch_size", "1,x"]) == 2
+    assert "--batch_size: expected a comma-separated list of int" in capsys.readouterr().err
+
+
+def test_parse_list():
+    assert parse_list("1, 8,32", "batch_size", int) == [1, 8, 32]
+    with pytest.raises(ValueError, match="--model: empty list"):
+        parse_list(" , ", "model")
+    assert to_csv([]) == "\n"
