@@ -142,7 +142,8 @@ def _profile(args) -> int:
     if attrs == ["ALL"]:
         attrs = list(ATTRS)
     counter = _count_config(args)
-    phases = [args.phase] if args.phase else [p for p in ("prefill", "decode") if p in counter.counts]
+    phases = [args.phase] if args.phase else [
+        label for label in ("prefill", "decode") if label in counter.counts]
     for phase in phases:
         if phase not in counter.counts:
             raise ValueError(f"no phase {phase!r}: counted {', '.join(counter.counts)}")

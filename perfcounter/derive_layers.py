@@ -22,6 +22,7 @@ from perfcounter.derive_steps import (_K, _R, DeriveError, _figures, _keyed, _ph
 from perfcounter.model import ModelArgs
 from perfcounter.trace import OpRecord, Trace
 
+
 def layer_kinds(config) -> list[str]:
     """The kind of each decoder layer of a ModelArgs or Hugging Face config: layers of one
     kind are identical. DeriveError for a per-layer setting this cannot tell apart."""
@@ -72,7 +73,7 @@ def _layout(trace: Trace, n: int) -> tuple[str, str, int]:
                           "must list them")
     prefix, parent = found[0] + ".", found[0].rsplit(".", 1)[0]
     paths = [prefix + str(i) for i in range(n)]
-    children = next(m.children for m in trace.modules if m.path == parent)
+    children = next((m.children for m in trace.modules if m.path == parent), [])
     a = children.index(paths[0]) if paths[0] in children else -1
     if children[a:a + n] != paths:
         raise DeriveError(f"the layers of {parent} do not run once each, one after the other")

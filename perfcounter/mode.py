@@ -38,6 +38,7 @@ _VIEW, _DATA, _DECOMPOSE, _FRESH = OpKind.VIEW, OpKind.DATA, OpKind.DECOMPOSE, O
 _COMPOSITE = DispatchKey.CompositeImplicitAutograd
 _NO_DATA = (DynamicOutputShapeException, DataDependentOutputException)
 _caller_tls = torch._C._RestorePythonTLSSnapshot
+_push, _pop = torch._C._push_on_torch_dispatch_stack, torch._C._pop_torch_dispatch_stack
 
 
 class _CountingMode(TorchDispatchMode):
@@ -90,9 +91,16 @@ class _CountingMode(TorchDispatchMode):
         kind, call, name = handling
         if kwargs is None:
             kwargs = {}
-        if kind == _DECOMPOSE:  # a composite (inference_mode): its C++ decomposition, counted
-            with _caller_tls(), self:  # the keys the caller had (views of weights keep requires_grad)
-                return func._op_dk(_COMPOSITE, *args, **kwargs)
+        if kind == _DECOMPOSE:  # a composite (inference_mode): its C++ decomposition, counted,
+            # with the dispatch keys its caller had (a view of a weight keeps requires_grad,
+            # which decides how matmul folds) and this mode back on the stack (`with self`
+            # without its flag bookkeeping: the block's __enter__ set the flags already)
+            with _caller_tls():
+                _push(self)
+                try:
+                    return func._op_dk(_COMPOSITE, *args, **kwargs)
+                finally:
+                    _pop(None)
         try:
             out = call(*args, **kwargs)
         except _NO_DATA as e:  # fake tensors: an op that needs values

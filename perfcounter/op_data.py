@@ -52,8 +52,8 @@ class ExpertLoad:
         if shares is not None:
             shares = [float(s) for s in shares]
             if not shares or any(not math.isfinite(s) or s < 0 for s in shares) or not sum(shares):
-                raise ValueError(f"expert_load must be non-negative numbers, one per expert, not all 0; "
-                                 f"got {shares}")
+                raise ValueError(f"expert_load must be non-negative numbers, one per expert, "
+                                 f"not all 0; got {shares}")
             total = sum(shares)
             shares = tuple(s / total for s in shares)
         self.shares = shares

@@ -43,8 +43,8 @@ class OpKind(enum.IntEnum):
     DYNAMIC = 2  # output shape depends on data: the key includes the output shapes
     HOP = 3  # a higher-order operator (flex attention)
     DATA = 4  # its plan reads a few numbers from the data (op_data.py): in the key
-    DECOMPOSE = 5  # a composite that reaches the mode (inference_mode): run its C++ decomposition
-    FRESH = 6  # lift_fresh: a tensor torch.tensor(...) made in the phase; a new activation, no bytes
+    DECOMPOSE = 5  # a composite reaching the mode (inference_mode): its C++ decomposition runs
+    FRESH = 6  # lift_fresh: torch.tensor(...) made in the phase: a new activation, no bytes
 
 
 class Handling(NamedTuple):
@@ -263,7 +263,8 @@ def _make_plan(func, args, kwargs, out, tensors, data=()) -> OpPlan:
     if formula is not None:
         try:
             cost = formula(*costs.shape_tree(args), out_shape=costs.shape_tree(out),
-                           **{k: costs.shape_tree(v) for k, v in kwargs.items()}, **dict(data))
+                           **{k: costs.shape_tree(v) for k, v in kwargs.items()},
+                           **dict(data))
         except Exception as e:  # a formula that cannot price these arguments
             has_formula = False
             warnings.warn(f"perfcounter: cost formula for {name} failed on "

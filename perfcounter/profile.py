@@ -15,21 +15,23 @@ A scope (llm-profiler's, seeds 000/001, and more):
 A module's ops include its children's. A path deeper than the counter's depth is
 folded into its listed ancestor, as records are.
 
-An attr, and how it relates to llm-profiler's:
+An attr: what perfcounter counts / what llm-profiler counted under that name.
 
-| attr   | perfcounter                                  | llm-profiler                        |
-| ------ | -------------------------------------------- | ----------------------------------- |
-| FLOPS  | every primitive op: ADD + MULT + DIV + SQRT + EXP + SPECIAL + CMP (a MAC is 2) | ADD + MULT |
-| ADD    | additions and subtractions (a MAC's add, softmax sums, bias, residual) | element-wise addition |
-| MULT   | multiplications (a MAC's mul, scales, gating)  | element-wise multiplication         |
-| DIV    | divisions and reciprocals                     | appearances of division             |
-| SQRT   | square roots and rsqrt                        | appearances of square root          |
-| EXP    | exp and log (softmax, SiLU's sigmoid is SPECIAL) | not counted                      |
-| SPECIAL| sin, cos, tanh, erf, sigmoid, ...             | not counted (sigmoid left out)      |
-| CMP    | max, where, comparisons, sorting               | not counted                         |
-| PARAMS | parameters the modules in scope own (a count)  | the same                            |
-| ACT    | bytes of activations its ops write (outputs, intermediate results) | values of intermediate outputs |
-| CACHE  | bytes of KV cache its ops read and write     | temporary buffers released before the output |
+| attr    | perfcounter                                     | llm-profiler                     |
+| ------- | ----------------------------------------------- | -------------------------------- |
+| FLOPS   | every primitive op, ADD + MULT + ... + CMP      | ADD + MULT                       |
+| ADD     | adds, subtractions (a MAC's add, sums, biases)  | element-wise additions           |
+| MULT    | multiplications (a MAC's mul, scales, gates)    | element-wise multiplications     |
+| DIV     | divisions and reciprocals                       | divisions                        |
+| SQRT    | square roots and rsqrt                          | square roots                     |
+| EXP     | exp and log (softmax)                           | -                                |
+| SPECIAL | sin, cos, tanh, erf, sigmoid, ...               | - (sigmoid left out)             |
+| CMP     | max, where, comparisons, sorting                | -                                |
+| PARAMS  | parameters the modules in scope own             | the same                         |
+| ACT     | bytes of activations its ops write              | values of intermediate outputs   |
+| CACHE   | bytes of KV cache its ops read and write        | temporary buffers, released      |
+
+A multiply-accumulate is 1 MULT + 1 ADD = 2 FLOPS in both.
 
 So llm-profiler's FLOPs are ADD + MULT here; perfcounter's FLOPS add the
 divisions, roots, exponentials, special functions and comparisons it also counts.

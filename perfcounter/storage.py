@@ -229,9 +229,9 @@ class StorageTable:
                 self.make_kv(st, t.untyped_storage())
                 self.kv_valid_bytes[st.alloc] = st.size
             if st.role == KV:
-                size = st.size or r.nbytes
-                valid = min(1.0, self.kv_valid_bytes.get(st.alloc, size) / size)
-                self.kv_valid_read += int(r.nbytes * valid)
+                size = st.size or r.nbytes  # in integers: a float share rounds (off by a byte)
+                valid = min(self.kv_valid_bytes.get(st.alloc, size), size)
+                self.kv_valid_read += r.nbytes * valid // size
 
     # -- compulsory regions ------------------------------------------------------------
     def touch_part(self, st: Storage, offset: int, nbytes: int, write: bool) -> None:

@@ -150,7 +150,8 @@ def _measure(name: str) -> dict:
             counter = TransformerPerformanceCounter()
             if grad is torch.no_grad:
                 calls, current, handles = _linear_calls(model)
-                counted = generate(model, ids, counter, on_phase=lambda p: current.__setitem__(0, p))
+                counted = generate(model, ids, counter,
+                                   on_phase=lambda label: current.__setitem__(0, label))
                 for h in handles:
                     h.remove()
                 out["linear_calls"] = calls
@@ -211,7 +212,8 @@ def test_every_linear_is_two_t_in_out(arch, measured):
         expected = {}
         for path, n_in, n_out, bias, rows, _ in calls:
             # a multiply-accumulate per row, input and output (2 FLOPs), + a bias add per output
-            expected[path] = expected.get(path, 0) + 2 * rows * n_in * n_out + (rows * n_out if bias else 0)
+            flops = 2 * rows * n_in * n_out + (rows * n_out if bias else 0)
+            expected[path] = expected.get(path, 0) + flops
         assert {p: flops_by_module.get(p, 0) for p in expected} == expected, label
 
 
@@ -249,3 +251,23 @@ def test_both_grad_modes_count_op_for_op(measured):
                 (b.compulsory_read, b.compulsory_written, b.kv_cache_valid_read), (arch, label)
         compared += 1
     assert compared >= 20
+
+
+@pytest.mark.parametrize("arch", ["llama", "mixtral", "mamba"])
+def test_transformers_generate_counts_every_op(arch):
+    """model.generate: the stop check (isin against the end-of-sequence ids) and the
+    bookkeeping between steps count too; the tokens are those of the uncounted run."""
+    from perfcounter import PerformanceCounterMode
+    model = build(arch)
+    ids = torch.randint(3, 100, (2, 5), generator=torch.Generator().manual_seed(1))
+    kwargs = dict(max_new_tokens=3, do_sample=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.no_grad():
+            reference = model.generate(ids, **kwargs)
+            mode = PerformanceCounterMode()
+            with mode:
+                tokens = model.generate(ids, **kwargs)
+    assert torch.equal(tokens, reference)
+    assert mode.uncounted_ops == {}
+    assert any(r.op.startswith("aten.isin") for r in mode.trace().records)

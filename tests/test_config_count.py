@@ -175,7 +175,8 @@ def test_profile_by_hand(llama_counter):
     # attention params per layer: q, o 32 x 32, k, v 32 x 16 = 3072; two layers
     assert stats.profile("attn", "PARAMS") == 2 * 3072
     # mlp params per layer: gate, up 32 x 64, down 64 x 32 = 6144
-    assert stats.profile("mlp", "PARAMS") == stats.profile("model.layers.*.mlp", "PARAMS") == 2 * 6144
+    assert stats.profile("mlp", "PARAMS") == 2 * 6144
+    assert stats.profile("model.layers.*.mlp", "PARAMS") == 2 * 6144  # a glob
     # a decoder layer: attention, mlp and two norms of 32
     assert stats.profile("LlamaDecoderLayer", "PARAMS") == 2 * (3072 + 6144 + 64)
     # perfcounter's FLOPS: every kind (llm-profiler's are ADD + MULT)
@@ -192,7 +193,8 @@ def test_profile_by_hand(llama_counter):
 def test_profile_cache_is_kv_traffic(llama_counter):
     decode = llama_counter.counts["decode"]
     # decode reads the cache (and concatenates onto it)
-    assert decode.profile("attn", "CACHE") == decode.trace.per_op_read[KV] + decode.trace.per_op_written[KV]
+    trace = decode.trace
+    assert decode.profile("attn", "CACHE") == trace.per_op_read[KV] + trace.per_op_written[KV] > 0
 
 
 def test_profile_refuses_unknown_scopes_and_attrs(llama_counter):

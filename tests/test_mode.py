@@ -30,6 +30,12 @@ def count(fn, *, grad=torch.no_grad, depth=10):
     return mode.trace()
 
 
+def _counted(trace) -> list:
+    """The records that count something (views are 0 FLOPs, 0 bytes), comparable."""
+    return sorted((r.op, r.module, r.shapes, r.calls, r.flops, r.executed_flops, r.read, r.written)
+                  for r in trace.records if r.flops or r.bytes)
+
+
 def one(trace, op):
     recs = [r for r in trace.records if r.op.startswith(op)]
     assert len(recs) == 1, [r.op for r in trace.records]
@@ -147,9 +153,7 @@ def test_sdpa_under_inference_mode_runs_the_kernel_no_grad_runs():
     run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     kernel = count(run)  # no_grad: the composite decomposes before the mode sees it
     inference = count(run, grad=torch.inference_mode)  # the composite reaches the mode: its own
-    recs = lambda t: [(r.op, r.shapes, r.calls, r.flops, r.executed_flops, r.read, r.written)  # noqa: E731
-                      for r in t.records]
-    assert recs(inference) == recs(kernel)  # decomposition picks the same CPU flash kernel
+    assert _counted(inference) == _counted(kernel)  # decomposition picks the same kernel
     attn = one(inference, "aten._scaled_dot_product_flash_attention_for_cpu")
     # reads q, k (= v, once): 2 * 4*8*16*4 = 4096 B; writes the output, 2048 B, and the
     # kernel's 4*8 float log-sum-exp, 128 B
@@ -445,11 +449,6 @@ def test_torchao_constructor_and_pretty_summary(capsys):
 # --- inference_mode: composites run their own decomposition -----------------------------
 
 
-def _counted(trace) -> list:
-    return sorted((r.op, r.module, r.shapes, r.calls, r.flops, r.executed_flops, r.read, r.written)
-                  for r in trace.records if r.flops or r.bytes)
-
-
 def test_eval_dropout_returns_its_input_in_both_grad_modes():
     drop = torch.nn.Dropout(0.1).eval()
     x = torch.randn(4, 8)
@@ -466,8 +465,8 @@ def test_eval_dropout_returns_its_input_in_both_grad_modes():
     lambda x, w: torch.matmul(x, w.t()),
     lambda x, w: F.one_hot(x.argmax(-1), 8),  # a Python decomposition counts otherwise
     lambda x, w: torch.where(x > 0),  # nonzero, then unbind
-    lambda x, w: F.scaled_dot_product_attention(x[None], x[None], x[None],
-                                                attn_mask=torch.ones(5, 5, dtype=torch.bool).tril()),
+    lambda x, w: F.scaled_dot_product_attention(  # a bool mask, made additive first
+        x[None], x[None], x[None], attn_mask=torch.ones(5, 5, dtype=torch.bool).tril()),
 ], ids=["linear", "matmul", "one_hot", "where", "sdpa_bool_mask"])
 def test_both_grad_modes_count_a_composite_alike(fn):
     x, w = torch.randn(2, 5, 8), torch.nn.Parameter(torch.randn(6, 8))
@@ -523,9 +522,11 @@ def test_our_model_passes_its_mask_structure(window, pairs):
     args = tiny_args(sliding_window=window)
     torch.manual_seed(0)
     real = TransformerPerformanceCounter()
-    greedy_generate(randomize_(Transformer(args)), torch.randint(0, 64, (2, 6)), 4, phase=real.count)
+    model = randomize_(Transformer(args))
+    greedy_generate(model, torch.randint(0, 64, (2, 6)), 4, phase=real.count)
     fake = TransformerPerformanceCounter()
-    count_config_only(args, fake, batch_size=2, prompt_length=6, max_new_tokens=4, dtype=torch.float32)
+    count_config_only(args, fake, batch_size=2, prompt_length=6, max_new_tokens=4,
+                      dtype=torch.float32)
     for counter in (real, fake):
         prefill = counter.counts["prefill"]
         skipped = 2 * 2 * 4 * (6 * 10 - pairs) * 38  # layers x batch x heads x masked pairs

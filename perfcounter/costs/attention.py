@@ -31,12 +31,15 @@ def window_pairs(s_q: int, valid: int, window: int | None = None) -> int:
     aligned: query i sits at position valid - s_q + i and sees the keys up to it), each
     seeing at most `window` keys (a sliding window), never fewer than one.
 
-    NB: with s_q == valid this is causal_pairs(s_q, s_q)."""
-    total = 0
-    for i in range(s_q):
-        seen = max(valid - s_q + i + 1, 1)
-        total += seen if window is None else min(seen, window)
-    return total
+    NB: with s_q == valid this is causal_pairs(s_q, s_q). Closed form: query i sees
+    clamp(valid - s_q + 1 + i, 1, window) keys, an arithmetic run clamped at both ends."""
+    first, last = valid - s_q + 1, valid  # keys seen by the first and the last query, unclamped
+    high = last if window is None else window
+    below = max(0, min(last, 0) - first + 1)  # queries that would see < 1 key: 1 each
+    above = max(0, last - max(first, high + 1) + 1)  # queries past the window: window each
+    lo, hi = max(first, 1), min(last, high)
+    middle = (lo + hi) * (hi - lo + 1) // 2 if hi >= lo else 0
+    return below + middle + above * high
 
 
 def attention_cost(q, k, v, is_causal=False, has_mask=False, kept_pairs=None) -> Cost:
