@@ -18,5 +18,5 @@ __version__ = "0.1.0"
 
 __all__ = ["CUDADeviceSpec", "CUDAPerformanceTimer", "DeviceSpec", "OpRecord",
            "PerformanceCounterMode", "PerformanceStats", "PerformanceTimer", "Simulation", "Trace",
-           "TransformerPerformanceCounter", "count_config", "default_device_spec", "get_device_spec",
-           "list_device_specs", "simulate", "total_model_params"]
+           "TransformerPerformanceCounter", "count_config", "default_device_spec",
+           "get_device_spec", "list_device_specs", "simulate", "total_model_params"]

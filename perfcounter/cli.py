@@ -4,7 +4,7 @@
     perfcounter calibrate [--array-mb 256] [--repeats 10] [--matmul-n 1024] [--out PATH]
     perfcounter count --config config.json|FOLDER|PRESET [--batch_size 1] [--prompt_length 128]
         [--new_tokens 4] [--precision bfloat16] [--expert_load balanced] [--save_path c.json]
-    perfcounter profile --config ... [--scope attn] [--attr FLOPS --attr MULT] [--phase prefill]
+    perfcounter profile --config ...|--counts c.json [--scope attn] [--attr FLOPS --attr MULT]
     perfcounter sweep --model llama-3-8b,mixtral-8x7b --batch_size 1,8 --prompt_length 128,2048
         [--max_new_tokens 256] [--device_spec h100-sxm,pim-ai-4dimm] [--mapping m.yaml] [--csv F]
 
@@ -141,7 +141,13 @@ def _profile(args) -> int:
     attrs = args.attr or ["FLOPS"]
     if attrs == ["ALL"]:
         attrs = list(ATTRS)
-    counter = _count_config(args)
+    if (args.config is None) == (args.counts is None):
+        raise ValueError("give the model to count, --config, or a saved count, --counts (one)")
+    if args.counts is not None:
+        from perfcounter.counter import TransformerPerformanceCounter
+        counter = TransformerPerformanceCounter.from_json(args.counts)
+    else:
+        counter = _count_config(args)
     phases = [args.phase] if args.phase else [
         label for label in ("prefill", "decode") if label in counter.counts]
     for phase in phases:
@@ -152,8 +158,8 @@ def _profile(args) -> int:
     return 0
 
 
-def _add_config_flags(p) -> None:
-    p.add_argument("--config", required=True,
+def _add_config_flags(p, required: bool = True) -> None:
+    p.add_argument("--config", required=required,
                    help="a transformers config.json or a folder holding one (any causal LM), "
                         "our ModelArgs config.json, or a preset name")
     p.add_argument("--hf", action="store_true",
@@ -217,7 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="llm-profiler's query: FLOPS, ADD, MULT, ... of a scope",
                        description="Count a config (as `count` does), then print llm-profiler's "
                        "figures of a scope: transformer, attn, mlp, a module class, path or glob.")
-    _add_config_flags(p)
+    _add_config_flags(p, required=False)
+    p.add_argument("--counts", default=None, help="profile a count saved with --save_path "
+                   "(or to_json) instead of counting --config")
     p.add_argument("--scope", action="append", default=None,
                    help="transformer (default), attn, mlp, embedding, lm_head, a module class "
                         "(LlamaDecoderLayer), path or glob (model.layers.12.self_attn.k_proj); "

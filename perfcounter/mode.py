@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from perfcounter import op_data
 from perfcounter.module_path import ModulePath
 from perfcounter.op_data import ExpertLoad
-from perfcounter.op_plan import HANDLING, OpKind, classify, plan_for
+from perfcounter.op_plan import HANDLING, SHORTCUTS, OpKind, classify, plan_for
 from perfcounter.report import torchao_si
 from perfcounter.stats import check_depth, flop_counts, io_counts
 from perfcounter.storage import BUFFER, KV, WEIGHT, StorageTable, storage_id
@@ -92,6 +92,12 @@ class _CountingMode(TorchDispatchMode):
         if kwargs is None:
             kwargs = {}
         if kind == _DECOMPOSE:  # a composite (inference_mode): its C++ decomposition, counted,
+            shortcut = SHORTCUTS.get(func)  # (the two commonest when they dispatch a view at most)
+            done = shortcut(*args, **kwargs) if shortcut is not None else None
+            if done is not None:
+                if done[1] is not None:
+                    self.views.append((self.tracker.scope, done[1]))
+                return done[0]
             # with the dispatch keys its caller had (a view of a weight keeps requires_grad,
             # which decides how matmul folds) and this mode back on the stack (`with self`
             # without its flag bookkeeping: the block's __enter__ set the flags already)

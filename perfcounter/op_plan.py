@@ -85,6 +85,27 @@ def classify(func) -> Handling:
     return handling
 
 
+def _to_same_dtype(x, dtype, non_blocking=False, copy=False, memory_format=None):
+    """x.to(dtype) when it returns x itself, as its decomposition does without dispatching
+    anything (so no_grad counts nothing either); None: decompose it."""
+    if not copy and dtype == x.dtype and memory_format in (None, torch.preserve_format):
+        return x, None
+    return None
+
+
+def _reshape_contiguous(x, shape):
+    """x.reshape(shape) of a contiguous dense inference tensor: the aten.view its decomposition
+    makes (an inference tensor keeps no view links that the dispatch keys skipped here would
+    set); None (a copy may follow, or a normal tensor): decompose it."""
+    if x.is_inference() and x.layout == torch.strided and x.is_contiguous():
+        return aten.view.default(x, shape), "aten.view.default"
+    return None
+
+
+# composite overload -> (args) -> (output, view op it recorded or None), or None: decompose
+SHORTCUTS = {aten.to.dtype: _to_same_dtype, aten.reshape.default: _reshape_contiguous}
+
+
 def _is_composite(func) -> bool:
     try:
         return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")

@@ -222,6 +222,11 @@ def test_cli_count_and_profile(llama_dir, capsys, tmp_path):
     out = capsys.readouterr().out
     assert "attn with input batchsize 1 and sequence length 5 (prefill):" in out
     assert "    PARAMS:   6144" in out
+    assert cli(argv=["profile", "--counts", str(tmp_path / "c.json"), "--scope", "attn",
+                     "--attr", "params", "--phase", "prefill"]) == 0
+    assert "    PARAMS:   6144" in capsys.readouterr().out  # the saved count keeps its modules
+    assert cli(argv=["profile", "--scope", "attn"]) == 2
+    assert "give the model to count, --config, or a saved count" in capsys.readouterr().err
     assert cli(argv=["count", "--config", "llama-2-7x"]) == 2
     assert "did you mean llama-2-7b" in capsys.readouterr().err
 

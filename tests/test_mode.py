@@ -460,6 +460,21 @@ def test_eval_dropout_returns_its_input_in_both_grad_modes():
         assert mode.trace().per_op_bytes == 0, grad.__name__
 
 
+def test_short_paths_of_to_and_reshape_count_as_their_decomposition():
+    x = torch.randn(2, 5, 8)
+    for grad in (torch.no_grad, torch.inference_mode):
+        mode = PerformanceCounterMode()
+        with grad(), mode:
+            y = x * 2  # an inference tensor under inference_mode
+            same, flat, wide = y.to(torch.float32), y.reshape(10, 8), y.to(torch.float64)
+        assert same is y and flat.data_ptr() == y.data_ptr()  # the tensor itself; a view
+        ops = sorted((r.op, r.calls, r.bytes) for r in mode.trace().records)
+        # mul: reads 320 B, writes 320 B; the cast to float64 reads 320 B and writes 640 B;
+        # the reshape is one view, the cast to float32 nothing
+        assert ops == [("aten._to_copy.default", 1, 960), ("aten.mul.Tensor", 1, 640),
+                       ("aten.view.default", 1, 0)], grad.__name__
+
+
 @pytest.mark.parametrize("fn", [
     lambda x, w: F.linear(x, w, w[:, 0]),  # linear with bias, 3-D input
     lambda x, w: torch.matmul(x, w.t()),
