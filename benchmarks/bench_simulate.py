@@ -28,7 +28,8 @@ from perfcounter import TransformerPerformanceCounter, simulate
 from perfcounter.devices import get_device_spec
 from perfcounter.model import ModelArgs
 from perfcounter.report import format_table
-from perfcounter.sim_cli import count_hf_config_only, hf_config
+from perfcounter.config_only import count_hf_config
+from perfcounter.sim_cli import hf_config
 from perfcounter.sim_trace import PREPARED
 from perfcounter.trace import ROLES
 
@@ -113,7 +114,7 @@ def main(*, repeats: int = 5, prompt_length: int = 64, max_new_tokens: int = 16)
     args = ModelArgs.from_name("llama-2-7b")
     counter = TransformerPerformanceCounter()
     t0 = time.perf_counter()
-    count_hf_config_only(hf_config(args), counter, batch_size=1, prompt_length=prompt_length,
+    count_hf_config(hf_config(args), counter, batch_size=1, cache="static", prompt_length=prompt_length,
                          max_new_tokens=max_new_tokens, dtype=torch.bfloat16)
     counter.counts  # build the traces: part of counting, not of re-pricing
     records = sum(len(s.trace.records) for s in counter.counts.values())

@@ -84,26 +84,6 @@ def hf_config(args=None, config_path=None):
         rope_theta=args.rope_base, tie_word_embeddings=args.tie_embeddings, **extra)
 
 
-def count_hf_config_only(config, counter, *, batch_size: int, prompt_length: int,
-                         max_new_tokens: int, dtype=torch.bfloat16):
-    """Count one greedy generation of transformers' model for `config`, with no weights."""
-    import transformers
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from perfcounter.config_only import greedy_generate
-    fake_mode = FakeTensorMode()
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # fake parameters cannot be cast afterwards: build in dtype
-    try:
-        with fake_mode:
-            model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    finally:
-        torch.set_default_dtype(default)
-    with fake_mode:
-        x = torch.zeros(batch_size, prompt_length, dtype=torch.int64)
-        greedy_generate(_HFAdapter(model), x, max_new_tokens, phase=counter.count)
-
-
 def count(args):
     """A TransformerPerformanceCounter holding the phases the flags ask for."""
     from perfcounter.counter import TransformerPerformanceCounter
@@ -127,7 +107,8 @@ def count(args):
     elif args.hf:
         from perfcounter.model import ModelArgs
         base = None if args.config is not None else ModelArgs.from_name(args.model)
-        count_hf_config_only(hf_config(base, args.config), counter, dtype=dtype, **sizes)
+        from perfcounter.config_only import count_hf_config
+        count_hf_config(hf_config(base, args.config), counter, dtype=dtype, cache="static", **sizes)
     else:
         from perfcounter.config_only import count_config_only
         from perfcounter.loading import read_config
