@@ -28,8 +28,7 @@ from perfcounter import TransformerPerformanceCounter, simulate
 from perfcounter.devices import get_device_spec
 from perfcounter.model import ModelArgs
 from perfcounter.report import format_table
-from perfcounter.config_only import count_hf_config
-from perfcounter.sim_cli import hf_config
+from perfcounter.config_only import count_hf_config, hf_config
 from perfcounter.sim_trace import PREPARED
 from perfcounter.trace import ROLES
 

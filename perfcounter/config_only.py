@@ -174,6 +174,27 @@ def hf_greedy_generate(model, prompt: torch.Tensor, max_new_tokens: int, *, phas
     return torch.cat(tokens, dim=-1)
 
 
+def hf_config(args: ModelArgs):
+    """transformers' config of the same model as our ModelArgs: Llama, Mistral (a sliding
+    window), Qwen2 (attention biases) or Mixtral (experts)."""
+    from perfcounter.tokenizer import offline_transformers
+    transformers = offline_transformers()
+    kind = "mixtral" if args.num_experts else "qwen2" if args.attention_bias else \
+        "mistral" if args.sliding_window else "llama"
+    extra = {"num_local_experts": args.num_experts,
+             "num_experts_per_tok": args.num_activated_experts} if args.num_experts else {}
+    if args.sliding_window:
+        extra["sliding_window"] = args.sliding_window
+    if args.rope_scaling:
+        extra["rope_scaling"] = {"rope_type": "llama3", **args.rope_scaling}
+    return transformers.AutoConfig.for_model(
+        kind, vocab_size=args.vocab_size, hidden_size=args.dim, num_hidden_layers=args.n_layer,
+        intermediate_size=args.intermediate_size, num_attention_heads=args.n_head,
+        num_key_value_heads=args.n_local_heads, head_dim=args.head_dim,
+        max_position_embeddings=args.block_size, rms_norm_eps=args.norm_eps,
+        rope_theta=args.rope_base, tie_word_embeddings=args.tie_embeddings, **extra)
+
+
 def count_hf_config(config, counter, *, batch_size: int = 1, prompt_length: int,
                     max_new_tokens: int, dtype=torch.bfloat16, cache: str = "dynamic",
                     derive: bool = False):
@@ -186,7 +207,6 @@ def count_hf_config(config, counter, *, batch_size: int = 1, prompt_length: int,
         raise ValueError(f"cache={cache!r}; expected one of {', '.join(CACHES)}")
     resolved = resolve_config(config)
     if isinstance(resolved, ModelArgs):
-        from perfcounter.sim_cli import hf_config
         resolved = hf_config(resolved)
     if derive:
         from perfcounter.derive import count_generation

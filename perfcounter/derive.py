@@ -51,7 +51,7 @@ __all__ = ["NOT_MEASURED", "DecodeSteps", "DeriveError", "StepFit", "StopGenerat
 
 def count_generation(config, counter, *, batch_size: int = 1, prompt_length: int,
                      max_new_tokens: int, dtype=torch.bfloat16, device: str = "cpu",
-                     generate=None, make_model=None, make_counter=None, every_layer: bool = False,
+                     generate, make_model=None, make_counter=None, every_layer: bool = False,
                      every_step: bool = False, **generate_kwargs):
     """Count one generation of a weightless model (FakeTensorMode) into `counter` (labels
     "prefill" and "decode") as config_only.count_config_only does, deriving what repeats:
@@ -59,17 +59,15 @@ def count_generation(config, counter, *, batch_size: int = 1, prompt_length: int
     (unless every_step). Falls back to counting, with a warning, where a derivation's check
     fails. Returns the whole fake model (for its parameter counts).
 
-    config: ModelArgs (our Transformer, config_only.greedy_generate) or a transformers
-    config with make_model and generate given. make_model(config) -> (model, fake mode);
+    config: ModelArgs (our Transformer, unless make_model is given) or a transformers
+    config with make_model given (config_only passes its greedy generation loops). make_model(config) -> (model, fake mode);
     make_counter() -> a fresh counter for each smaller model (default: counter's depth, io
     model and MoE expert load);
     generate(model, prompt, max_new_tokens, phase=..., **generate_kwargs)."""
-    from perfcounter.config_only import greedy_generate
     from perfcounter.counter import TransformerPerformanceCounter
 
     if "cuda" in device and not torch.cuda.is_available():
         device = "cpu"  # fake CUDA modules cannot be initialised without CUDA; counts agree
-    generate = generate or greedy_generate
     make_model = make_model or (lambda c: fake_model(c, dtype=dtype, device=device))
 
     def like_counter():

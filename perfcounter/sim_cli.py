@@ -27,7 +27,6 @@ each spec's interconnect (placement.py's doc has the full order).
 """
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
@@ -56,34 +55,6 @@ class _HFAdapter:
                           past_key_values=self.cache, use_cache=True).logits
 
 
-def hf_config(args=None, config_path=None):
-    """A transformers config: the HF config.json itself, or one built from ModelArgs."""
-    import transformers
-    if config_path is not None:
-        try:
-            data = json.loads(Path(config_path).read_text())
-        except ValueError as exc:
-            raise MappingError(f"{config_path}: not a JSON config ({exc})") from None
-        if "model_type" in data:
-            return transformers.AutoConfig.for_model(**data)
-        from perfcounter.loading import read_config
-        args = read_config(config_path)
-    kind = "mixtral" if args.num_experts else "qwen2" if args.attention_bias else \
-        "mistral" if args.sliding_window else "llama"
-    extra = {"num_local_experts": args.num_experts,
-             "num_experts_per_tok": args.num_activated_experts} if args.num_experts else {}
-    if args.sliding_window:
-        extra["sliding_window"] = args.sliding_window
-    if args.rope_scaling:
-        extra["rope_scaling"] = {"rope_type": "llama3", **args.rope_scaling}
-    return transformers.AutoConfig.for_model(
-        kind, vocab_size=args.vocab_size, hidden_size=args.dim, num_hidden_layers=args.n_layer,
-        intermediate_size=args.intermediate_size, num_attention_heads=args.n_head,
-        num_key_value_heads=args.n_local_heads, head_dim=args.head_dim,
-        max_position_embeddings=args.block_size, rms_norm_eps=args.norm_eps,
-        rope_theta=args.rope_base, tie_word_embeddings=args.tie_embeddings, **extra)
-
-
 def count(args):
     """A TransformerPerformanceCounter holding the phases the flags ask for."""
     from perfcounter.counter import TransformerPerformanceCounter
@@ -105,10 +76,9 @@ def count(args):
     if args.checkpoint_path is not None:
         _count_checkpoint(args, counter, dtype, sizes)
     elif args.hf:
-        from perfcounter.model import ModelArgs
-        base = None if args.config is not None else ModelArgs.from_name(args.model)
         from perfcounter.config_only import count_hf_config
-        count_hf_config(hf_config(base, args.config), counter, dtype=dtype, cache="static", **sizes)
+        count_hf_config(args.config if args.config is not None else args.model, counter,
+                        dtype=dtype, cache="static", **sizes)
     else:
         from perfcounter.config_only import count_config_only
         from perfcounter.loading import read_config

@@ -82,6 +82,7 @@ def footprint(args, model, counter, batch: int, max_seq: int, itemsize: int) -> 
 def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=None,
           dtype=torch.bfloat16, io_model: str = "per_op", progress: bool = False) -> list[dict]:
     """One dict per (model, batch, prompt, new tokens, device, phase); see the module doc."""
+    from perfcounter.config_only import greedy_generate
     from perfcounter.counter import TransformerPerformanceCounter
     from perfcounter.derive import count_generation
     from perfcounter.devices import get_device_spec
@@ -97,7 +98,7 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
         args = _model_args(name)
         counter = TransformerPerformanceCounter(io_model=io_model)
         model = count_generation(args, counter, batch_size=batch, prompt_length=prompt,
-                                 max_new_tokens=new, dtype=dtype)
+                                 max_new_tokens=new, dtype=dtype, generate=greedy_generate)
         need = footprint(args, model, counter, batch, prompt + new, itemsize)
         for spec in specs:
             sim = None

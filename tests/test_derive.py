@@ -9,7 +9,7 @@ import torch
 
 from conftest import make_hf_model, randomize_, tiny_args
 from perfcounter import TransformerPerformanceCounter
-from perfcounter.config_only import count_config_only
+from perfcounter.config_only import count_config_only, greedy_generate
 from perfcounter.derive import (DecodeSteps, DeriveError, count_generation, count_layers,
                                 decode_breakpoints, fit_steps, layer_kinds)
 from perfcounter.model import ModelArgs, Transformer
@@ -290,7 +290,7 @@ def test_layers_below_the_counter_depth_fall_back_to_every_layer():
     count_config_only(args, every, prompt_length=4, max_new_tokens=6)
     derived = TransformerPerformanceCounter(depth=2)
     with pytest.warns(UserWarning, match="counting every layer"):
-        count_generation(args, derived, prompt_length=4, max_new_tokens=6)
+        count_generation(args, derived, prompt_length=4, max_new_tokens=6, generate=greedy_generate)
     for label in ("prefill", "decode"):
         assert_same(every.counts[label].trace, derived.counts[label].trace)
 
@@ -299,7 +299,7 @@ def test_70b_prefill_and_one_decode_equal_every_layer():
     args = ModelArgs.from_name("llama-3-70b")
     every, derived = TransformerPerformanceCounter(), TransformerPerformanceCounter()
     count_config_only(args, every, prompt_length=16, max_new_tokens=2)
-    count_generation(args, derived, prompt_length=16, max_new_tokens=2)
+    count_generation(args, derived, prompt_length=16, max_new_tokens=2, generate=greedy_generate)
     for label in ("prefill", "decode"):
         assert_same(every.counts[label].trace, derived.counts[label].trace)
 

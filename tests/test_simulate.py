@@ -627,8 +627,7 @@ def test_cli_search_prints_a_mapping_file(tmp_path, capsys):
 def llama2_7b():
     """Llama-2-7B as transformers builds it, no weights: 8-token prefill, 2 decode steps."""
     from perfcounter.model import ModelArgs
-    from perfcounter.config_only import count_hf_config
-    from perfcounter.sim_cli import hf_config
+    from perfcounter.config_only import count_hf_config, hf_config
     counter = TransformerPerformanceCounter()
     count_hf_config(hf_config(ModelArgs.from_name("llama-2-7b")), counter, batch_size=1, cache="static",
                          prompt_length=8, max_new_tokens=3, dtype=torch.bfloat16)
