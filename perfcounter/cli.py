@@ -2,11 +2,16 @@
 
     perfcounter devices [NAME ...] [--type cuda] [--spec FILE.yaml] [--json]
     perfcounter calibrate [--array-mb 256] [--repeats 10] [--matmul-n 1024] [--out PATH]
+        [--threads N] [--clock wall|cpu] [--no-curves]
+    perfcounter op-bench --config ...|PRESET [--device cpu]   (the flags of count)
     perfcounter count --config config.json|FOLDER|PRESET [--batch_size 1] [--prompt_length 128]
         [--new_tokens 4] [--precision bfloat16] [--expert_load balanced] [--save_path c.json]
+        [--quantize int8|int4|int4-G] [--weight_dtype int4 --group_size 32] [--kv_dtype int8|fp8]
     perfcounter profile --config ...|--counts c.json [--scope attn] [--attr FLOPS --attr MULT]
     perfcounter sweep --model llama-3-8b,mixtral-8x7b --batch_size 1,8 --prompt_length 128,2048
         [--max_new_tokens 256] [--device_spec h100-sxm,pim-ai-4dimm] [--mapping m.yaml] [--csv F]
+    perfcounter graph --config ...|PRESET [--phase prefill|decode] [--level module|op|both]
+        [--format txt,json,dot] [--out BASE]
 
 Each subcommand is a `_NAME(args) -> int` function registered in
 `build_parser()` with `set_defaults(run=...)`; add one the same way.
@@ -84,8 +89,13 @@ def _calibrate(args) -> int:
     from perfcounter.devices.calibrate import calibrate, describe, save_calibrated
     array_bytes = None if args.array_mb is None else int(args.array_mb * (1 << 20))
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     cal = calibrate(device=args.device, array_bytes=array_bytes, repeats=args.repeats,
-                    matmul_n=args.matmul_n, dtypes=dtypes, min_time=args.min_time)
+                    matmul_n=args.matmul_n, dtypes=dtypes, min_time=args.min_time,
+                    curves=not args.no_curves, clock=args.clock)
     for line in describe(cal):
         print(line)
     spec = cal.to_spec(args.name)
@@ -100,10 +110,28 @@ def _calibrate(args) -> int:
 _PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
+def _op_bench(args) -> int:
+    from perfcounter.devices.calibrate import measurable_device
+    from perfcounter.op_bench import op_bench
+    measurable_device(args.device, "benchmark ops on")  # a bad device fails before counting
+    counter = _count_config(args)
+    for label in ("prefill", "decode"):
+        if label in counter.counts:
+            s = counter.counts[label]
+            result = op_bench(s.trace, args.device)
+            per_step = result.latency_s / s.steps
+            print(f"{label}: {si(per_step, 's')} per step on {result.device}, op by op "
+                  f"({result.signatures} signatures, {result.proxies} timed as a copy); "
+                  f"predicted {si(s.predicted_latency and s.predicted_latency / s.steps, 's')}, "
+                  f"roofline {si(s.roofline_latency and s.roofline_latency / s.steps, 's')}")
+    return 0
+
+
 def _count_config(args):
     """The counter `count` and `profile` share: count_config with the flags."""
     from perfcounter.config_only import count_config
     from perfcounter.model import UnknownModelError
+    quant = _quantization(args)  # first: --act_dtype sets --precision
     spec = get_device_spec(args.device_spec, dtype=_PRECISIONS[args.precision]) \
         if args.device_spec else None
     try:
@@ -111,7 +139,8 @@ def _count_config(args):
                                prompt_length=args.prompt_length, new_tokens=args.new_tokens,
                                dtype=_PRECISIONS[args.precision], hf=args.hf, cache=args.cache,
                                expert_load=args.expert_load, device_spec=spec,
-                               io_model=args.io_model, depth=args.depth)
+                               io_model=args.io_model, depth=args.depth, **quant,
+                               price_as=getattr(args, "price_as", None))
     except UnknownModelError as e:  # not a file either
         raise ValueError(f"--config {args.config!r} is no config file or folder, nor a preset: "
                          f"{e}") from None
@@ -120,10 +149,30 @@ def _count_config(args):
           f"prompt {args.prompt_length} tokens, {args.new_tokens} new tokens, {args.precision}; "
           f"attention masks as the attention modules say (causal, sliding window); "
           f"MoE routing {routing}")
+    if quant["quantize"] is not None or quant["kv_dtype"] is not None:
+        print(f"weights {quant['quantize'].name if quant['quantize'] else args.precision}, KV cache "
+              f"{quant['kv_dtype'] or args.precision}: bytes as stored, FLOPs at {args.precision}")
     return counter
 
 
+def _quantization(args) -> dict:
+    """count_config's quantize / kv_dtype from --quantize, --weight_dtype, --group_size,
+    --kv_dtype and --act_dtype (--precision by another name); errors name the flag."""
+    from perfcounter import quantize as quantization
+    if args.act_dtype is not None:
+        act = quantization.FLOAT_NAMES.get(args.act_dtype.strip().lower())
+        if act is None:
+            raise ValueError(f"unknown --act_dtype {args.act_dtype!r}; valid: "
+                             f"{', '.join(quantization.FLOAT_NAMES)}")
+        args.precision = next(name for name, dtype in _PRECISIONS.items() if dtype == act)
+    return {"quantize": quantization.resolve_scheme(args.quantize, args.weight_dtype,
+                                                     args.group_size),
+            "kv_dtype": quantization.parse_kv_dtype(args.kv_dtype)}
+
+
 def _count(args) -> int:
+    from perfcounter.plots import check_outputs, write_outputs
+    outputs = check_outputs(args.plot, args.trace)  # --plot DIR, --trace FILE: before counting
     counter = _count_config(args)
     labels = [label for label in ("prefill", "decode") if label in counter.counts]
     if args.json:
@@ -133,6 +182,7 @@ def _count(args) -> int:
     if args.save_path:
         counter.to_json(args.save_path)
         print(f"wrote {args.save_path}")
+    write_outputs(outputs, counter, log=(lambda *a: None) if args.json else print)
     return 0
 
 
@@ -177,6 +227,14 @@ def _add_config_flags(p, required: bool = True) -> None:
     p.add_argument("--device_spec", default=None, help="registry name or YAML path to price on")
     p.add_argument("--io_model", default="per_op", choices=["per_op", "compulsory"])
     p.add_argument("--depth", type=int, default=10, help="module depth the counter tracks")
+    p.add_argument("--quantize", default=None, help="our model's linears as int8, int4 or int4-G "
+                   "(G = 32, 64, 128, 256): bytes as stored, FLOPs at --precision")
+    p.add_argument("--weight_dtype", default=None, help="what-if weights: int8, int4 or a float")
+    p.add_argument("--group_size", type=int, default=None, help="int4 group size")
+    p.add_argument("--kv_dtype", default=None, help="KV cache int8 or fp8, a scale per token")
+    p.add_argument("--act_dtype", default=None, help="as --precision: bf16, fp16, fp32")
+    p.add_argument("--price_as", default=None, help="a .gguf --config's weights: stored (its "
+                   "quant types' bytes, the default) or executed (dequantized, at --precision)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -210,7 +268,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds of matmuls per dtype (default 0.2)")
     p.add_argument("--out", default=None, help="YAML file to write (default: the file above)")
     p.add_argument("--no-write", action="store_true", help="measure and print only")
+    p.add_argument("--no-curves", action="store_true",
+                   help="skip the per-op-class rates and overheads predictions use")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads while measuring (default: torch's current setting)")
+    p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                   help="time ops by wall clock (default) or by the process's CPU time (a "
+                        "machine other jobs share, with --threads 1)")
     p.set_defaults(run=_calibrate)
+
+    p = sub.add_parser("op-bench", help="time each op signature of a config's count here",
+                       description="Count a config (as `count` does), then time every distinct "
+                       "op signature on a local device, cold, and sum: the eager latency "
+                       "predicted op by op (perfcounter/op_bench.py).")
+    _add_config_flags(p)
+    p.add_argument("--device", default="cpu", help="local torch device to time on (default cpu)")
+    p.set_defaults(run=_op_bench)
 
     p = sub.add_parser("count", help="count a model from its config alone (no weights)",
                        description="Count one greedy generation (prefill, decode steps) of a "
@@ -218,6 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(p)
     p.add_argument("--json", action="store_true", help="print the counter's to_dict() as JSON")
     p.add_argument("--save_path", default=None, help="write the counts as JSON")
+    p.add_argument("--plot", default=None, metavar="DIR", help="write a roofline plot and "
+                   "time / energy by module kind (PNG and SVG; needs matplotlib)")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="write a Chrome / Perfetto trace of the generation (JSON)")
     p.set_defaults(run=_count)
 
     p = sub.add_parser("profile", help="llm-profiler's query: FLOPS, ADD, MULT, ... of a scope",
@@ -240,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate(sub)
     from perfcounter.sweep import add_parser as add_sweep  # perfcounter sweep
     add_sweep(sub)
+    from perfcounter.graph_cli import add_parser as add_graph  # perfcounter graph
+    add_graph(sub)
     return parser
 
 

@@ -36,8 +36,10 @@ from pathlib import Path
 
 import torch
 
-from perfcounter.loading import fake_model
+from perfcounter.gguf_stored import annotate, check_price_as
+from perfcounter.loading import CheckpointError, fake_model, model_args_from_hf
 from perfcounter.model import ModelArgs
+from perfcounter.tokenizer import offline_transformers
 
 CACHES = ("dynamic", "static")
 
@@ -67,12 +69,13 @@ def greedy_generate(model, prompt: torch.Tensor, max_new_tokens: int, *, phase):
 
 def count_config_only(args: ModelArgs, counter, *, batch_size: int = 1, prompt_length: int,
                       max_new_tokens: int, dtype=torch.bfloat16, device: str = "cpu",
-                      generate=greedy_generate, **sampling_kwargs):
+                      generate=greedy_generate, make_model=None, **sampling_kwargs):
     """Count one generation of a weightless model (FakeTensorMode) with `counter`: labels
-    "prefill" and "decode". Returns the fake model."""
+    "prefill" and "decode". Returns the fake model. make_model(args) -> (model, fake mode)
+    builds another one (loading.fake_model with weights= and kv=: quantized)."""
     if "cuda" in device and not torch.cuda.is_available():
         device = "cpu"  # fake CUDA modules cannot be initialised without CUDA; counts agree
-    model, fake_mode = fake_model(args, dtype=dtype, device=device)
+    model, fake_mode = (make_model or (lambda a: fake_model(a, dtype=dtype, device=device)))(args)
     with fake_mode:
         x = torch.zeros(batch_size, prompt_length, dtype=torch.int64, device=device)
         generate(model, x, max_new_tokens, phase=counter.count, **sampling_kwargs)
@@ -84,7 +87,6 @@ def resolve_config(config):
     """A transformers PretrainedConfig or our ModelArgs, from what count_config accepts:
     either of those, a dict, a config.json or a folder holding one, or a preset name."""
     from perfcounter.loading import CheckpointError, model_args_from_dict
-    from perfcounter.tokenizer import offline_transformers
     if isinstance(config, ModelArgs):
         return config
     transformers = offline_transformers()
@@ -125,7 +127,6 @@ def fake_hf_model(config, *, dtype=torch.bfloat16):
     MoE experts on the default grouped_mm path (see the module doc)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from perfcounter.tokenizer import offline_transformers
     transformers = offline_transformers()
     fake_mode = FakeTensorMode()
     default = torch.get_default_dtype()
@@ -177,7 +178,6 @@ def hf_greedy_generate(model, prompt: torch.Tensor, max_new_tokens: int, *, phas
 def hf_config(args: ModelArgs):
     """transformers' config of the same model as our ModelArgs: Llama, Mistral (a sliding
     window), Qwen2 (attention biases) or Mixtral (experts)."""
-    from perfcounter.tokenizer import offline_transformers
     transformers = offline_transformers()
     kind = "mixtral" if args.num_experts else "qwen2" if args.attention_bias else \
         "mistral" if args.sliding_window else "llama"
@@ -221,9 +221,50 @@ def count_hf_config(config, counter, *, batch_size: int = 1, prompt_length: int,
     return model
 
 
+def count_gguf(path, *, price_as: str = "stored", hf: bool = False, batch_size: int = 1,
+               prompt_length: int = 128, new_tokens: int = 4, dtype=torch.bfloat16,
+               device_spec=None, io_model: str = "per_op", depth: int = 10, expert_load=None):
+    """Count a GGUF model from its metadata alone (FakeTensorMode, no weights read): "prefill"
+    and "decode" as count_config counts a config, its weights priced as
+    `price_as` says. hf: transformers' model (any architecture it reads from GGUF), else
+    perfcounter's Transformer (llama, mistral, qwen2, mixtral)."""
+    from perfcounter.counter import TransformerPerformanceCounter
+    check_price_as(price_as)
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such GGUF file")
+    try:
+        config = offline_transformers().AutoConfig.from_pretrained(
+            str(path.parent), gguf_file=path.name, local_files_only=True)
+    except Exception as e:
+        raise CheckpointError(f"{path}: transformers could not read this GGUF's config ({e})") from e
+    counter = TransformerPerformanceCounter(device_spec=device_spec, depth=depth, io_model=io_model)
+    counter.mode.expert_load = expert_load
+    sizes = dict(batch_size=batch_size, prompt_length=prompt_length, max_new_tokens=new_tokens)
+
+    def priced(run, layout):
+        def generate(model, prompt, max_new_tokens, **kw):
+            if price_as == "stored":
+                annotate(model, path, layout)
+            return run(model, prompt, max_new_tokens, **kw)
+        return generate
+
+    if hf:
+        model, fake_mode = fake_hf_model(config, dtype=dtype)
+        with fake_mode:
+            prompt = torch.zeros(batch_size, prompt_length, dtype=torch.int64)
+            priced(hf_greedy_generate, "hf")(model, prompt, new_tokens, phase=counter.count)
+    else:
+        args = model_args_from_hf(config.to_dict(), path)
+        count_config_only(args, counter, dtype=dtype, generate=priced(greedy_generate, "ours"),
+                          **sizes)
+    return counter
+
+
 def count_config(config, *, batch_size: int = 1, prompt_length: int = 128, new_tokens: int = 4,
                  dtype=torch.bfloat16, hf: bool | None = None, cache: str = "dynamic",
-                 expert_load=None, device_spec=None, io_model: str = "per_op", depth: int = 10):
+                 expert_load=None, device_spec=None, io_model: str = "per_op", depth: int = 10,
+                 quantize=None, kv_dtype=None, price_as=None):
     """Count one greedy generation of a model known by its config alone (no weights, no
     memory): a TransformerPerformanceCounter with "prefill" (batch_size x prompt_length
     tokens) and "decode" (new_tokens - 1 steps of batch_size tokens).
@@ -232,17 +273,39 @@ def count_config(config, *, batch_size: int = 1, prompt_length: int = 128, new_t
     when it has a model_type, ours for our ModelArgs JSON), a preset name or ModelArgs.
     hf: run transformers' model for a preset or ModelArgs too. cache: "dynamic" or
     "static" (transformers' models). expert_load: MoE routing under fake tensors, None
-    (balanced) or weights per expert. device_spec, io_model, depth: the counter's."""
+    (balanced) or weights per expert. device_spec, io_model, depth: the counter's.
+    quantize: our model's linears stored as "int8", "int4" or "int4-G" (or a
+    quantize.WeightScheme: --weight_dtype/--group_size); kv_dtype: its KV cache "int8" or
+    "fp8" — bytes from the stated layout, FLOPs at `dtype` (perfcounter/quantize.py).
+    A .gguf file is counted from its metadata, its weights priced as `price_as` says:
+    "stored" (the default) or "executed" (perfcounter/gguf_stored.py)."""
     from perfcounter.counter import TransformerPerformanceCounter
     if min(batch_size, prompt_length, new_tokens) < 1:
         raise ValueError(f"batch_size, prompt_length and new_tokens must be >= 1, got "
                          f"{batch_size}, {prompt_length}, {new_tokens}")
+    if price_as is not None or str(config).endswith(".gguf"):
+        price_as = check_price_as(price_as or "stored")
+        if isinstance(config, (str, Path)) and str(config).endswith(".gguf"):
+            return count_gguf(config, price_as=price_as, hf=bool(hf), batch_size=batch_size,
+                              prompt_length=prompt_length, new_tokens=new_tokens, dtype=dtype,
+                              device_spec=device_spec, io_model=io_model, depth=depth,
+                              expert_load=expert_load)
     resolved = resolve_config(config)
     counter = TransformerPerformanceCounter(device_spec=device_spec, depth=depth,
                                             io_model=io_model)
     counter.mode.expert_load = expert_load
     sizes = dict(batch_size=batch_size, prompt_length=prompt_length, max_new_tokens=new_tokens,
                  dtype=dtype)
+    if quantize is not None or kv_dtype is not None:
+        from perfcounter import quantize as quantization
+        if not isinstance(resolved, ModelArgs) or hf:
+            raise ValueError("quantize / kv_dtype price perfcounter's own model: give a preset or "
+                             "our ModelArgs without hf (transformers' models: torchao's quantize_)")
+        scheme = quantize if isinstance(quantize, quantization.WeightScheme) else \
+            quantization.parse_scheme(quantize)
+        kv = quantization.parse_kv_dtype(kv_dtype)
+        fake_model(resolved, weights=scheme, kv=kv, dtype=dtype)  # a bad group size fails first
+        sizes["make_model"] = lambda a: fake_model(a, weights=scheme, kv=kv, dtype=dtype)
     if isinstance(resolved, ModelArgs) and not hf:
         count_config_only(resolved, counter, **sizes)
     else:

@@ -91,9 +91,6 @@ class TransformerPerformanceCounter:
         timer_cls(name=label, depth=depth, mode=self.mode)); None: the CUDA one when CUDA
         is initialized, else PerformanceTimer."""
         from perfcounter.mode import PerformanceCounterMode
-        # A dispatch mode imports torch._dynamo on its first op (~1.4 s); do it
-        # here so that the first timed block does not pay for it.
-        import torch._dynamo  # noqa: F401
         self._depth = check_depth(depth)
         self.device_spec = _resolve_spec(device_spec)
         self.io_model = check_io_model(io_model)
@@ -164,6 +161,23 @@ class TransformerPerformanceCounter:
         for label in list(self._pending):
             self._build(label)
         return self._built
+
+    def add(self, label: str, trace: Trace, *, num_tokens: int, latency: float | None = None,
+            raw_latency: float | None = None, timing: str = "not measured") -> PerformanceStats:
+        """Add a phase counted elsewhere (a Trace: derived, loaded, built from blocks) as
+        `label`; the same label again adds up, as with count(). latency: seconds of the
+        phase without the counter's bookkeeping (default: raw_latency less the trace's
+        overhead); timing: how it was measured. Phases counted before it are built first."""
+        if not isinstance(label, str) or not label:
+            raise CountArgumentError(f"label must be a non-empty str, got {label!r}")
+        if not isinstance(trace, Trace):
+            raise CountArgumentError(f"trace must be a perfcounter Trace, got {type(trace).__name__}")
+        if isinstance(num_tokens, bool) or not hasattr(num_tokens, "__index__") or num_tokens < 0:
+            raise CountArgumentError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        for pending in list(self._pending):  # keep the order phases were counted in
+            self._build(pending)
+        self._add(label, num_tokens.__index__(), trace, raw_latency, timing, latency)
+        return self._built[label]
 
     def _add(self, label: str, num_tokens: int, trace: Trace, raw: float | None, timing: str,
              net: float | None = None):

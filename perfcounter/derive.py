@@ -39,12 +39,12 @@ import torch
 
 from perfcounter.derive_layers import count_layers, expand_layers, layer_kinds, with_layers
 from perfcounter.derive_steps import (NOT_MEASURED, DecodeSteps, DeriveError, StepFit,
-                                      StopGeneration, add_phase, decode_breakpoints, difference,
+                                      StopGeneration, decode_breakpoints, difference,
                                       fit_steps)
 from perfcounter.loading import fake_model
 from perfcounter.trace import Trace
 
-__all__ = ["NOT_MEASURED", "DecodeSteps", "DeriveError", "StepFit", "StopGeneration", "add_phase",
+__all__ = ["NOT_MEASURED", "DecodeSteps", "DeriveError", "StepFit", "StopGeneration",
            "count_generation", "count_layers", "decode_breakpoints", "difference",
            "expand_layers", "fit_steps", "layer_kinds", "with_layers"]
 
@@ -103,5 +103,5 @@ def count_generation(config, counter, *, batch_size: int = 1, prompt_length: int
     if traces is None:
         traces = count(config)
     for label, trace in traces.items():
-        add_phase(counter, label, tokens[label], trace)
+        counter.add(label, trace, num_tokens=tokens[label], timing=NOT_MEASURED)
     return make_model(config)[0]

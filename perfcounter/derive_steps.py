@@ -409,25 +409,20 @@ class DecodeSteps:
         n = trace.steps
         tokens = self.tokens if not self.stopped else self.tokens * n // max(self.k, 1)
         if not self.real:
-            add_phase(self.counter, "decode", tokens, trace, timing=NOT_MEASURED)
+            self.counter.add("decode", trace, num_tokens=tokens, timing=NOT_MEASURED)
         elif self.timed:
             seconds = self.timed_s * n / self.timed
-            add_phase(self.counter, "decode", tokens, trace, latency=seconds, raw_latency=seconds,
-                      timing=f"time.perf_counter over the {self.timed} uncounted of {n} steps, "
-                             f"scaled to {n}")
+            self.counter.add("decode", trace, num_tokens=tokens, latency=seconds,
+                             raw_latency=seconds,
+                             timing=f"time.perf_counter over the {self.timed} uncounted of "
+                                    f"{n} steps, scaled to {n}")
         else:
             overhead = sum(b.overhead_s for _, b in self.counted)
-            add_phase(self.counter, "decode", tokens, trace,
-                      latency=max(self.counted_s - overhead, 0.0), raw_latency=self.counted_s,
-                      timing="time.perf_counter, counted steps less the counter's bookkeeping")
+            self.counter.add("decode", trace, num_tokens=tokens,
+                             latency=max(self.counted_s - overhead, 0.0),
+                             raw_latency=self.counted_s,
+                             timing="time.perf_counter, counted steps less the counter's bookkeeping")
         return trace
-
-
-def add_phase(counter, label: str, num_tokens: int, trace: Trace, *, latency=None,
-              raw_latency=None, timing: str = NOT_MEASURED) -> None:
-    """Add a phase built here to a TransformerPerformanceCounter (a repeated label adds up)."""
-    counter.counts  # noqa: B018  (phases counted before this one are built first, in order)
-    counter._add(label, num_tokens, trace, raw_latency, timing, latency)
 
 
 def decode_breakpoints(config) -> list[int]:

@@ -27,7 +27,9 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn as nn
 
+from perfcounter import quantize as quantization
 from perfcounter._util import atomic_write, did_you_mean
+from perfcounter.gguf_stored import annotate as annotate_gguf, check_price_as
 from perfcounter.model import ROPE_SCALING_KEYS, ModelArgs, Transformer, UnknownModelError
 from perfcounter.tokenizer import (Tokenizer, TransformersTokenizer, find_tokenizer, load_tokenizer,
                                    offline_transformers)
@@ -345,12 +347,17 @@ def build_model(args: ModelArgs, state: dict, source, device="cpu", dtype=None) 
         parts = [f"{prefix}.w{x}.{kind}" for x in "qkv"]
         if all(p in state for p in parts):
             state[f"{prefix}.wqkv.{kind}"] = torch.cat([state.pop(p) for p in parts])
-    if args.tie_embeddings:
+    try:  # a checkpoint scripts/quantize.py wrote: meta modules of its layout, then its tensors
+        scheme = quantization.scheme_of_state(state, source)
+        quantization.quantize_model(model, scheme)
+    except quantization.QuantizeError as e:
+        raise CheckpointError(str(e)) from None
+    if args.tie_embeddings and scheme is None:  # a quantized output is stored apart
         state.pop("output.weight", None)
         if "tok_embeddings.weight" in state:
             state["output.weight"] = state["tok_embeddings.weight"]
     not_float = [f"{k} ({v.dtype})" for k, v in state.items() if not v.is_floating_point()]
-    if not_float:
+    if not_float and scheme is None:
         raise CheckpointError(f"{source}: weights must be floating point; {len(not_float)} are "
                               f"not: {', '.join(not_float[:4])}{' …' if len(not_float) > 4 else ''}")
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -365,9 +372,10 @@ def build_model(args: ModelArgs, state: dict, source, device="cpu", dtype=None) 
                                      ("shape mismatch", wrong)) if items]
         raise CheckpointError(f"{source}: weights do not fit {args!r}: {'; '.join(parts)}")
     model.load_state_dict(state, assign=True)
-    if args.tie_embeddings:
+    if args.tie_embeddings and scheme is None:
         model.output.weight = model.tok_embeddings.weight
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    return model if scheme is None else quantization.use_kernels(model)
 
 
 def checkpoint_kind(path) -> str:
@@ -465,11 +473,15 @@ def _metadata_args(text, weights: Path) -> dict:
 
 
 def load_model(path, *, model_name=None, config_path=None, device="cpu", dtype=None,
-               trust_remote_code: bool = False) -> Loaded:
-    """Our Transformer and the checkpoint's tokenizer (None when there is none)."""
+               trust_remote_code: bool = False, price_as: str = "stored") -> Loaded:
+    """Our Transformer and the checkpoint's tokenizer (None when there is none); a GGUF's
+    weights priced as stored or as executed (`price_as`, gguf_stored.py)."""
+    check_price_as(price_as)
     args, state, kind, weights = read_checkpoint(path, model_name=model_name, config_path=config_path,
                                                  trust_remote_code=trust_remote_code)
     model = build_model(args, state, weights, device=device, dtype=dtype)
+    if kind == "gguf" and price_as == "stored":
+        annotate_gguf(model, weights, "ours")
     found = weights if kind == "gguf" else find_tokenizer(weights)
     tokenizer = load_tokenizer(found, trust_remote_code=trust_remote_code) if found else None
     return Loaded(model, tokenizer, args, kind, weights)
@@ -503,8 +515,11 @@ class HFCausalLM(nn.Module):
                           past_key_values=self.cache, use_cache=True).logits
 
 
-def load_hf_model(path, *, device="cpu", dtype=None, trust_remote_code: bool = False) -> Loaded:
-    """A Hugging Face folder or GGUF file run through transformers itself."""
+def load_hf_model(path, *, device="cpu", dtype=None, trust_remote_code: bool = False,
+                  price_as: str = "stored") -> Loaded:
+    """A Hugging Face folder or GGUF file run through transformers itself (a GGUF priced
+    as `price_as` says, gguf_stored.py)."""
+    check_price_as(price_as)
     path = Path(path)
     kind = checkpoint_kind(path)
     if kind not in ("hf", "gguf"):
@@ -513,6 +528,8 @@ def load_hf_model(path, *, device="cpu", dtype=None, trust_remote_code: bool = F
     if kind == "gguf":
         weights = _weights_file(path, kind)
         hf = _hf_from_gguf(weights, dtype, trust_remote_code)
+        if price_as == "stored":
+            annotate_gguf(hf, weights, "hf")
         tokenizer = load_tokenizer(weights, trust_remote_code=trust_remote_code)
     else:
         weights = path if path.is_dir() else path.parent
@@ -527,11 +544,14 @@ def load_hf_model(path, *, device="cpu", dtype=None, trust_remote_code: bool = F
     return Loaded(HFCausalLM(hf.to(device)), tokenizer, None, kind, weights)
 
 
-def fake_model(args: ModelArgs, *, dtype=torch.float32, device="cpu"):
+def fake_model(args: ModelArgs, *, dtype=torch.float32, device="cpu", fake_mode=None,
+               weights=None, kv=None, keep=()):
     """(Transformer, FakeTensorMode): the model with fake parameters — shapes and dtypes,
-    no data, no memory. Run it, and build its inputs, inside the returned mode."""
+    no data, no memory. Run it, and build its inputs, inside the returned mode (`fake_mode`
+    when given: two models that run together need one mode). weights / kv: its linears
+    (but those named in `keep`) and KV caches stored quantized (quantize.py's schemes)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    fake_mode = FakeTensorMode()
+    fake_mode = FakeTensorMode() if fake_mode is None else fake_mode
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # Module.to() cannot swap fake parameters: build in dtype
     try:
@@ -539,7 +559,10 @@ def fake_model(args: ModelArgs, *, dtype=torch.float32, device="cpu"):
             model = Transformer(args)
     finally:
         torch.set_default_dtype(default)
-    return model.eval(), fake_mode
+    if weights is not None:
+        with fake_mode:
+            quantization.quantize_model(model, weights, keep=keep)
+    return quantization.quantize_kv_cache(model.eval(), kv), fake_mode
 
 
 # -- saving and conversion -------------------------------------------------------

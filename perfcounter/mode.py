@@ -15,6 +15,7 @@ is bitwise the uncounted one and counts do not depend on the grad mode.
 """
 from __future__ import annotations
 
+import sys
 import time
 import weakref
 
@@ -30,6 +31,7 @@ from perfcounter.op_plan import HANDLING, SHORTCUTS, OpKind, classify, plan_for
 from perfcounter.report import torchao_si
 from perfcounter.stats import check_depth, flop_counts, io_counts
 from perfcounter.storage import BUFFER, KV, WEIGHT, StorageTable, storage_id
+from perfcounter.subclass_linear import StoredLinears
 from perfcounter.trace import Block, Trace, build_trace, check_io_model
 
 Tensor = torch.Tensor
@@ -45,6 +47,12 @@ class _CountingMode(TorchDispatchMode):
     """The dispatch mode: runs each op, then records it (see `_record`)."""
 
     supports_higher_order_operators = True
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No torch.compile wrapper around `__torch_dispatch__` (0.8 us per op on a 2-core CPU):
+        no Dynamo frame runs in a counted block, whose compiler stance is force_eager."""
+        return False
 
     def __init__(self, depth: int):
         super().__init__()
@@ -91,7 +99,7 @@ class _CountingMode(TorchDispatchMode):
         kind, call, name = handling
         if kwargs is None:
             kwargs = {}
-        if kind == _DECOMPOSE:  # a composite (inference_mode): its C++ decomposition, counted,
+        if kind is _DECOMPOSE:  # a composite (inference_mode): its C++ decomposition, counted,
             shortcut = SHORTCUTS.get(func)  # (the two commonest when they dispatch a view at most)
             done = shortcut(*args, **kwargs) if shortcut is not None else None
             if done is not None:
@@ -114,10 +122,11 @@ class _CountingMode(TorchDispatchMode):
                        "have; a MoE model's experts_implementation='eager' routes tokens this way: "
                        "count it with the default experts path (grouped_mm), as count_config does")
             raise
-        t0 = _clock()
-        if kind == _VIEW:
+        if kind is _VIEW:  # (not timed: a list append is all it costs)
             self.views.append((self.tracker.scope, name))
-        elif kind == _FRESH:  # its storage is new, whatever an address reused from a freed one said
+            return out
+        t0 = _clock()
+        if kind is _FRESH:  # its storage is new, whatever an address reused from a freed one said
             self.storages.fresh(out)
             self.views.append((self.tracker.scope, name))
         else:
@@ -193,18 +202,20 @@ class PerformanceCounterMode:
     getters (get_total_flops, get_flop_counts, ...) read the last block.
     """
 
+    _mode_cls = _CountingMode  # graph.py's subclass also logs data flow (opt-in, off here)
+
     def __init__(self, display: bool = False, depth: int = 10, debug: bool = False,
                  io_model: str = "per_op", expert_load=None):
         """display: print the per-module FLOPs summary when a block ends (torchao's flag);
         debug: also print every record (op, module, shapes, FLOPs, bytes) then;
         expert_load: how MoE routing spreads rows over experts under fake tensors, which
         have no values: None or "balanced" (evenly), or weights per expert ("4,2,1,1")."""
-        import torch._dynamo  # noqa: F401  (a dispatch mode imports it on first use; not inside a timed block)
         self.depth = check_depth(depth)
         self.io_model = check_io_model(io_model)
         self.display = display
         self.debug = debug
-        self._mode = _CountingMode(depth)
+        self._mode = self._mode_cls(depth)
+        self._stored = StoredLinears(self._mode)  # stored-smaller weights: one op a layer call
         self.expert_load = expert_load
         self._active = False
         self._block: Block | None = None
@@ -217,21 +228,26 @@ class PerformanceCounterMode:
         self._mode.reset()
         self._active = True
         self._flex_flag = _set_flex_eager(True)
+        self._stance = _force_eager()
         self._mode.tracker.__enter__()
         try:
             self._mode.__enter__()
         except BaseException:
             self._mode.tracker.__exit__(None, None, None)
+            self._stance.__exit__(None, None, None)
             _set_flex_eager(self._flex_flag)
             self._active = False
             raise
+        self._stored.__enter__()  # its hooks after the tracker's
         return self
 
     def __exit__(self, *exc):
         try:
+            self._stored.__exit__(*exc)  # hooks off; the mode back on the stack if a layer raised
             return self._mode.__exit__(*exc)
         finally:
             self._mode.tracker.__exit__(*exc)
+            self._stance.__exit__(None, None, None)
             _set_flex_eager(self._flex_flag)
             self._active = False
             self._block = self._mode.block()
@@ -328,6 +344,20 @@ def _packet(name: str):
     if len(parts) >= 2 and parts[0] == "aten":
         return getattr(torch.ops.aten, parts[1], name)
     return name
+
+
+class _NoStance:
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def _force_eager():
+    """Compiled code runs eagerly in a counted block: a dispatch mode sees the eager ops in
+    any case, and Dynamo must not trace the mode's own frames (see _should_skip_dynamo).
+    Without torch._dynamo imported nothing is compiled (and its import takes a second)."""
+    if "torch._dynamo" not in sys.modules:
+        return _NoStance()
+    return torch.compiler.set_stance("force_eager")  # in force now; __exit__ restores
 
 
 def _set_flex_eager(value: bool) -> bool:

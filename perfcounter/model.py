@@ -240,6 +240,7 @@ class Transformer(nn.Module):
             self.output.weight = self.tok_embeddings.weight
         self.max_batch_size = -1
         self.max_seq_length = -1
+        self.make_kv_cache = KVCache  # quantize.quantize_kv_cache swaps in a quantized cache
 
     @classmethod
     def from_name(cls, name: str) -> "Transformer":
@@ -251,11 +252,12 @@ class Transformer(nn.Module):
             raise ValueError(f"max_seq_length={max_seq_length} exceeds the model's "
                              f"block_size={self.config.block_size}")
         self.max_batch_size, self.max_seq_length = max_batch_size, max_seq_length
-        weight = self.output.weight
+        weight = self.tok_embeddings.weight  # the activations' dtype (output may be quantized)
         cfg = self.config
         for layer in self.layers:
-            layer.attention.kv_cache = KVCache(max_batch_size, max_seq_length, cfg.n_local_heads,
-                                               cfg.head_dim, weight.dtype).to(weight.device)
+            layer.attention.kv_cache = self.make_kv_cache(
+                max_batch_size, max_seq_length, cfg.n_local_heads, cfg.head_dim,
+                weight.dtype).to(weight.device)
         freqs = precompute_freqs_cis(max_seq_length, cfg.head_dim, cfg.rope_base, cfg.rope_scaling)
         self.register_buffer("freqs_cis", freqs.to(weight.device), persistent=False)
         mask = torch.ones(max_seq_length, max_seq_length, dtype=torch.bool).tril()
@@ -312,8 +314,9 @@ class Attention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, S, D]
         if self.kv_cache is not None:
             k, v = self.kv_cache.update(input_pos, k, v)  # [B, H_kv, max_seq, D]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0,
-                                           enable_gqa=self.n_head != self.n_local_heads)
+        attend = getattr(self.kv_cache, "attention", F.scaled_dot_product_attention)  # quantized KV
+        y = attend(q, k, v, attn_mask=mask, dropout_p=0.0,
+                   enable_gqa=self.n_head != self.n_local_heads)
         y = y.transpose(1, 2).contiguous().view(bsz, seqlen, self.n_head * self.head_dim)
         return self.wo(y)
 

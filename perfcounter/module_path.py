@@ -20,6 +20,7 @@ from threading import get_ident
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
+from perfcounter.subclass_linear import stored_nbytes
 from perfcounter.trace import ModuleInfo
 
 Tensor = torch.Tensor
@@ -37,7 +38,7 @@ class _Named:
         self.cls = type(mod).__name__
         params = list(mod.parameters(recurse=False))
         self.params = sum(p.numel() for p in params)
-        self.param_bytes = sum(p.numel() * p.element_size() for p in params)
+        self.param_bytes = sum(stored_nbytes(p) for p in params)  # as stored (GGUF, torchao)
 
 
 class _Frame:

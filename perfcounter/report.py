@@ -175,6 +175,7 @@ def format_stats(stats, module_depth: int | None = 4) -> str:
             + (f", host link {si(line.host_link_s, 's')}" if line.host_link_s else "") + ")",
             f"    Throughput: {rate(s.roofline_token_throughput, 'tokens/s')}",
             f"    Arithmetic intensity: {s.arithmetic_intensity or 0:.2f} FLOPs/B",
+            *_prediction_lines(s),
             "  Energy",
             f"    Total: {si(en.total_j, 'J')} ({si(s.energy_per_token_j, 'J')}/token)",
             f"    Compute: {si(en.compute_j, 'J')}, memory: {si(en.memory_j, 'J')}, "
@@ -195,6 +196,24 @@ def format_stats(stats, module_depth: int | None = 4) -> str:
             lines += [f"  Modules (depth {module_depth}, layer indices merged as *)",
                       _table(rows, s, indent=4)]
     return "\n".join(lines)
+
+
+def ratio(measured, predicted) -> str:
+    """'1.05x': measured ÷ predicted (or ÷ a bound), 'n/a' when either is missing."""
+    return NA if measured is None or not predicted else f"{measured / predicted:.2f}x"
+
+
+def _prediction_lines(s) -> list[str]:
+    """The prediction beside the roofline (the roofline is a bound, this is a prediction)."""
+    from perfcounter.predict import describe_basis
+    p = s.prediction("eager")
+    line = (f"    Latency: {si(p.latency_s, 's')} (eager: overhead {si(p.overhead_s, 's')} for "
+            f"{p.op_calls:,} op calls + work {si(p.work_s, 's')}; {describe_basis(s.device_spec, p)})")
+    lines = ["  Prediction (the roofline above is a bound)", line]
+    if s.latency is not None:
+        lines.append(f"    Measured ÷ predicted: {ratio(s.latency, p.latency_s)} (measured ÷ "
+                     f"roofline {ratio(s.latency, s.roofline_latency)})")
+    return lines
 
 
 def merged_modules(stats, depth: int) -> dict[str, dict]:
@@ -229,11 +248,12 @@ def _table(rows: dict[str, dict], stats, indent: int) -> str:
 def to_markdown(phases) -> str:
     """One markdown table, a row per phase (PerformanceStats)."""
     head = ["Phase", "Tokens", "Steps", "Latency", "FLOPs", "IO", "Tokens/s", "BW util",
-            "FLOP util", "Roofline", "Bound", "Energy/token"]
+            "FLOP util", "Roofline", "Bound", "Predicted", "Meas/pred", "Energy/token"]
     body = [[s.label, str(s.num_tokens), str(s.steps), si(s.latency, "s"),
              si(s.total_flops, "FLOPs"), si(s.total_io, "B"), rate(s.token_throughput, "tok/s"),
              percent(s.bandwidth_utilization), percent(s.flops_utilization),
-             si(s.roofline_latency, "s"), s.bound or NA, si(s.energy_per_token_j, "J")]
+             si(s.roofline_latency, "s"), s.bound or NA, si(s.predicted_latency, "s"),
+             ratio(s.latency, s.predicted_latency), si(s.energy_per_token_j, "J")]
             for s in phases]
     return format_table(body, head, markdown=True)
 
@@ -244,15 +264,17 @@ class Comparison:
 
     rows: list[tuple]  # (DeviceSpec, PerformanceStats)
 
-    _HEAD = ["Device", "Phase", "Roofline", "Bound", "Tokens/s", "Energy", "Energy/token"]
+    _HEAD = ["Device", "Phase", "Roofline", "Bound", "Predicted", "Tokens/s", "Energy",
+             "Energy/token"]
 
     def _cells(self) -> list[list[str]]:
         return [[spec.name, s.label, si(s.roofline_latency, "s"), s.bound or NA,
-                 rate(s.roofline_token_throughput, "tok/s"), si(s.energy_j, "J"),
-                 si(s.energy_per_token_j, "J")] for spec, s in self.rows]
+                 si(s.predicted_latency, "s"), rate(s.roofline_token_throughput, "tok/s"),
+                 si(s.energy_j, "J"), si(s.energy_per_token_j, "J")] for spec, s in self.rows]
 
     def to_dict(self) -> list[dict]:
         return [{"device": spec.name, "phase": s.label, "roofline_latency": s.roofline_latency,
+                 "predicted_latency": s.predicted_latency,
                  "bound": s.bound, "tokens_per_s": s.roofline_token_throughput,
                  "energy_j": s.energy_j, "energy_per_token_j": s.energy_per_token_j}
                 for spec, s in self.rows]
@@ -261,4 +283,4 @@ class Comparison:
         return format_table(self._cells(), self._HEAD, markdown=True)
 
     def __str__(self) -> str:
-        return format_table(self._cells(), self._HEAD, align="llrrrrr")
+        return format_table(self._cells(), self._HEAD, align="llrrrrrr")

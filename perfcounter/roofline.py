@@ -72,8 +72,14 @@ def is_integer_dtype(dtype: str) -> bool:
 def peak_flops(spec, dtype: str) -> float:
     """The spec's peak FLOP/s for an op's dtype. Integer ops and ops without a
     tensor use the spec's compute-dtype peak silently; a float dtype the spec
-    lacks uses it too, with the spec's warning."""
-    if dtype and not is_integer_dtype(dtype):
+    lacks uses it too, with the spec's warning. An int8 / int4 record (a quantized
+    matmul, subclass_linear.py: W8A8) runs at the spec's integer peak where it lists one."""
+    if dtype in ("int8", "int4"):
+        try:
+            return float(spec.peak_flops(dtype, strict=True))
+        except (KeyError, ValueError, TypeError):
+            pass
+    elif dtype and not is_integer_dtype(dtype):
         try:
             return float(spec.peak_flops(dtype))
         except (KeyError, ValueError, TypeError):

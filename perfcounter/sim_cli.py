@@ -138,6 +138,8 @@ def run(args) -> int:
                 check_writable_target(path)
             except OSError as exc:
                 raise MappingError(str(exc)) from None
+    from perfcounter.plots import check_outputs, write_outputs
+    outputs = check_outputs(args.plot, args.trace)  # --plot DIR, --trace FILE
     if args.search is None and args.devices:
         raise MappingError("--devices goes with --search energy|latency")
     if args.search is not None and args.mapping is not None:
@@ -172,6 +174,7 @@ def run(args) -> int:
     if args.save_path is not None:
         sim.to_json(args.save_path)
         print(f"\nwrote {args.save_path}")
+    write_outputs(outputs, sim)  # bars by module kind per device; a track per device
     return 0
 
 
@@ -224,4 +227,8 @@ def add_parser(sub) -> None:
     g.add_argument("--print_log", action="store_true", help="time-ordered per-layer rows")
     g.add_argument("--print_log_summary", action="store_true", help="per phase and device")
     g.add_argument("--save_path", type=Path, help="write the simulation as JSON (atomically)")
+    g.add_argument("--plot", type=Path, metavar="DIR", help="write time and energy by module "
+                   "kind per phase and device (PNG and SVG; needs matplotlib)")
+    g.add_argument("--trace", type=Path, metavar="FILE", help="write a Chrome / Perfetto trace, "
+                   "one track per device (JSON)")
     p.set_defaults(run=run)

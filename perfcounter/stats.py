@@ -347,6 +347,26 @@ class PerformanceStats:
     def roofline_token_throughput(self) -> float | None:
         return _div(self.num_tokens, self.roofline_latency)
 
+    def prediction(self, execution: str = "eager"):
+        """The predicted latency (predict.py: per-op overhead + achievable rates; a
+        prediction, where the roofline is a bound) run `execution` ("eager" or
+        "compiled"), or None when the phase is not priced."""
+        if not self.priced:
+            return None
+        from perfcounter.predict import predict
+        return predict(self.trace, self.device_spec, execution)
+
+    @cached_property
+    def predicted_latency(self) -> float | None:
+        """Seconds the eager run is predicted to take (see prediction())."""
+        p = self.prediction("eager")
+        return None if p is None else p.latency_s
+
+    @property
+    def measured_over_predicted(self) -> float | None:
+        """Measured latency ÷ predicted (eager); None when either is missing."""
+        return _div(self.latency, self.predicted_latency)
+
     @cached_property
     def energy(self) -> Energy | None:
         if not self.priced:
@@ -454,6 +474,9 @@ class PerformanceStats:
             "flops_utilization": self.flops_utilization,
             "arithmetic_intensity": self.arithmetic_intensity,
             "roofline_latency": self.roofline_latency, "bound": self.bound,
+            "roofline_latency_s": self.roofline_latency,
+            "predicted_latency_s": self.predicted_latency, "measured_latency_s": self.latency,
+            "prediction": None if not self.priced else self.prediction("eager").to_dict(),
             "roofline": None if self.roofline is None else self.roofline.to_dict(),
             "energy_j": self.energy_j, "energy_per_token_j": self.energy_per_token_j,
             "energy": None if self.energy is None else self.energy.to_dict(),

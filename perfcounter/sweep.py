@@ -71,35 +71,51 @@ def _model_args(name: str):
     return read_config(name) if name.endswith(".json") else ModelArgs.from_name(name)
 
 
-def footprint(args, model, counter, batch: int, max_seq: int, itemsize: int) -> Footprint:
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    kv = 2 * args.n_layer * batch * args.n_local_heads * max_seq * args.head_dim * itemsize
+def footprint(args, model, counter, batch: int, max_seq: int, itemsize: int,
+              kv_dtype=None) -> Footprint:
+    from perfcounter.quantize import kv_cache_bytes
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # as stored
+    kv = kv_cache_bytes(args.n_layer, batch, args.n_local_heads, max_seq, args.head_dim,
+                        kv=kv_dtype, itemsize=itemsize)
     largest = max(((r.read[_ACT] + r.written[_ACT]) // max(r.calls, 1)
                    for s in counter.counts.values() for r in s.trace.records), default=0)
     return Footprint(weights, kv, largest)
 
 
 def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=None,
-          dtype=torch.bfloat16, io_model: str = "per_op", progress: bool = False) -> list[dict]:
-    """One dict per (model, batch, prompt, new tokens, device, phase); see the module doc."""
+          dtype=torch.bfloat16, io_model: str = "per_op", progress: bool = False,
+          quantize=(None,), kv_dtypes=(None,)) -> list[dict]:
+    """One dict per (model, batch, prompt, new tokens, weight scheme, KV dtype, device, phase);
+    see the module doc. quantize: weight schemes (None: float; "int8", "int4-32", ... or
+    quantize.WeightScheme); kv_dtypes: None (float), "int8", "fp8"."""
+    from functools import partial
+
+    from perfcounter import quantize as quantization
     from perfcounter.config_only import greedy_generate
     from perfcounter.counter import TransformerPerformanceCounter
     from perfcounter.derive import count_generation
     from perfcounter.devices import get_device_spec
+    from perfcounter.loading import fake_model
 
     specs = [get_device_spec(d, dtype=dtype) for d in devices]  # a bad name fails first
-    combos = list(itertools.product(models, batch_sizes, prompt_lengths, new_tokens))
+    schemes = [q if isinstance(q, quantization.WeightScheme) else quantization.parse_scheme(q)
+               for q in quantize]
+    kvs = [quantization.parse_kv_dtype(k) for k in kv_dtypes]  # bad names fail before counting
+    combos = list(itertools.product(models, batch_sizes, prompt_lengths, new_tokens, schemes, kvs))
     if progress:
         from tqdm import tqdm
         combos = tqdm(combos, desc="sweep", unit="config", leave=False)
     itemsize = torch.tensor([], dtype=dtype).element_size()
     rows = []
-    for name, batch, prompt, new in combos:
+    for name, batch, prompt, new, scheme, kv in combos:
         args = _model_args(name)
         counter = TransformerPerformanceCounter(io_model=io_model)
+        make = None if scheme is None and kv is None else partial(
+            fake_model, weights=scheme, kv=kv, dtype=dtype)
         model = count_generation(args, counter, batch_size=batch, prompt_length=prompt,
-                                 max_new_tokens=new, dtype=dtype, generate=greedy_generate)
-        need = footprint(args, model, counter, batch, prompt + new, itemsize)
+                                 max_new_tokens=new, dtype=dtype, generate=greedy_generate,
+                                 make_model=make)
+        need = footprint(args, model, counter, batch, prompt + new, itemsize, kv)
         for spec in specs:
             sim = None
             if mapping is not None:
@@ -116,6 +132,7 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
                     tps, jpt = phase.tokens_per_s, phase.j_per_token
                 rows.append({
                     "model": name, "batch": batch, "prompt": prompt, "new": new,
+                    "weights": scheme.name if scheme else "float", "kv_dtype": kv or "float",
                     "device": spec.name, "phase": label, "tokens": s.num_tokens,
                     "flops": s.total_flops, "per_op_bytes": s.trace.per_op_bytes,
                     "compulsory_bytes": s.trace.compulsory_bytes, "latency_s": latency,
@@ -129,7 +146,10 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
 
 def _cells(row: dict) -> list[str]:
     fits = "n/a" if row["fits"] is None else ("yes" if row["fits"] else "NO")
-    return [row["model"], row["batch"], row["prompt"], row["new"], row["device"], row["phase"],
+    quant = [f"w {row['weights']}"] * (row.get("weights", "float") != "float") + \
+        [f"kv {row['kv_dtype']}"] * (row.get("kv_dtype", "float") != "float")
+    model = row["model"] + (f" ({', '.join(quant)})" if quant else "")
+    return [model, row["batch"], row["prompt"], row["new"], row["device"], row["phase"],
             row["tokens"], scaled(row["flops"], "G", 1), scaled(row["per_op_bytes"], "G", 2),
             scaled(row["compulsory_bytes"], "G", 2), si(row["latency_s"], "s"),
             row["bound"] or "n/a", rate(row["tokens_per_s"], "tok/s"), si(row["j_per_token"], "J"),
@@ -163,10 +183,16 @@ def add_parser(sub) -> None:
     p.add_argument("--mapping", default=None, help="layer -> device mapping (YAML/JSON): price "
                    "the placement, each --device_spec running the modules it does not place")
     p.add_argument("--precision", default="bfloat16", choices=list(PRECISIONS))
+    p.add_argument("--quantize", default="none", help="weight schemes, comma-separated: none, "
+                   "int8, int4, int4-32, ... (perfcounter/quantize.py; default none)")
+    p.add_argument("--kv_dtype", default="none", help="KV caches, comma-separated: none "
+                   "(the precision), int8, fp8")
     p.add_argument("--io_model", default="per_op", choices=["per_op", "compulsory"],
                    help="the bytes the roofline prices (both are listed)")
     p.add_argument("--csv", default=None, help="write the rows as CSV (base units)")
     p.add_argument("--markdown", default=None, help="write the table as markdown")
+    p.add_argument("--plot", default=None, metavar="DIR", help="write latency and J/token "
+                   "per device, phase and combination (PNG and SVG; needs matplotlib)")
     p.set_defaults(run=run)
 
 
@@ -181,13 +207,21 @@ def run(args) -> int:
     if args.mapping is not None:
         from perfcounter.placement import Mapping
         mapping = Mapping.load(args.mapping)
+    if args.plot is not None:  # checked before the sweep (and matplotlib with it)
+        from perfcounter.plots import check_plot_dir, sweep_plots
+        plot_dir = check_plot_dir(args.plot)
     rows = sweep(parse_list(args.model, "model"),
                  devices=parse_list(args.device_spec, "device_spec"),
                  mapping=mapping, dtype=PRECISIONS[args.precision], io_model=args.io_model,
-                 progress=sys.stderr.isatty(), **pos)
+                 progress=sys.stderr.isatty(), quantize=parse_list(args.quantize, "quantize"),
+                 kv_dtypes=[None if k == "none" else k for k in parse_list(args.kv_dtype,
+                                                                             "kv_dtype")], **pos)
     print(to_text(rows))
     if args.csv:
         atomic_write(args.csv, to_csv(rows))
     if args.markdown:
         atomic_write(args.markdown, to_text(rows, markdown=True) + "\n")
+    if args.plot is not None:  # latency and J/token compared across devices
+        for path in sweep_plots(plot_dir, rows):
+            print(f"wrote {path}")
     return 0

@@ -62,7 +62,8 @@ FACTORIES = {aten.zeros, aten.empty, aten.full, aten.ones, aten.empty_strided,
 ATTENTION = {aten._scaled_dot_product_flash_attention_for_cpu,
              aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_efficient_attention,
              aten._scaled_dot_product_cudnn_attention, aten._flash_attention_forward,
-             aten.scaled_dot_product_attention, aten._efficient_attention_forward}
+             aten.scaled_dot_product_attention, aten._efficient_attention_forward,
+             torch.ops.perfcounter.quantized_kv_sdpa}  # since: attention over a quantized KV cache
 
 
 @pytest.mark.parametrize("flag, ops", [("write_only", WRITE_ONLY), ("cache_write", CACHE_WRITES),

@@ -84,6 +84,23 @@ def test_repeated_label_accumulates():
     assert summary.total_flops == 420
 
 
+def test_add_takes_a_phase_counted_elsewhere():
+    counter, model, x = TransformerPerformanceCounter(), Proj(), torch.randn(4, 6)
+    with counter.count("prefill", num_tokens=4):
+        model(x)
+    trace = counter.counts["prefill"].trace
+    stats = counter.add("derived", trace, num_tokens=4, latency=0.5, timing="given")
+    assert stats.total_flops == 240 and stats.latency == 0.5  # 2 * 4 * 5 * 6, as counted
+    counter.add("derived", trace, num_tokens=4, latency=0.25)  # the same label adds up
+    s = counter.counts["derived"]
+    assert (s.total_flops, s.num_tokens, s.latency) == (480, 8, 0.75)  # 240 + 240; 4 + 4; 0.5 + 0.25
+    assert list(counter.counts) == ["prefill", "derived"]
+    with pytest.raises(CountArgumentError, match="num_tokens must be an int >= 0, got -1"):
+        counter.add("x", trace, num_tokens=-1)
+    with pytest.raises(CountArgumentError, match="trace must be a perfcounter Trace, got dict"):
+        counter.add("x", {}, num_tokens=1)
+
+
 def test_argument_errors():
     counter = TransformerPerformanceCounter()
     with pytest.raises(ValueError, match="num_tokens must be an int >= 0, got -1"):

@@ -149,8 +149,8 @@ def test_comparison_table(rtx3090):
     s = PerformanceStats("decode", 1, None, one_record_trace(100, 936_100), None)
     table = Comparison([(rtx3090, s.on(rtx3090))])
     head, row = str(table).splitlines()
-    assert head.split() == ["Device", "Phase", "Roofline", "Bound", "Tokens/s", "Energy",
-                            "Energy/token"]
+    assert head.split() == ["Device", "Phase", "Roofline", "Bound", "Predicted", "Tokens/s",
+                            "Energy", "Energy/token"]
     # 936,100 B / 936.1e9 B/s = 1 µs; 1 token -> 1 M tokens/s
     assert row.split()[:4] == ["rtx-3090", "decode", "1.00", "µs"]
     assert "1.00 M tok/s" in row

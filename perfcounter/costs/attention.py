@@ -17,6 +17,9 @@ formula (`attention_matmul_flops`), and its softmax under `SDPA_SOFTMAX`.
 """
 from __future__ import annotations
 
+import torch
+
+from perfcounter import quant_ops  # noqa: F401  (defines torch.ops.perfcounter.quantized_kv_sdpa)
 from perfcounter.costs._core import DIV, EXP, MUL, OPS, Cost, aten, kinds, op_name, register
 
 
@@ -119,6 +122,16 @@ def efficient_forward_cost(q, k, v, bias=None, cu_q=None, cu_k=None, max_q=None,
                           custom_mask_type in (1, 2), bias is not None)
 
 
+@register(torch.ops.perfcounter.quantized_kv_sdpa, attention=True)
+def quantized_kv_sdpa_cost(q, k, v, k_scale=None, v_scale=None, attn_mask=None, enable_gqa=False,
+                           *args, kept_pairs=None, out_shape=None, **kw) -> Cost:
+    """Attention over an int8 / float8 KV cache with per-token scales (quant_ops.py): SDPA's.
+
+    NB: the scales are read (bytes), the dequantizing multiplies are not counted (a fused
+    kernel does them in registers), so attention FLOPs equal those of a float cache."""
+    return attention_cost(q, k, v, False, attn_mask is not None, kept_pairs)
+
+
 def flex_attention_cost(q, k, v, score_mod=None, block_mask=None, *args, out_shape=None, **kw) -> Cost:
     """flex_attention (a higher-order op): priced as dense attention.
 
@@ -151,7 +164,7 @@ FUSED_ATTENTION = frozenset(
     op_name(op) for op, info in OPS.items()
     if info.formula in (sdpa_cpu_flash_cost, sdpa_composite_cost, sdpa_flash_cost,
                         sdpa_efficient_cost, flash_forward_cost, efficient_forward_cost,
-                        flex_attention_cost))
+                        quantized_kv_sdpa_cost, flex_attention_cost))
 
 
 def attention_matmul_flops(op_kinds) -> int:

@@ -142,3 +142,30 @@ def conv_transpose_cost(x, w, bias=None, *args, out_shape=None, **kw) -> Cost:
     """conv_transpose1d/2d/3d, priced whole when they reach the counter: a transposed
     convolution, numel(x) · Cout/groups · prod(k) MACs."""
     return _conv(x, w, bias, True, out_shape)
+
+
+# --- weight-only quantized matmuls (perfcounter/quantize.py) -------------------------------
+
+
+@register(aten._weight_int8pack_mm)
+def int8_weight_mm_cost(x, w, scales, *args, out_shape=None, **kw) -> Cost:
+    """x [M, K] @ int8 w [N, K]ᵀ, times scales [N]: M·N·K MACs + M·N muls, at x's dtype.
+
+    NB: the weight is read as stored (1 byte an element) with its scales; converting
+    each weight to x's dtype happens in registers and is not counted."""
+    m, k = x
+    n = w[0]
+    return Cost(kinds(add=m * n * k, mul=m * n * k + m * n))
+
+
+@register(aten._weight_int4pack_mm, aten._weight_int4pack_mm_for_cpu,
+          aten._weight_int4pack_mm_with_scales_and_zeros)
+def int4_weight_mm_cost(x, w, group_size=None, *args, out_shape=None, **kw) -> Cost:
+    """x [M, K] @ int4 w (packed, N·K/2 bytes)ᵀ with groupwise scales and zeros: M·N·K MACs at
+    x's dtype; N is the output's last dim.
+
+    NB: (q - 8)·scale + zero per weight happens in registers and is not counted, so the
+    FLOPs equal the float matmul's."""
+    m, k = x
+    n = first_shape(out_shape)[-1]
+    return Cost(kinds(add=m * n * k, mul=m * n * k))

@@ -1,33 +1,52 @@
-"""Measure this machine: achievable memory bandwidth and matmul FLOP/s per dtype.
+"""Measure this machine: bandwidth, matmul FLOP/s and the per-op-class rates predictions use.
 
-Bandwidth is a STREAM-like triad, a = b + 3·c, over float32 arrays several
-times larger than the last-level cache, counted as STREAM does: 2 reads + 1
+Bandwidth is a STREAM-like triad, a = b + 3·c, over three float32 arrays that
+together exceed the last-level cache, counted as STREAM does: 2 reads + 1
 write = 12 bytes per element (the write-allocate read is not counted); the
 best of `repeats` runs is kept. FLOP/s is the best of a few timed batches of
-n×n @ n×n matmuls, 2·n³ FLOPs each. These are achievable figures, not peaks:
-a utilization measured against them says how close a run came to what this
-machine really does.
+n×n @ n×n matmuls, 2·n³ FLOPs each. These are achievable figures, not peaks.
 
-The result is a DeviceSpec, written (atomically) to calibrated_spec_path()
-so that `get_device_spec("calibrated")` and default_device_spec() find it.
+Rates for predictions (predict.py), per op class and dtype over working-set
+size (`op_curves`): each point times a representative op — gemv: x[1,K] @
+W[N,K]ᵀ (FLOP/s: x[16,K], the skinniest that is still a GEMV); gemm: n×n @ n×n; attention: SDPA, one query over L keys (bandwidth)
+and L over L (FLOP/s); elementwise: c = a + b; reduction: softmax over rows
+of 1024; indexing: an embedding gathering rows of 1024 — twice: warm (the
+same operands again: small sets run from cache) and cold (operands carved in
+turn from one pool, the triad's arrays, larger than the cache, so that each
+call reads memory). The Python cost of one direct op call (timed on 1-element
+tensors) is taken off each call before a rate is computed. gemm takes its
+bandwidths from the gemv points.
+Per-op overheads (`op_overhead_s`): eager = the time of a small module stack
+(norm, linears, SiLU, residual: tiny shapes, under no_grad as generate.py
+runs) divided by the op calls the counter records in it; compiled = one
+direct op call (what generated code pays per kernel).
+
+The result is a DeviceSpec, written (atomically) to calibrated_spec_path().
 """
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from perfcounter.devices.registry import calibrated_spec_path
 from perfcounter.devices.schema import write_device_specs
 from perfcounter.devices.spec import DeviceSpec, as_dtype, dtype_name
 
 MiB = 1 << 20
+# how op times are read: wall time, or the process's CPU time (on a machine other jobs share,
+# with one thread: the time an op would take alone, without the waits for a core)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 TRIAD_BYTES_PER_ELEMENT = 3 * 4  # read b, read c, write a; float32
+ROW = 1024  # row length of the reduction and indexing ops
+SKINNY = 16  # rows of the matmul that gives the gemv class its FLOP/s (predict.SKINNY_ROWS)
 
 
 def last_level_cache_bytes() -> int | None:
@@ -47,8 +66,9 @@ def last_level_cache_bytes() -> int | None:
 
 
 def default_array_bytes() -> int:
-    """Each triad array: 4 × the last-level cache, at least 64 MiB."""
-    return max(64 * MiB, 4 * (last_level_cache_bytes() or 0))
+    """Each triad array: half the last-level cache (the three together 1.5x it), at
+    least 64 MiB, at most 1 GiB."""
+    return min(1024 * MiB, max(64 * MiB, (last_level_cache_bytes() or 0) // 2))
 
 
 def _sync(device: torch.device) -> None:
@@ -56,13 +76,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def triad_bandwidth(array_bytes: int, repeats: int = 10, device="cpu") -> float:
-    """Best achievable B/s of a = b + 3·c over three float32 arrays of `array_bytes` each."""
+def triad_bandwidth(array_bytes: int, repeats: int = 10, device="cpu", pool=None) -> float:
+    """Best achievable B/s of a = b + 3·c over three float32 arrays of `array_bytes` each
+    (the thirds of `pool`, a float32 tensor, when given)."""
     device = torch.device(device)
     n = max(1, array_bytes // 4)
-    a = torch.empty(n, dtype=torch.float32, device=device)
-    b = torch.rand(n, dtype=torch.float32, device=device)
-    c = torch.rand(n, dtype=torch.float32, device=device)
+    if pool is None:
+        pool = torch.rand(3 * n, dtype=torch.float32, device=device)
+    a, b, c = pool[:n], pool[n:2 * n], pool[2 * n:3 * n]
     torch.add(b, c, alpha=3.0, out=a)  # warm-up: page faults, thread pool
     best = float("inf")
     for _ in range(max(1, repeats)):
@@ -96,6 +117,164 @@ def matmul_flops(n: int, dtype=torch.float32, device="cpu", min_time: float = 0.
     return 2 * n**3 / best
 
 
+# ---------------------------------------------------------------- per-op-class rates
+
+class _Pool:
+    """Operands carved in turn from one big buffer, so that a call finds them cold."""
+
+    def __init__(self, pool: torch.Tensor):
+        self.bytes = pool.view(torch.uint8)
+        self.offset = 0
+
+    def take(self, shape, dtype) -> torch.Tensor:
+        """The next `shape` of `dtype` (from the start again when the pool is used up)."""
+        n = math.prod(shape) * dtype.itemsize
+        size = -(-n // 64) * 64  # 64-byte aligned
+        if self.offset + size > self.bytes.numel():
+            self.offset = 0
+        view = self.bytes[self.offset:self.offset + n].view(dtype).view(shape)
+        self.offset += size
+        return view
+
+
+def check_clock(clock: str) -> str:
+    """clock itself when it is one of CLOCKS; else a ValueError naming them."""
+    if clock not in CLOCKS:
+        raise ValueError(f"unknown clock {clock!r}; valid: {', '.join(CLOCKS)}")
+    return clock
+
+
+def time_calls(make, device, min_time: float, clock: str = "wall") -> float:
+    """Seconds per call of the op `make()` returns (a new one per call: fresh operands):
+    the 25th percentile of the calls timed in about `min_time` (at least 4), which
+    leaves out calls that waited for a core another process held."""
+    now = CLOCKS[check_clock(clock)]
+    make()()  # warm-up
+    times: list[float] = []
+    while sum(times) < min_time or len(times) < 4:
+        op = make()
+        _sync(device)
+        start = now()
+        op()
+        _sync(device)
+        times.append(now() - start)
+    return sorted(times)[len(times) // 4]
+
+
+def _operands(cls: str, ws: float, dt: torch.dtype, device):
+    """(shapes, op on those operands, bytes, FLOPs) of class `cls` at about `ws` bytes."""
+    e = dt.itemsize
+    if cls == "gemv":  # the activation is a tensor of its own: only weights come from the pool
+        k = min(2048, max(64, 2 ** round(math.log2(math.sqrt(ws / e)))))
+        n = max(1, int(ws / e / k))
+        x = torch.rand(1, k, device=device).to(dt)
+        return [(n, k)], lambda w: torch.mm(x, w.t()), (k + n * k + n) * e, 2 * n * k
+    if cls == "gemm":
+        n = max(16, min(1024, int(math.sqrt(ws / e / 3))))
+        return [(n, n), (n, n)], torch.mm, 3 * n * n * e, 2 * n ** 3
+    if cls == "attention":  # one query over L keys: bandwidth
+        length = max(16, int(ws / e / (2 * 8 * 64)))
+        q = torch.rand(1, 8, 1, 64, device=device).to(dt)
+        return ([(1, 8, length, 64), (1, 8, length, 64)],
+                lambda k, v: F.scaled_dot_product_attention(q, k, v),
+                (2 * length + 2) * 8 * 64 * e, 4 * 8 * length * 64)
+    if cls == "elementwise":
+        n = max(16, int(ws / e / 3))
+        return [(n,), (n,)], torch.add, 3 * n * e, n
+    rows = max(1, int(ws / e / ROW / 2))
+    if cls == "reduction":
+        return [(rows, ROW)], lambda x: torch.softmax(x, -1), 2 * rows * ROW * e, 5 * rows * ROW
+    table = 4 * rows  # rows gathered from a table four times their size
+    idx = torch.randint(0, table, (rows,), device=device)
+    return [(table, ROW)], lambda w: F.embedding(idx, w), 2 * rows * ROW * e, 0
+
+
+def attention_flops(length: int, dt, device, min_time: float, clock: str = "wall") -> float:
+    """FLOP/s of SDPA with L queries over L keys (8 heads of 64), dense: 4·8·L²·64 FLOPs."""
+    q = torch.rand(1, 8, length, 64, device=device).to(dt)
+    seconds = time_calls(lambda: lambda: F.scaled_dot_product_attention(q, q, q), device,
+                         min_time, clock)
+    return 4 * 8 * length * length * 64 / seconds
+
+
+def call_overhead(device, min_time: float = 0.05, clock: str = "wall") -> float:
+    """Seconds of one direct op call on tiny tensors (torch.add of 1-element tensors)."""
+    a = torch.ones(1, device=device)
+    return time_calls(lambda: lambda: [torch.add(a, a) for _ in range(20)], device,
+                      min_time, clock) / 20
+
+
+def eager_overhead(device, min_time: float = 0.1, clock: str = "wall") -> float:
+    """Seconds per recorded op call of a small module stack (see the module doc)."""
+    from perfcounter.mode import PerformanceCounterMode
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(32))
+            self.up, self.down = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+
+        def forward(self, x):
+            h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
+            return x + self.down(F.silu(self.up(h)))
+
+    model = torch.nn.Sequential(*[Block() for _ in range(8)]).to(device)
+    x = torch.rand(1, 4, 32, device=device)
+    with torch.no_grad():
+        with PerformanceCounterMode() as mode:
+            model(x)
+        calls = sum(r.calls for r in mode.trace().records if not r.op.startswith("prim."))
+        seconds = time_calls(lambda: lambda: model(x), device, min_time, clock)
+    return seconds / max(calls, 1)
+
+
+def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = "wall") -> dict:
+    """{class: {dtype name: [(working set B, warm B/s, cold B/s, FLOP/s), ...]}}."""
+    carve, direct = _Pool(pool), call_overhead(device, clock=clock)
+    largest = pool.numel() * pool.element_size() / 4  # each cold operand set: a quarter of the pool
+    sizes = [s for s in (64 << 10, 1 << 20, 16 << 20, 128 << 20) if s <= largest] or [largest]
+    per_point = min_time / 5
+    curves: dict = {}
+    for dt in dtypes:
+        for cls in ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing"):
+            points = []
+            for ws in sizes:
+                shapes, op, nbytes, flops = _operands(cls, ws, dt, device)
+
+                def make(cold):
+                    if not cold:  # the same operands every call
+                        carve.offset = 0
+                    args = [carve.take(s, dt) for s in shapes]
+                    return lambda: op(*args)
+                warm_s = time_calls(lambda: make(False), device, per_point, clock)
+                cold_s = time_calls(lambda: make(True), device, per_point, clock)
+                warm_s, cold_s = (max(t - direct, 0.25 * t) for t in (warm_s, cold_s))
+                if cls == "gemv":  # FLOP/s of the skinniest matmul that still is one: 16 rows
+                    x16 = torch.rand(SKINNY, shapes[0][1], device=device).to(dt)
+                    t16 = time_calls(lambda: (lambda w: lambda: torch.mm(x16, w.t()))(
+                        carve.take(shapes[0], dt)), device, per_point, clock)
+                    flops_s = 2 * SKINNY * shapes[0][0] * shapes[0][1] / max(t16 - direct,
+                                                                            0.25 * t16)
+                elif cls == "attention":
+                    flops_s = attention_flops(min(1024, shapes[0][2]), dt, device, per_point,
+                                              clock)
+                else:
+                    flops_s = max(flops, 1) / warm_s
+                if points and nbytes <= points[-1][0]:
+                    continue
+                points.append((float(nbytes), nbytes / warm_s, nbytes / cold_s, flops_s))
+            curves.setdefault(cls, {})[dtype_name(dt)] = points
+        _share(curves, dtype_name(dt))
+    return curves
+
+
+def _share(curves: dict, dt: str) -> None:
+    """gemm's bandwidths from the gemv points (interpolated at each point's working set)."""
+    from perfcounter.predict import _interpolate
+    gemv, gemm = curves["gemv"][dt], curves["gemm"][dt]
+    curves["gemm"][dt] = [(w, *_interpolate(gemv, w)[:2], f) for w, _, _, f in gemm]
+
+
 @dataclass
 class Calibration:
     """What one `perfcounter calibrate` run measured, and how."""
@@ -105,10 +284,14 @@ class Calibration:
     threads: int
     array_bytes: int
     repeats: int
+    clock: str
     matmul_n: int
     bandwidth: float  # B/s
     flops: dict  # dtype -> FLOP/s
     memory_bytes: int | None
+    cache_bytes: int | None = None
+    overhead_s: dict = field(default_factory=dict)  # execution -> s per op call
+    curves: dict = field(default_factory=dict)  # see op_curves()
 
     def to_spec(self, name: str = "calibrated") -> DeviceSpec:
         when = datetime.date.today().isoformat()
@@ -120,10 +303,22 @@ class Calibration:
         source = {"bandwidth": triad, "flops_by_dtype": mm}
         if self.memory_bytes:
             source["vram"] = f"{how}: total memory reported by the system"
+        if self.cache_bytes:
+            source["cache_bytes"] = f"{how}: largest cache level in /sys/devices/system/cpu"
+        if self.overhead_s:
+            source["op_overhead_s"] = (f"{how}: eager = a small module stack's time / the op "
+                                       f"calls counted in it; compiled = one direct op call; "
+                                       f"{self.clock} clock")
+        if self.curves:
+            source["op_curves"] = (f"{how}: a representative op per class timed warm and cold "
+                                   "(operands rotated through the triad's arrays), "
+                                   f"{self.clock} clock; see perfcounter/devices/calibrate.py")
         dtype = torch.bfloat16 if torch.bfloat16 in self.flops else next(iter(self.flops))
         return DeviceSpec(device_type=torch.device(self.device).type, name=name,
                           bandwidth=self.bandwidth, vram=self.memory_bytes, dtype=dtype,
-                          flops_by_dtype=dict(self.flops), source=source)
+                          flops_by_dtype=dict(self.flops), source=source,
+                          cache_bytes=self.cache_bytes, op_overhead_s=dict(self.overhead_s),
+                          op_curves=self.curves)
 
 
 def _processor(device: torch.device) -> str:
@@ -147,9 +342,15 @@ def _memory_bytes(device: torch.device) -> int | None:
         return None
 
 
-def measurable_device(device) -> torch.device:
-    """`device` as a torch.device that calibrate can time here: the CPU, or a CUDA
-    (ROCm) GPU that is present; anything else is a ValueError naming what is valid."""
+def _cache_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", None) or None
+    return last_level_cache_bytes()
+
+
+def measurable_device(device, purpose: str = "calibrate") -> torch.device:
+    """`device` as a torch.device that calibrate (or `purpose`) can time here: the CPU, or
+    a CUDA (ROCm) GPU that is present; anything else is a ValueError naming what is valid."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     valid = ", ".join(["cpu"] + (["cuda"] + [f"cuda:{i}" for i in range(gpus)] if gpus else []))
     try:
@@ -157,30 +358,42 @@ def measurable_device(device) -> torch.device:
     except (RuntimeError, TypeError, ValueError):
         parsed = None
     if parsed is not None and parsed.type == "cuda" and not gpus:
-        raise ValueError(f"cannot calibrate device {str(device)!r}: no CUDA GPU is available "
+        raise ValueError(f"cannot {purpose} device {str(device)!r}: no CUDA GPU is available "
                          f"here (valid: {valid})")
     if parsed is None or parsed.type not in ("cpu", "cuda") or (
             parsed.type == "cuda" and (parsed.index or 0) >= gpus):
-        raise ValueError(f"cannot calibrate device {str(device)!r}; valid: {valid}")
+        raise ValueError(f"cannot {purpose} device {str(device)!r}; valid: {valid}")
     return parsed
 
 
 def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10,
               matmul_n: int = 1024, dtypes=("float32", "bfloat16"),
-              min_time: float = 0.2) -> Calibration:
-    """Measure bandwidth (triad) and matmul FLOP/s for each of `dtypes` on `device`."""
+              min_time: float = 0.2, curves: bool = True, clock: str = "wall") -> Calibration:
+    """Measure bandwidth (triad), matmul FLOP/s for each of `dtypes` and, with `curves`,
+    the per-op overheads and per-class rates on `device` (about 10 s by default); op
+    times read from `clock` (CLOCKS)."""
     device = measurable_device(device)
+    check_clock(clock)
     if array_bytes is None:
         array_bytes = default_array_bytes()
     if array_bytes <= 0 or repeats <= 0 or matmul_n <= 0 or min_time <= 0:
         raise ValueError(f"array_bytes, repeats, matmul_n and min_time must be positive, got "
                          f"{array_bytes}, {repeats}, {matmul_n}, {min_time}")
-    flops = {as_dtype(d): matmul_flops(matmul_n, d, device, min_time) for d in dtypes}
+    dtypes = [as_dtype(d) for d in dtypes]
+    flops = {d: matmul_flops(matmul_n, d, device, min_time) for d in dtypes}
+    n = max(1, array_bytes // 4)
+    pool = torch.full((3 * n,), 0.5, dtype=torch.float32, device=device)
+    bandwidth = triad_bandwidth(array_bytes, repeats, device, pool)
+    overheads, rates = {}, {}
+    if curves:
+        overheads = {"eager": eager_overhead(device, clock=clock),
+                     "compiled": call_overhead(device, clock=clock)}
+        rates = op_curves(pool, dtypes, device, min_time, clock)
     return Calibration(device=str(device), processor=_processor(device),
                        threads=torch.get_num_threads(), array_bytes=array_bytes,
-                       repeats=repeats, matmul_n=matmul_n,
-                       bandwidth=triad_bandwidth(array_bytes, repeats, device),
-                       flops=flops, memory_bytes=_memory_bytes(device))
+                       repeats=repeats, clock=clock, matmul_n=matmul_n, bandwidth=bandwidth,
+                       flops=flops, memory_bytes=_memory_bytes(device),
+                       cache_bytes=_cache_bytes(device), overhead_s=overheads, curves=rates)
 
 
 def save_calibrated(spec: DeviceSpec, path=None) -> Path:
@@ -200,4 +413,11 @@ def describe(cal: Calibration) -> list[str]:
     for dtype, value in cal.flops.items():
         lines.append(f"matmul {dtype_name(dtype)} {cal.matmul_n}x{cal.matmul_n}: "
                      f"{value / 1e9:.1f} GFLOP/s")
+    for execution, seconds in cal.overhead_s.items():
+        lines.append(f"overhead per op call, {execution}: {seconds * 1e6:.2f} us")
+    for cls, by_dtype in cal.curves.items():
+        for dt, points in by_dtype.items():
+            cells = ", ".join(f"{w / MiB:g} MiB {a / 1e9:.1f}/{b / 1e9:.1f} GB/s "
+                              f"{f / 1e9:.0f} GFLOP/s" for w, a, b, f in points)
+            lines.append(f"{cls} {dt} (warm/cold): {cells}")
     return lines

@@ -21,6 +21,9 @@ Our schema (device_specs/*.yaml, and what `perfcounter calibrate` writes):
 Optional figures for placement (simulate.py), each with a source like every
 other number: device_link_GBs / device_link_pj_per_bit, interconnect_GBs /
 interconnect_pj_per_bit, and peak_fraction (achievable / peak, 0 < f <= 1).
+For predictions (predict.py): op_overhead_us {eager, compiled}, op_efficiency
+{op class: achievable / peak}, op_curves {op class: {dtype: [[working set MB,
+warm GB/s, cold GB/s, GFLOP/s], ...]}} and cache_MB (last-level cache).
 `profile: upmem` marks an entry as one of the UPMEM LLM framework's simulator
 profiles (its conventions apply, e.g. default per-element costs); every entry
 of a file in UPMEM's own format gets it.
@@ -85,7 +88,33 @@ FIGURES = {
     "interconnect_GBs": Figure("interconnect_bw", 1e9),
     "interconnect_pj_per_bit": Figure("interconnect_pj_per_bit", 1.0),
     "peak_fraction": Figure("peak_fraction", 1.0),
+    "cache_MB": Figure("cache_bytes", 1e6),
+    "op_overhead_us": Figure("op_overhead_s", 1e-6),
+    "op_efficiency": Figure("op_efficiency", 1.0),
+    "op_curves": Figure("op_curves", 1.0),
 }
+# nested figures (predict.py): {execution: us}, {class: fraction}, {class: {dtype: points}} with
+# a point [working set MB, warm GB/s, cold GB/s, GFLOP/s]; these are the factors to SI units
+_NESTED = {"op_overhead_us": (1e-6,), "op_efficiency": (1.0,), "op_curves": (1e6, 1e9, 1e9, 1e9)}
+
+
+def _nested(key: str, value, to_si: bool):
+    """A nested figure in SI units (to_si) or back in YAML units; what is not a number is
+    passed on for DeviceSpec to refuse."""
+    scales = _NESTED[key]
+
+    def one(v, scale):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return v
+        return _scaled(v, scale) if to_si else v * round(1 / scale) if scale < 1 else v / scale
+    if not isinstance(value, dict):
+        return value
+    if key != "op_curves":
+        return {k: one(v, scales[0]) for k, v in value.items()}
+    return {cls: {d: [[one(x, f) for x, f in zip(p, scales)] if isinstance(p, (list, tuple))
+                      else p for p in pts] if isinstance(pts, (list, tuple)) else pts
+                  for d, pts in table.items()} if isinstance(table, dict) else table
+            for cls, table in value.items()}
 OTHER_FIELDS = ("device_type", "dtype", "profile", "aliases", "cuda_names", "source", "notes")
 UPMEM_PROFILE = "upmem"  # what `profile` says for the entries of a file in UPMEM's format
 UPMEM_REQUIRED = ("host_to_device_bw_GBs", "host_to_device_pj_per_bit",
@@ -297,7 +326,8 @@ def _build(ctx: _Entry, name: str, entry: dict, device_type: str, aliases, sourc
     kwargs = {}
     for key, (target, scale) in FIGURES.items():
         if key in entry and target not in ("flops_by_dtype", "pj_per_flop_by_dtype"):
-            kwargs[target] = _scaled(entry[key], scale)
+            kwargs[target] = (_nested(key, entry[key], True) if key in _NESTED
+                              else _scaled(entry[key], scale))
             given[(target, None)] = (key, entry[key])
     cuda_names = _patterns(ctx, entry.get("cuda_names", []))
     if "profile" in entry:
@@ -422,6 +452,9 @@ def spec_to_entry(spec: DeviceSpec) -> dict:
         if target in ("flops_by_dtype", "pj_per_flop_by_dtype"):
             if value:
                 entry[key] = {dtype_name(d): v / scale for d, v in value.items()}
+        elif key in _NESTED:
+            if value:
+                entry[key] = _nested(key, value, False)
         elif value is not None:
             entry[key] = value / scale
     back = {t: k for k, t in targets.items()}

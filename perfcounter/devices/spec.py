@@ -114,7 +114,7 @@ def _warn_once(kind: str, spec: "DeviceSpec", dtype, used) -> None:
 # ---------------------------------------------------------------- DeviceSpec
 
 # figures that must be > 0, those that may be 0 (an energy figure), and fractions in (0, 1]
-_POSITIVE = ("bandwidth", "flops_per_s", "vram", "roofline_balancepoint",
+_POSITIVE = ("bandwidth", "flops_per_s", "vram", "roofline_balancepoint", "cache_bytes",
              "host_to_device_bw", "device_to_host_bw", "device_link_bw", "interconnect_bw",
              "softmax_ns_per_element", "silu_ns_per_element", "rmsnorm_ns_per_element", "tdp_w",
              "flops_by_dtype")
@@ -127,6 +127,10 @@ _EXPECTED = {"positive": "a positive number", "non-negative": "a non-negative nu
              "fraction": "a number in (0, 1]"}
 # what `profile` may say: whose modelling conventions the figures follow
 PROFILES = {"upmem": "a simulator profile of the UPMEM LLM framework (its defaults apply)"}
+# the op classes a prediction prices apart (predict.py), and the two ways a program runs
+OP_CLASSES = ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing")
+EXECUTIONS = ("eager", "compiled")
+CURVE_POINT = ("working_set_bytes", "warm_bytes_per_s", "cold_bytes_per_s", "flops_per_s")
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,10 @@ class DeviceSpec:
     / `interconnect_pj_per_bit`: the link within a tensor-parallel group of
     this device. `peak_fraction`: achievable / peak, 0 < f <= 1, applied to
     FLOP/s and bandwidth by simulate(). `profile`: None, or a key of PROFILES.
+    Prediction (predict.py): `op_overhead_s` per op call by execution (eager,
+    compiled); `op_efficiency` achievable / peak by op class; `op_curves` measured
+    rates by op class and dtype over working-set size (`perfcounter calibrate`);
+    `cache_bytes` the last-level cache.
     """
 
     device_type: str = "cuda"
@@ -170,6 +178,10 @@ class DeviceSpec:
     tdp_w: float | None = None
     static_w: float | None = None
     profile: str | None = None  # "upmem": one of the UPMEM framework's profiles
+    op_overhead_s: dict = field(default_factory=dict)  # {execution: s per op call}
+    op_efficiency: dict = field(default_factory=dict)  # {op class: achievable / peak}
+    op_curves: dict = field(default_factory=dict)  # {op class: {dtype name: (CURVE_POINT, ...)}}
+    cache_bytes: float | None = None  # last-level cache; a phase that fits runs warm
     source: dict = field(default_factory=dict)  # field name -> citation
     aliases: tuple = ()
     cuda_names: tuple = ()  # names or globs matched against torch.cuda.get_device_name()
@@ -202,6 +214,7 @@ class DeviceSpec:
         put(self, "pj_per_flop_by_dtype", self._table("pj_per_flop_by_dtype"))
         if self.roofline_balancepoint is None and self.flops_per_s and self.bandwidth:
             put(self, "roofline_balancepoint", self.flops_per_s / self.bandwidth)
+        self._op_tables()
         put(self, "source", dict(self.source or {}))
         put(self, "aliases", tuple(self.aliases or ()))
         put(self, "cuda_names", tuple(self.cuda_names or ()))
@@ -229,6 +242,65 @@ class DeviceSpec:
             raise DeviceSpecError(f"DeviceSpec {self._owner}: {label} must be {what}, "
                                   f"got {value!r}", field=name, dtype=dtype, expected=expected)
         return number
+
+    def _op_tables(self) -> None:
+        """Check and normalize op_overhead_s, op_efficiency and op_curves (see predict.py):
+        keys from EXECUTIONS / OP_CLASSES, overheads >= 0, efficiencies in (0, 1], curve
+        points CURVE_POINT of positive numbers, working sets increasing."""
+        def check(table, name, keys, value):
+            if not isinstance(table or {}, dict):
+                raise DeviceSpecError(f"DeviceSpec {self._owner}: {name} must be a dict keyed "
+                                      f"by {', '.join(keys)}, got {table!r:.60}", field=name)
+            out = {}
+            for key, v in (table or {}).items():
+                if key not in keys:
+                    raise DeviceSpecError(f"DeviceSpec {self._owner}: {name} has unknown key "
+                                          f"{key!r}{did_you_mean(str(key), keys)} (valid: "
+                                          f"{', '.join(keys)})", field=name)
+                out[key] = value(f"{name}[{key}]", v)
+            return out
+
+        def number(kind):
+            def read(label, v):
+                bad = isinstance(v, bool) or not isinstance(v, (int, float)) \
+                    or not math.isfinite(v) or v < 0 or (kind != "non-negative" and v == 0) \
+                    or (kind == "fraction" and v > 1)
+                if bad:
+                    raise DeviceSpecError(f"DeviceSpec {self._owner}: {label} must be "
+                                          f"{_EXPECTED[kind]}, got {v!r}", field=label)
+                return float(v)
+            return read
+
+        def curve(label, points):
+            if not isinstance(points, (list, tuple)) or not points:
+                raise DeviceSpecError(f"DeviceSpec {self._owner}: {label} must be a non-empty "
+                                      f"list of ({', '.join(CURVE_POINT)}), got {points!r:.60}",
+                                      field=label)
+            out = []
+            for i, p in enumerate(points):
+                if not isinstance(p, (list, tuple)) or len(p) != len(CURVE_POINT):
+                    raise DeviceSpecError(f"DeviceSpec {self._owner}: {label}[{i}] must be "
+                                          f"({', '.join(CURVE_POINT)}), got {p!r:.60}",
+                                          field=label)
+                out.append(tuple(number("positive")(f"{label}[{i}]", v) for v in p))
+                if i and out[-1][0] <= out[-2][0]:
+                    raise DeviceSpecError(f"DeviceSpec {self._owner}: {label}: working sets must "
+                                          f"increase, got {out[-2][0]:g} then {out[-1][0]:g}",
+                                          field=label)
+            return tuple(out)
+
+        def by_dtype(label, table):
+            if not isinstance(table, dict) or not table:
+                raise DeviceSpecError(f"DeviceSpec {self._owner}: {label} must be a "
+                                      f"{{dtype: points}} dict, got {table!r:.60}", field=label)
+            return {dtype_name(as_dtype(d)): curve(f"{label}[{d}]", pts) for d, pts in table.items()}
+
+        put = object.__setattr__
+        put(self, "op_overhead_s", check(self.op_overhead_s, "op_overhead_s", EXECUTIONS,
+                                         number("non-negative")))
+        put(self, "op_efficiency", check(self.op_efficiency, "op_efficiency", OP_CLASSES,
+                                         number("fraction")))
+        put(self, "op_curves", check(self.op_curves, "op_curves", OP_CLASSES, by_dtype))
 
     def _table(self, name: str) -> dict:
         """A {dtype: figure} table keyed by rate_key, each figure checked."""

@@ -1,0 +1,304 @@
+"""Predicted latency of a counted phase on a device: what the roofline bound becomes
+once each op pays what it really costs there.
+
+The roofline (roofline.py) is a bound: every op at peak FLOP/s and peak bandwidth,
+nothing else. A prediction prices each op record as
+
+    calls x overhead(execution) + max(flops / F, bytes_cold / Bc + bytes_warm / Bw)
+
+- overhead: the fixed cost of one op call, from the spec's `op_overhead_s` by
+  execution: "eager" (Python, dispatcher, module calls: measured per recorded
+  op by `perfcounter calibrate`) or "compiled" (one generated-code kernel call).
+- F, Bw, Bc: the achievable FLOP/s and bandwidth (warm: from cache; cold: from
+  memory) of the op's class (OP_CLASSES: gemv for matmuls of <= SKINNY_ROWS
+  rows, gemm, attention, elementwise and copies, reduction and norms, indexing
+  and embedding; a GEMV of 2..ROW_BLOCK rows is charged ROW_BLOCK rows of
+  FLOPs), its dtype and its working set (bytes per call), read from
+  the spec's `op_curves` (measured, interpolated in log size), else from
+  `op_efficiency` x peak (a sourced fraction per class), else from
+  DEFAULT_EFFICIENCY x peak (stated below; the prediction's `basis` says which).
+- bytes_cold: weight and KV-cache bytes when one step's distinct bytes exceed
+  the spec's `cache_bytes` (they cannot stay cached between steps); the rest
+  (activations, or everything when it fits) is warm.
+
+Compiled (fusion): matmuls and attention stay one kernel each ("extern", priced
+as above with the compiled overhead). Every other op is assumed fused into the
+kernels between them: chains of elementwise ops, reductions and indexing do not
+round-trip memory and pay no per-op overhead. They move the compulsory bytes
+(each storage once per phase) that the extern kernels do not already stream
+(their weight and KV reads), at the elementwise rate, and cost one compiled
+overhead per fused kernel, one between each pair of extern calls.
+Metadata ops (prim.*: x.device under fake tensors) are no op calls and cost nothing.
+Host-link transfers are taken from the roofline and added as they are.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+import re
+import warnings
+from dataclasses import dataclass
+
+from perfcounter.costs import op_info_by_name
+from perfcounter.devices.spec import EXECUTIONS, OP_CLASSES, as_dtype, dtype_name
+from perfcounter.roofline import is_integer_dtype, peak_flops, roofline
+from perfcounter.trace import ROLES, OpRecord, Trace
+
+SKINNY_ROWS = 16  # a matmul of at most this many rows is a GEMV: it streams its weight
+# a skinny matmul of 2..8 rows computes as long as 8 rows: CPU GEMM kernels work in row
+# blocks (measured, 1 thread, [M,576]x[576,1536] float32: M=1 266 us, 2 279, 4 456, 8 593,
+# 16 589); one row runs a GEMV kernel, priced by its own FLOPs
+ROW_BLOCK = 8
+EXTERN = ("gemv", "gemm", "attention")  # one kernel each, also when compiled
+_STREAMED = (ROLES.index("weight"), ROLES.index("kv_cache"))
+_SHAPE = re.compile(r"\[([\d,\s]*)\]")
+_FAMILY = {"matmul": "gemm", "attention": "attention", "norms": "reduction",
+           "reductions": "reduction", "indexing": "indexing", "elementwise": "elementwise",
+           "movement": "elementwise"}
+
+# Stated defaults for a spec that gives neither curves nor efficiencies: achievable / peak.
+# Source: assumption of this project, not a measurement; typical of tuned libraries
+# (vendor GEMM ~70 % of dense peak, streaming kernels ~80 % of bandwidth, attention and
+# gathers below). A spec's own `op_efficiency` (with its source) replaces them.
+DEFAULT_EFFICIENCY = {"gemv": 0.8, "gemm": 0.7, "attention": 0.5, "elementwise": 0.8,
+                      "reduction": 0.6, "indexing": 0.3}
+# Stated default overheads per op call, seconds, by device_type and execution. Source:
+# assumption of this project; CPU eager: 1.8-2.6 us of dispatch per tiny aten op measured
+# on a 2-core Xeon (issue 16), plus module Python; GPU eager: a kernel launch (~5 us) plus
+# dispatch; compiled: one generated-code call (CPU) or one node of a CUDA graph (GPU).
+DEFAULT_OVERHEAD_S = {"cpu": {"eager": 3e-6, "compiled": 1e-6},
+                      "cuda": {"eager": 8e-6, "compiled": 2e-6}}
+CALIBRATED = "perfcounter calibrate"  # what the source of a measured spec says
+
+
+def check_execution(execution) -> str:
+    """execution itself when it is one of EXECUTIONS; else a ValueError naming them."""
+    if execution not in EXECUTIONS:
+        raise ValueError(f"unknown execution {execution!r}; valid: {', '.join(EXECUTIONS)}")
+    return execution
+
+
+def _dims(shapes: str) -> list[list[int]]:
+    return [[int(d) for d in m.group(1).replace(" ", "").split(",") if d]
+            for m in _SHAPE.finditer(shapes)]
+
+
+def matmul_rows(op: str, shapes: str) -> int:
+    """Rows of a matmul's left operand (M): the first operand of >= 2 dims; batched
+    matmuls (bmm, baddbmm) count one matrix's rows, the others flatten leading dims."""
+    for dims in _dims(shapes):
+        if len(dims) >= 2:
+            if "bmm" in op:
+                return dims[-2]
+            return math.prod(dims[:-1])
+    return 1
+
+
+def op_class(op: str, shapes: str = "") -> str:
+    """An op record's class (OP_CLASSES), from the op registry: the family file of
+    its cost formula, its attention flag and its per-element tag. NB: an op the
+    registry does not know is priced as elementwise."""
+    info = op_info_by_name(op)
+    if info is None:
+        return "elementwise"
+    if info.attention:
+        return "attention"
+    if info.per_element in ("softmax", "rmsnorm"):
+        return "reduction"
+    family = info.formula.__module__.rsplit(".", 1)[-1] if info.formula else "elementwise"
+    cls = _FAMILY.get(family, "elementwise")
+    if cls == "gemm" and matmul_rows(op, shapes) <= SKINNY_ROWS:
+        return "gemv"
+    return cls
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """Achievable rates of one op class at one dtype and working set, and where they came from."""
+
+    flops_per_s: float
+    warm_bytes_per_s: float
+    cold_bytes_per_s: float
+    basis: str  # "curve", "efficiency", "default", "peak"
+
+
+def _interpolate(points, working_set: float) -> tuple[float, float, float]:
+    """(warm B/s, cold B/s, FLOP/s) at `working_set`, log-log between measured points,
+    the end points beyond them."""
+    sizes = [p[0] for p in points]
+    i = bisect.bisect_left(sizes, working_set)
+    if i == 0:
+        return points[0][1:]
+    if i == len(points):
+        return points[-1][1:]
+    (x0, *a), (x1, *b) = points[i - 1], points[i]
+    w = math.log(working_set / x0) / math.log(x1 / x0)
+    return tuple(math.exp(math.log(u) * (1 - w) + math.log(v) * w) for u, v in zip(a, b))
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_missing(spec, field: str, fallback: str) -> None:
+    key = (str(spec.name), field)
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"device {spec.name!r} has no {field} (a calibration from an older "
+                      f"version?); predicting with {fallback}; rerun `perfcounter calibrate`",
+                      stacklevel=4)
+
+
+def is_calibrated(spec) -> bool:
+    """True when the spec's figures were measured by `perfcounter calibrate`."""
+    return CALIBRATED in str(spec.source.get("bandwidth", ""))
+
+
+def rate(spec, cls: str, dtype: str, working_set: float) -> Rate:
+    """Achievable rates of op class `cls` in `dtype` at `working_set` bytes on `spec`."""
+    curves = spec.op_curves.get(cls)
+    peak = peak_flops(spec, "" if not dtype or is_integer_dtype(dtype) else dtype)
+    if curves:
+        key = dtype if dtype in curves else None
+        if key is None:  # another dtype's curve: its bandwidth, FLOP/s scaled by the peaks
+            key = "float32" if "float32" in curves else next(iter(curves))
+        warm, cold, flops = _interpolate(curves[key], max(working_set, 1.0))
+        if key != dtype and dtype and not is_integer_dtype(dtype):
+            flops *= peak / peak_flops(spec, key)
+        return Rate(flops, warm, cold, "curve")
+    if cls in spec.op_efficiency:
+        e, basis = spec.op_efficiency[cls], "efficiency"
+    elif is_calibrated(spec):  # measured triad and matmul figures: already achievable
+        _warn_missing(spec, "op_curves", "its measured triad bandwidth and matmul FLOP/s")
+        e, basis = 1.0, "peak"
+    else:
+        e, basis = DEFAULT_EFFICIENCY[cls], "default"
+    return Rate(peak * e, spec.bandwidth * e, spec.bandwidth * e, basis)
+
+
+def overhead(spec, execution: str) -> float:
+    """Seconds of fixed cost per op call on `spec` when run `execution`."""
+    if execution in spec.op_overhead_s:
+        return spec.op_overhead_s[execution]
+    defaults = DEFAULT_OVERHEAD_S.get(spec.device_type, DEFAULT_OVERHEAD_S["cuda"])
+    if is_calibrated(spec):
+        _warn_missing(spec, "op_overhead_s", f"the stated default {defaults[execution] * 1e6:g} "
+                      f"us per op ({execution})")
+    return defaults[execution]
+
+
+@dataclass(frozen=True, slots=True)
+class OpPrediction:
+    """One record's predicted seconds: overhead, compute and memory sides."""
+
+    record: OpRecord
+    op_class: str
+    overhead_s: float
+    compute_s: float
+    memory_s: float
+    basis: str
+
+    @property
+    def latency_s(self) -> float:
+        return self.overhead_s + max(self.compute_s, self.memory_s)
+
+
+def streams_cold(trace: Trace, spec) -> bool:
+    """True when one step's distinct bytes exceed the spec's cache (unknown cache: True)."""
+    if not spec.cache_bytes:
+        return True
+    return trace.compulsory_bytes / max(trace.steps, 1) > spec.cache_bytes
+
+
+def _memory_s(bytes_cold: float, bytes_warm: float, r: Rate) -> float:
+    return bytes_cold / r.cold_bytes_per_s + bytes_warm / r.warm_bytes_per_s
+
+
+def op_predictions(trace: Trace, spec, execution: str = "eager") -> list[OpPrediction]:
+    """The eager-style prediction of every record (calls x overhead + max of the two sides)."""
+    check_execution(execution)
+    per_call = overhead(spec, execution)
+    cold = streams_cold(trace, spec)
+    out = []
+    for r in trace.records:
+        if r.op.startswith("prim."):  # metadata queries, not op calls
+            continue
+        cls = op_class(r.op, r.shapes)
+        calls = max(r.calls, 1)
+        rt = rate(spec, cls, r.dtype, r.bytes / calls)
+        streamed = sum(r.read[i] for i in _STREAMED) if cold else 0
+        flops = r.executed_flops
+        if cls == "gemv" and 1 < (rows := matmul_rows(r.op, r.shapes)) < ROW_BLOCK:
+            flops = flops * ROW_BLOCK / rows
+        compute = flops / rt.flops_per_s if flops else 0.0
+        out.append(OpPrediction(r, cls, r.calls * per_call, compute,
+                                _memory_s(streamed, r.bytes - streamed, rt), rt.basis))
+    return out
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A phase's predicted latency on one device; seconds unless named otherwise."""
+
+    execution: str
+    overhead_s: float  # Σ fixed costs
+    work_s: float  # Σ max(compute, memory) over ops or fused groups
+    host_link_s: float
+    by_class: dict  # op class -> seconds (overhead included); "fused" for compiled groups
+    basis: str  # where the rates came from: "curve", "efficiency", "default", "peak" (joined)
+    op_calls: int  # op calls priced (compiled: kernels)
+
+    @property
+    def latency_s(self) -> float:
+        return self.overhead_s + self.work_s + self.host_link_s
+
+    def to_dict(self) -> dict:
+        return {"latency_s": self.latency_s, "execution": self.execution,
+                "overhead_s": self.overhead_s, "work_s": self.work_s,
+                "host_link_s": self.host_link_s, "by_class": dict(self.by_class),
+                "basis": self.basis, "op_calls": self.op_calls}
+
+
+def predict(trace: Trace, spec, execution: str = "eager") -> Prediction:
+    """The predicted latency of a trace on a device, run eagerly or compiled (see the module doc)."""
+    ops = op_predictions(trace, spec, execution)
+    by_class: dict[str, float] = {}
+    bases = {p.basis for p in ops}
+    host = roofline(trace, spec).host_link_s
+    if execution == "eager":
+        for p in ops:
+            by_class[p.op_class] = by_class.get(p.op_class, 0.0) + p.latency_s
+        return Prediction(execution, sum(p.overhead_s for p in ops),
+                          sum(max(p.compute_s, p.memory_s) for p in ops), host, by_class,
+                          "+".join(sorted(bases)), sum(p.record.calls for p in ops))
+    extern = [p for p in ops if p.op_class in EXTERN]
+    fused = [p for p in ops if p.op_class not in EXTERN and p.record.bytes]
+    for p in extern:
+        by_class[p.op_class] = by_class.get(p.op_class, 0.0) + p.latency_s
+    kernels = sum(p.record.calls for p in extern) + max(trace.steps, 1)
+    streamed = sum(p.record.read[i] for p in extern for i in _STREAMED)
+    fused_bytes = max(0, trace.compulsory_bytes - streamed) if fused else 0
+    fused_flops = sum(p.record.executed_flops for p in fused)
+    dtype = max((p.record for p in fused), key=lambda r: r.bytes).dtype if fused else ""
+    rt = rate(spec, "elementwise", dtype, fused_bytes / kernels)
+    fused_s = max(fused_flops / rt.flops_per_s, fused_bytes / rt.warm_bytes_per_s)
+    per_call = overhead(spec, "compiled")
+    fused_overhead = (max(trace.steps, 1) + sum(p.record.calls for p in extern)) * per_call \
+        if fused else 0.0
+    by_class["fused"] = fused_s + fused_overhead
+    bases.add(rt.basis)
+    return Prediction(execution, sum(p.overhead_s for p in extern) + fused_overhead,
+                      sum(max(p.compute_s, p.memory_s) for p in extern) + fused_s, host,
+                      by_class, "+".join(sorted(bases)), kernels)
+
+
+def describe_basis(spec, prediction: Prediction) -> str:
+    """Where a prediction's rates came from, in words (for reports)."""
+    words = {"curve": "measured curves", "efficiency": "sourced efficiencies",
+             "default": "stated default efficiencies (predict.DEFAULT_EFFICIENCY)",
+             "peak": "measured peaks (no curves)"}
+    return ", ".join(words[b] for b in prediction.basis.split("+") if b in words)
+
+
+def dtype_key(dtype) -> str:
+    """A dtype as the curves name it ("float32")."""
+    return dtype_name(as_dtype(dtype))

@@ -1,0 +1,159 @@
+"""perfcounter.plots: roofline plots, time / energy by module kind, the --plot and --trace
+flags of the command lines; a one-line error without matplotlib or with a bad folder."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_args
+from perfcounter.cli import main
+from perfcounter.config_only import count_config
+from perfcounter.plots import (KINDS, PlotError, check_outputs, kind_rows, module_kind,
+                               sweep_plots, write_plots)
+from perfcounter.simulation import simulate
+
+pytest.importorskip("matplotlib")
+REPO = Path(__file__).resolve().parents[1]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def counted():
+    return count_config(tiny_args(), batch_size=1, prompt_length=8, new_tokens=3,
+                        device_spec="h100-sxm")
+
+
+@pytest.mark.parametrize("path, kind", [
+    ("LlamaForCausalLM.model.layers.0.self_attn.q_proj", "attention"),
+    ("LlamaForCausalLM.model.layers.0.mlp.down_proj", "mlp"),
+    ("LlamaForCausalLM.model.layers.0.input_layernorm", "norm"),
+    ("LlamaForCausalLM.model.norm", "norm"),
+    ("LlamaForCausalLM.model.embed_tokens", "embedding"),
+    ("LlamaForCausalLM.lm_head", "lm_head"),
+    ("LlamaForCausalLM.model.rotary_emb", "other"),
+    ("Transformer.layers.1.attention.wqkv", "attention"),
+    ("Transformer.layers.1.feed_forward.w2", "mlp"),
+    ("Transformer.tok_embeddings", "embedding"),
+    ("Transformer.output", "lm_head"),
+    ("", "other"),
+])
+def test_module_kind(path, kind):
+    assert module_kind(path) == kind
+
+
+def test_module_kind_by_class():
+    classes = {"M.blocks.0.mix": "GPTNeoXAttention", "M.blocks.0.ff": "SwiGLUFeedForward",
+               "M.blocks.0.ln": "FancyLayerNorm"}
+    assert [module_kind(p, classes) for p in classes] == ["attention", "mlp", "norm"]
+    assert module_kind("M.blocks.0.mix.dense", classes) == "attention"  # inside the attention
+
+
+def test_kind_rows_add_up_to_the_roofline_and_the_energy(counted):
+    rows = kind_rows(counted, ["h100-sxm", "pim-ai-4chip"])
+    assert {r["kind"] for r in rows} <= set(KINDS)
+    for label, stats in counted.counts.items():
+        for device in ("h100-sxm", "pim-ai-4chip"):
+            mine = [r for r in rows if r["phase"] == label and r["device"] == device]
+            on = stats.on(device)
+            # the kinds split the roofline latency (ops + host link) and the energy exactly
+            assert sum(r["time_s"] for r in mine) == pytest.approx(on.roofline_latency)
+            assert sum(r["energy_j"] for r in mine) == pytest.approx(on.energy_j)
+            kinds = {r["kind"] for r in mine if r["time_s"]}
+            assert {"attention", "mlp", "norm", "embedding", "lm_head"} <= kinds
+
+
+def test_write_plots_writes_png_and_svg(counted, tmp_path):
+    files = write_plots(tmp_path, counted, ["h100-sxm", "pim-ai-4chip"])
+    names = sorted(p.name for p in files)
+    # 2 rooflines + time + energy, each twice = 8
+    assert names == sorted(f"{n}.{ext}" for n in ("roofline_h100-sxm", "roofline_pim-ai-4chip",
+                                                  "time_by_kind", "energy_by_kind")
+                           for ext in ("png", "svg"))
+    for p in files:
+        data = p.read_bytes()
+        assert data.startswith(PNG) if p.suffix == ".png" else b"<svg" in data[:2000]
+    svg = (tmp_path / "roofline_h100-sxm.svg").read_text()
+    assert "h100-sxm" in svg and "prefill (predicted)" in svg  # fonts as text: labels readable
+    assert not list(tmp_path.glob(".*.tmp"))  # written atomically, nothing left over
+
+
+def test_simulation_bars(counted, tmp_path):
+    sim = simulate(counted, {"attention": "pim-ai-4chip,t"}, host="generic-cpu",
+                   default_device="host")
+    rows = kind_rows(sim)
+    assert {r["device"] for r in rows} == {"host", "pim-ai-4chip"}
+    assert {r["kind"] for r in rows if r["device"] == "pim-ai-4chip"} >= {"attention",
+                                                                           "transfers"}
+    for label, phase in sim.phases.items():  # the log rows are the phase's time, no overlap
+        total = sum(r["time_s"] for r in rows if r["phase"] == label)
+        assert total == pytest.approx(phase.time_s)
+    assert len(write_plots(tmp_path, sim)) == 4  # time and energy bars, PNG and SVG
+
+
+def test_sweep_plots(tmp_path):
+    rows = [dict(model="m", batch=b, prompt=8, new=2, device=d, phase=p, latency_s=t,
+                 j_per_token=t * 10) for b in (1, 8) for d, t in (("a", 1e-3), ("b", 2e-3))
+            for p in ("prefill", "decode")]
+    assert sorted(p.name for p in sweep_plots(tmp_path, rows)) == [
+        "sweep_energy.png", "sweep_energy.svg", "sweep_latency.png", "sweep_latency.svg"]
+
+
+def test_cli_count_plot_and_trace(tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(dict(
+        model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=64)))
+    out = tmp_path / "plots"
+    assert main(argv=["count", "--config", str(config), "--prompt_length", "4", "--new_tokens",
+                      "2", "--device_spec", "h100-sxm", "--plot", str(out), "--trace",
+                      str(tmp_path / "t.json")]) == 0
+    assert (out / "roofline_h100-sxm.png").is_file() and (out / "time_by_kind.svg").is_file()
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert [e["name"] for e in doc["traceEvents"] if e.get("cat") == "phase"] == ["prefill",
+                                                                                 "decode"]
+    assert f"wrote {tmp_path / 't.json'}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--plot", "/nonexistent/dir/plots"], "--plot /nonexistent/dir/plots: folder "),
+    (["--plot", "/etc/hostname"], "not a directory"),
+    (["--trace", "/nonexistent/t.json"], "--trace /nonexistent/t.json: cannot write"),
+    (["--trace", "/dev/null"], "not a regular file"),
+])
+@pytest.mark.parametrize("command", ["count", "simulate"])
+def test_bad_paths_fail_in_one_line(command, flags, message, capsys, tmp_path):
+    model = ["--config", "llama-2-7b"] if command == "count" else ["--model", "llama-2-7b"]
+    assert main(argv=[command, *model, *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_sweep_bad_plot_folder(capsys):
+    assert main(argv=["sweep", "--model", "llama-2-7b", "--plot", "/nonexistent/x/y"]) == 2
+    assert "--plot /nonexistent/x/y" in capsys.readouterr().err
+
+
+def test_without_matplotlib(monkeypatch, tmp_path, capsys):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    with pytest.raises(PlotError, match=r"pip install 'perfcounter\[plot\]'"):
+        check_outputs(tmp_path)
+    assert check_outputs(None, tmp_path / "t.json") == (None, tmp_path / "t.json")  # no plot
+    assert main(argv=["count", "--config", "llama-2-7b", "--plot", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_generate_flags(tmp_path):
+    spec = importlib.util.spec_from_file_location("generate", REPO / "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    with pytest.raises(gen.GenerateArgumentError, match="--plot .*: folder .* does not exist"):
+        gen.main(model="llama-2-7b", quiet=True, plot=tmp_path / "no" / "such")
+    gen.main(config=None, model="llama-2-7b", prompt_length=4, max_new_tokens=2, quiet=True,
+             device_spec="h100-sxm", plot=tmp_path / "p", trace=tmp_path / "t.json")
+    assert (tmp_path / "p" / "roofline_h100-sxm.svg").is_file()
+    assert json.loads((tmp_path / "t.json").read_text())["otherData"]["device"] == "h100-sxm"

@@ -1,0 +1,220 @@
+"""predict.py: per-op predictions on a toy trace, derived by hand class by class; fusion
+for compiled runs; rates from curves; old calibration files; bad efficiencies."""
+import math
+
+import pytest
+import torch
+
+from perfcounter import predict as P
+from perfcounter.cli import main
+from perfcounter.devices import DeviceSpec, DeviceSpecError, load_device_specs
+from perfcounter.devices.schema import write_device_specs
+from perfcounter.stats import PerformanceStats
+from perfcounter.trace import OpRecord, Trace
+
+F32 = "float32"
+EFF = {"gemv": 0.5, "gemm": 0.8, "attention": 0.25, "elementwise": 0.5, "reduction": 0.4,
+       "indexing": 0.2}
+
+
+def toy_spec(**kw) -> DeviceSpec:
+    # 1 GB/s and 1 GFLOP/s peaks make every rate below eff x 1e9
+    args = dict(device_type="cpu", name="toy", bandwidth=1e9, dtype=torch.float32,
+                flops_by_dtype={torch.float32: 1e9},
+                op_overhead_s={"eager": 1e-6, "compiled": 0.5e-6}, op_efficiency=EFF)
+    return DeviceSpec(**{**args, **kw})
+
+
+def rec(op, shapes, calls, flops, read, written) -> OpRecord:
+    """read / written: {role: bytes}."""
+    roles = ("weight", "kv_cache", "activation", "input", "buffer")
+    return OpRecord(op, "m", F32 if shapes else "", shapes, calls, flops, flops,
+                    read=[read.get(r, 0) for r in roles], written=[written.get(r, 0) for r in roles])
+
+
+def toy_trace() -> Trace:
+    records = [
+        # gemv (1 row): 2 calls, each 2*1*100*200 = 40,000 FLOPs, weight 100*200*4 = 80,000 B,
+        # x 400 B read, y 800 B written
+        rec("aten.mm.default", "[1, 100], [100, 200]", 2, 80_000,
+            {"weight": 160_000, "activation": 800}, {"activation": 1_600}),
+        # gemm (64 rows): 2*64*100*200 = 2,560,000 FLOPs; x 25,600 + w 80,000 read, 51,200 written
+        rec("aten.mm.default", "[64, 100], [100, 200]", 1, 2_560_000,
+            {"weight": 80_000, "activation": 25_600}, {"activation": 51_200}),
+        # elementwise: 10 adds of 200 floats: 2,000 FLOPs, 16,000 B read, 8,000 B written
+        rec("aten.add.Tensor", "[1, 200], [1, 200]", 10, 2_000,
+            {"activation": 16_000}, {"activation": 8_000}),
+        # attention: 4*2*1*16*8 = 1,024 FLOPs; q 256 B, k and v 4,096 B each, out 256 B
+        rec("aten._scaled_dot_product_flash_attention_for_cpu.default",
+            "[1, 2, 1, 8], [1, 2, 16, 8], [1, 2, 16, 8]", 1, 1_024,
+            {"activation": 256, "kv_cache": 8_192}, {"activation": 256}),
+        # reduction: softmax of [4, 16]: 320 FLOPs, 256 B read, 256 B written
+        rec("aten._softmax.default", "[4, 16], -1, False", 1, 320,
+            {"activation": 256}, {"activation": 256}),
+        # indexing: 3 rows of 100 floats (1,200 B) and 3 int64 ids (24 B) read, 1,200 B written
+        rec("aten.embedding.default", "[1000, 100], [1, 3]", 1, 0,
+            {"weight": 1_200, "input": 24}, {"activation": 1_200}),
+        rec("aten.view.default", "", 5, 0, {}, {}),  # views: overhead only
+        rec("prim.device.default", "", 100, 0, {}, {}),  # metadata: nothing
+    ]
+    # each storage once: weights 160,000 + 80,000 + 1,200, KV 8,192, activations 4,000 read
+    # and 6,000 written, ids 24 -> 253,416 read + 6,000 written = 259,416 B
+    return Trace(records=records, compulsory_read=[241_200, 8_192, 4_000, 24, 0],
+                 compulsory_written=[0, 0, 6_000, 0, 0])
+
+
+def test_op_classes_come_from_the_registry():
+    assert P.op_class("aten.mm.default", "[1, 100], [100, 200]") == "gemv"
+    assert P.op_class("aten.mm.default", "[16, 100], [100, 200]") == "gemv"  # M <= 16
+    assert P.op_class("aten.mm.default", "[17, 100], [100, 200]") == "gemm"
+    assert P.op_class("aten.bmm.default", "[8, 1, 64], [8, 64, 19]") == "gemv"
+    assert P.op_class("aten.addmm.default", "[200], [64, 100], [100, 200]") == "gemm"
+    assert P.op_class("aten._scaled_dot_product_flash_attention_for_cpu.default") == "attention"
+    assert P.op_class("aten._softmax.default") == "reduction"
+    assert P.op_class("aten.sum.dim_IntList") == "reduction"
+    assert P.op_class("aten.embedding.default") == "indexing"
+    assert P.op_class("aten.index_copy_.default") == "indexing"
+    assert P.op_class("aten.silu.default") == "elementwise"
+    assert P.op_class("aten.copy_.default") == "elementwise"
+
+
+def test_eager_prediction_class_by_class():
+    ops = {p.op_class: p for p in P.op_predictions(toy_trace(), toy_spec())}
+    us = {cls: p.latency_s * 1e6 for cls, p in ops.items()}
+    # gemv: 2 x 1 us + max(80,000 / 0.5e9 = 160 us, 162,400 / 0.5e9 = 324.8 us)
+    assert us["gemv"] == pytest.approx(2 + 324.8)
+    # gemm: 1 us + max(2,560,000 / 0.8e9 = 3,200 us, 156,800 / 0.8e9 = 196 us)
+    assert us["gemm"] == pytest.approx(1 + 3200)
+    # attention: 1 us + max(1,024 / 0.25e9 = 4.096 us, 8,704 / 0.25e9 = 34.816 us)
+    assert us["attention"] == pytest.approx(1 + 34.816)
+    # reduction: 1 us + max(320 / 0.4e9 = 0.8 us, 512 / 0.4e9 = 1.28 us)
+    assert us["reduction"] == pytest.approx(1 + 1.28)
+    # indexing: 1 us + max(0, 2,424 / 0.2e9 = 12.12 us)
+    assert us["indexing"] == pytest.approx(1 + 12.12)
+    pred = P.predict(toy_trace(), toy_spec())
+    # elementwise: the adds 10 x 1 us + max(2,000 / 0.5e9 = 4 us, 24,000 / 0.5e9 = 48 us) = 58 us,
+    # plus the 5 views at 1 us each; prim.device costs nothing
+    assert pred.by_class["elementwise"] * 1e6 == pytest.approx(58 + 5)
+    assert pred.latency_s * 1e6 == pytest.approx(326.8 + 3201 + 35.816 + 2.28 + 13.12 + 63)
+    assert pred.op_calls == 2 + 1 + 10 + 1 + 1 + 1 + 5 and pred.basis == "efficiency"
+
+
+def test_compiled_prediction_fuses_what_is_not_a_matmul_or_attention():
+    pred = P.predict(toy_trace(), toy_spec(), "compiled")
+    us = {cls: v * 1e6 for cls, v in pred.by_class.items()}
+    # extern kernels as in eager, at 0.5 us a call
+    assert us["gemv"] == pytest.approx(2 * 0.5 + 324.8)
+    assert us["gemm"] == pytest.approx(0.5 + 3200)
+    assert us["attention"] == pytest.approx(0.5 + 34.816)
+    # fused: compulsory 259,416 B - what the extern kernels stream (weights 160,000 + 80,000,
+    # KV 8,192) = 11,224 B at 0.5e9 B/s = 22.448 us (> 2,320 FLOPs / 0.5e9 = 4.64 us), plus
+    # one kernel per step and after each of the 4 extern calls: 5 x 0.5 us
+    assert us["fused"] == pytest.approx(22.448 + 2.5)
+    assert set(us) == {"gemv", "gemm", "attention", "fused"}
+    assert pred.latency_s * 1e6 == pytest.approx(325.8 + 3200.5 + 35.316 + 24.948)
+
+
+def test_rates_from_curves_interpolate_in_log_size_and_stream_cold_past_the_cache():
+    # gemv float32: at 1e3 B warm 2e9 / cold 1e9 B/s, at 1e5 B warm 4e9 / cold 2e9 B/s;
+    # 1e4 B lies half way in log size: warm sqrt(2e9 * 4e9) = 2.828e9, cold 1.414e9
+    curves = {"gemv": {"float32": [(1e3, 2e9, 1e9, 1e10), (1e5, 4e9, 2e9, 1e10)]}}
+    trace = Trace(records=[rec("aten.mm.default", "[1, 50], [50, 50]", 1, 5_000,
+                               {"weight": 10_000}, {})], compulsory_read=[10_000, 0, 0, 0, 0])
+    r = P.rate(toy_spec(op_curves=curves), "gemv", F32, 1e4)
+    assert (r.warm_bytes_per_s, r.cold_bytes_per_s) == pytest.approx((2e9 * 2 ** .5, 1e9 * 2 ** .5))
+    for cache, seconds in ((1e3, 1e4 / (1e9 * 2 ** .5)),  # the phase exceeds the cache: cold
+                           (1e6, 1e4 / (2e9 * 2 ** .5))):  # it fits: warm
+        spec = toy_spec(op_curves=curves, cache_bytes=cache, op_overhead_s={"eager": 0.0})
+        (p,) = P.op_predictions(trace, spec)
+        assert p.latency_s == pytest.approx(seconds) and p.basis == "curve"
+    # beyond the measured sizes the end points hold
+    assert P.rate(toy_spec(op_curves=curves), "gemv", F32, 1e9).warm_bytes_per_s == 4e9
+
+
+def test_a_datasheet_device_without_efficiencies_uses_the_stated_defaults():
+    spec = toy_spec(op_efficiency={}, op_overhead_s={})
+    r = P.rate(spec, "gemm", F32, 1e6)
+    assert r.basis == "default" and r.flops_per_s == P.DEFAULT_EFFICIENCY["gemm"] * 1e9
+    assert P.overhead(spec, "eager") == P.DEFAULT_OVERHEAD_S["cpu"]["eager"]
+    stats = PerformanceStats("decode", 1, 0.01, toy_trace(), spec)
+    assert stats.predicted_latency == pytest.approx(P.predict(toy_trace(), spec).latency_s)
+    assert stats.predicted_latency > stats.roofline_latency  # a prediction, not the bound
+    assert stats.to_dict()["predicted_latency_s"] == stats.predicted_latency
+    assert "Measured ÷ predicted" in str(stats)
+
+
+def test_an_old_calibration_file_loads_and_warns_naming_the_missing_field(tmp_path):
+    old = DeviceSpec(device_type="cpu", name="old-cal", bandwidth=20e9, dtype=torch.float32,
+                     flops_by_dtype={torch.float32: 1e11},
+                     source={"bandwidth": "measured by `perfcounter calibrate` on box, 2024",
+                             "flops_by_dtype": "measured by `perfcounter calibrate` on box"})
+    path = write_device_specs(tmp_path / "cal.yaml", [old])
+    assert "op_curves" not in path.read_text()
+    (spec,) = load_device_specs(path)
+    with pytest.warns(UserWarning) as warned:
+        pred = P.predict(toy_trace(), spec)
+    messages = [str(w.message) for w in warned]
+    assert any("has no op_curves" in m for m in messages)
+    assert any("has no op_overhead_s" in m for m in messages)
+    assert all("\n" not in m for m in messages)
+    assert pred.basis == "peak"  # the measured triad and matmul figures, as they are
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, 1.5, "high"])
+def test_a_bad_efficiency_is_refused_naming_the_value(bad):
+    with pytest.raises(DeviceSpecError, match=r"op_efficiency\[gemv\] must be a number in "
+                                              r"\(0, 1\], got"):
+        toy_spec(op_efficiency={"gemv": bad})
+
+
+def test_a_bad_efficiency_in_a_file_names_the_file_and_entry(tmp_path):
+    path = tmp_path / "d.yaml"
+    path.write_text("devices:\n  x:\n    device_type: cpu\n    bandwidth_GBs: 10\n"
+                    "    tflops: {float32: 1}\n    dtype: float32\n"
+                    "    op_efficiency: {gemv: 0}\n    source: test\n")
+    with pytest.raises(DeviceSpecError) as err:
+        load_device_specs(path)
+    assert str(path) in str(err.value) and "entry 'x'" in str(err.value)
+    assert "op_efficiency[gemv] must be a number in (0, 1], got 0" in str(err.value)
+    with pytest.raises(DeviceSpecError, match="unknown key 'gemvv'; did you mean gemv"):
+        toy_spec(op_efficiency={"gemvv": 0.5})
+
+
+def test_curves_round_trip_through_yaml_in_their_units(tmp_path):
+    fields = ("bandwidth", "flops_by_dtype", "op_overhead_s", "op_efficiency", "op_curves",
+              "cache_bytes")
+    spec = toy_spec(op_curves={"gemm": {"bf16": [[1e6, 1e10, 5e9, 1e11]]}}, cache_bytes=32e6,
+                    source={f: "a test" for f in fields})
+    (back,) = load_device_specs(write_device_specs(tmp_path / "c.yaml", [spec]))
+    assert back.op_curves == {"gemm": {"bfloat16": ((1e6, 1e10, 5e9, 1e11),)}}
+    assert back.op_overhead_s == spec.op_overhead_s and back.cache_bytes == 32e6
+    assert "op_overhead_us" in (tmp_path / "c.yaml").read_text()
+    assert math.isclose(DeviceSpec.from_dict(spec.to_dict()).op_efficiency["gemv"], 0.5)
+
+
+def test_calibrate_on_cuda_without_a_gpu_is_one_line(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(argv=["calibrate", "--device", "cuda", "--no-write"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("perfcounter calibrate: error: cannot calibrate device 'cuda': no CUDA GPU "
+                   "is available here (valid: cpu)\n")
+
+
+def test_calibrate_measures_curves_and_overheads_that_predict_reads(tmp_path, capsys):
+    out = tmp_path / "cal.yaml"
+    assert main(argv=["calibrate", "--array-mb", "1", "--repeats", "1", "--matmul-n", "32",
+                      "--min-time", "0.01", "--dtypes", "float32", "--clock", "cpu",
+                      "--out", str(out)]) == 0
+    assert "overhead per op call, eager" in capsys.readouterr().out
+    (spec,) = load_device_specs(out)
+    assert set(spec.op_curves) == set(P.OP_CLASSES) and set(spec.op_overhead_s) == {"eager",
+                                                                                     "compiled"}
+    assert P.predict(toy_trace(), spec).basis == "curve"
+
+
+def test_a_skinny_matmul_of_2_to_8_rows_is_charged_8_rows():
+    # 2 rows: 2*2*100*200 = 80,000 FLOPs charged as 8 rows: 320,000 / 0.5e9 = 640 us, over
+    # the 80,000 weight bytes / 0.5e9 = 160 us; plus 1 us of overhead
+    trace = Trace(records=[rec("aten.mm.default", "[2, 100], [100, 200]", 1, 80_000,
+                               {"weight": 80_000}, {})])
+    assert P.predict(trace, toy_spec()).latency_s * 1e6 == pytest.approx(641)
