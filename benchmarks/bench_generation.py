@@ -54,7 +54,7 @@ def run_generate(*flags: str) -> tuple[float, float]:
 
 def bench_70b() -> None:
     from perfcounter import TransformerPerformanceCounter
-    from perfcounter.config_only import count_config_only
+    from perfcounter.config_only import count_config_only, greedy_generate
     from perfcounter.derive import count_generation
     from perfcounter.model import ModelArgs
 
@@ -63,7 +63,8 @@ def bench_70b() -> None:
     def seconds(count, new_tokens: int) -> float:
         counter = TransformerPerformanceCounter(device_spec="h100-sxm")
         t0 = time.perf_counter()
-        count(args, counter, prompt_length=2048, max_new_tokens=new_tokens)
+        count(args, counter, prompt_length=2048, max_new_tokens=new_tokens,
+              generate=greedy_generate)
         counter.counts  # stats built
         return time.perf_counter() - t0
 

@@ -60,7 +60,8 @@ def count_generation(config, counter, *, batch_size: int = 1, prompt_length: int
     fails. Returns the whole fake model (for its parameter counts).
 
     config: ModelArgs (our Transformer, unless make_model is given) or a transformers
-    config with make_model given (config_only passes its greedy generation loops). make_model(config) -> (model, fake mode);
+    config with make_model given (config_only passes its greedy generation loops);
+    make_model(config) -> (model, fake mode);
     make_counter() -> a fresh counter for each smaller model (default: counter's depth, io
     model and MoE expert load);
     generate(model, prompt, max_new_tokens, phase=..., **generate_kwargs)."""

@@ -28,7 +28,9 @@ An edge joins two nodes when an op of one reads a tensor an op of the other
 wrote: `tensors` counts the distinct tensors, `bytes` their sizes.
 Op graph: a node per op call, an edge per producer -> consumer pair.
 
-Time: `predicted_s` is each op's roofline on `spec` (roofline.op_costs);
+Time: `predicted_s` is each op's predicted seconds on `spec`, run eagerly
+(predict.op_predictions: per-call overhead + achievable rates; prim.* metadata ops
+0 s), `roofline_s` its roofline bound (roofline.op_costs), both summed per node;
 `measured_s` the wall time of its call (real tensors only; includes no
 bookkeeping of the counter; a model's first call pays one-time warm-up, so run it
 once before recording for steady figures), None under FakeTensorMode.
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -46,9 +48,9 @@ from perfcounter._util import atomic_write
 from perfcounter.mode import PerformanceCounterMode, _CountingMode
 from perfcounter.op_plan import HANDLING, OpKind, classify
 from perfcounter.report import format_table, si
-from perfcounter.roofline import op_costs
 from perfcounter.storage import INPUT, storage_id
 from perfcounter.trace import ModuleInfo, OpRecord, Trace
+from perfcounter.trace_events import OpTime, op_times
 
 INPUT_NODE = "input"
 _Fake = torch._subclasses.FakeTensor
@@ -156,7 +158,8 @@ class Node:
     calls: int = 0  # op calls
     flops: int = 0  # executed FLOPs
     bytes: int = 0  # per-op bytes read + written
-    predicted_s: float | None = None
+    predicted_s: float | None = None  # predict.op_predictions (eager)
+    roofline_s: float | None = None  # the roofline bound of the same ops
     measured_s: float | None = None
 
 
@@ -182,7 +185,7 @@ class Graph:
         """Node and edge counts and time aggregates (EdgeShard's summary)."""
         out = {"nodes": len(self.nodes), "edges": len(self.edges),
                "edge_bytes": sum(e.bytes for e in self.edges)}
-        for key in ("predicted_s", "measured_s"):
+        for key in ("predicted_s", "roofline_s", "measured_s"):
             values = [getattr(n, key) for n in self.nodes if getattr(n, key) is not None]
             top = max((n for n in self.nodes if getattr(n, key) is not None),
                       key=lambda n: getattr(n, key), default=None)
@@ -245,7 +248,8 @@ class Graph:
                format_table(edges, ["src", "dst", "edge", "tensors", "bytes"], align="rrlrr"),
                "", "## Stats", f"nodes: {s['nodes']}", f"edges: {s['edges']}",
                f"bytes over edges: {si(s['edge_bytes'], 'B')}"]
-        for key, name in (("predicted_s", "predicted"), ("measured_s", "measured")):
+        for key, name in (("predicted_s", "predicted"), ("roofline_s", "roofline"),
+                          ("measured_s", "measured")):
             t = s[key]
             out.append(f"{name} time: n/a" if t is None else
                        f"{name} time: total {si(t['total'], 's')}, mean {si(t['mean'], 's')}, "
@@ -271,19 +275,21 @@ def _short(n: Node) -> str:
     return n.id.rsplit(".", 1)[-1] if n.kind == "module" else n.id.rsplit(".", 1)[-1] or n.id
 
 
-def _times(rec: Recording, spec) -> list[float | None]:
+def _times(rec: Recording, spec) -> list[OpTime | None]:
+    """Each op call's predicted and roofline seconds on `spec` (None without one), priced
+    with the forward's own whole-phase figures (its compulsory bytes: cold or warm)."""
     if spec is None:
         return [None] * len(rec.events)
-    costs = op_costs(Trace(records=[e.record for e in rec.events], modules=rec.modules), spec)
-    return [c.latency_s for c in costs]
+    return op_times(replace(rec.trace, records=[e.record for e in rec.events]), spec)
 
 
-def _add(node: Node, e: FlowEvent, predicted) -> None:
+def _add(node: Node, e: FlowEvent, op_time: OpTime | None) -> None:
     node.calls += 1
     node.flops += e.record.executed_flops
     node.bytes += e.record.bytes
-    if predicted is not None:
-        node.predicted_s = (node.predicted_s or 0.0) + predicted
+    if op_time is not None:
+        node.predicted_s = (node.predicted_s or 0.0) + op_time.predicted_s
+        node.roofline_s = (node.roofline_s or 0.0) + op_time.roofline_s
     if e.measured_s is not None:
         node.measured_s = (node.measured_s or 0.0) + e.measured_s
 
@@ -306,7 +312,7 @@ def module_graph(rec: Recording, spec=None) -> Graph:
     edges: dict[tuple[str, str], Edge] = {}
     seen: set[tuple] = set()
     ids = []
-    for e, predicted in zip(rec.events, _times(rec, spec)):
+    for e, op_time in zip(rec.events, _times(rec, spec)):
         nid = node_id(e.record)
         ids.append(nid)
         node = nodes.get(nid)
@@ -319,7 +325,7 @@ def module_graph(rec: Recording, spec=None) -> Graph:
             node = nodes[nid] = Node(nid, "ops" if grouped else "module", e.record.module,
                                      info.cls if info and not grouped else "",
                                      info.params if info and not grouped else 0)
-        _add(node, e, predicted)
+        _add(node, e, op_time)
         for src, storage, nbytes in e.sources:
             sid = INPUT_NODE if src < 0 else ids[src]
             if sid == nid or (src, storage, nid) in seen:
@@ -336,9 +342,9 @@ def op_graph(rec: Recording, spec=None) -> Graph:
     """A node per aten op call ("op12", class: the op's name), an edge per producer ->
     consumer (the forward's input is not a node: aten ops only)."""
     nodes, edges = [], []
-    for e, predicted in zip(rec.events, _times(rec, spec)):
+    for e, op_time in zip(rec.events, _times(rec, spec)):
         node = Node(f"op{e.index}", "op", e.record.module, e.record.op)
-        _add(node, e, predicted)
+        _add(node, e, op_time)
         nodes.append(node)
         mine: dict[int, Edge] = {}
         for src, _, nbytes in e.sources:

@@ -10,15 +10,19 @@ its Agg canvas (no display, no global backend switch).
 Roofline (`roofline_plot`): log-log, arithmetic intensity (executed FLOPs per byte of
 per-op IO) against FLOP/s, under the device's ridge min(peak FLOP/s, intensity x
 bandwidth). Each phase is a point at its achieved FLOP/s when it was timed (a real
-run; its label says "measured"), else at its predicted (roofline) FLOP/s; beside it
-each module kind and the `top` aten ops (by predicted time) of that phase.
+run; its label says "measured"), else at its predicted FLOP/s (executed FLOPs / the
+sum of its ops' predicted seconds, predict.op_predictions run eagerly: below the
+roofline by the per-call overhead and the achievable rates); beside it each module
+kind and the `top` aten ops (by predicted time) of that phase, at predicted FLOP/s.
 
 Bars (`kind_bars`): one panel per phase, one bar per device, stacked by module kind
 (`module_kind`): embedding, attention, mlp, norm, lm_head, other (rotary tables,
 code outside modules), transfers (the host link; a simulation's host, device links
-and all-reduces) and, for energy, static power. Time is the roofline of each op on
-the device; energy its FLOPs x pJ/FLOP + bytes x pJ/bit (energy.py's figures). A
-simulation's bars are its log: each module's ops on the device that ran them.
+and all-reduces) and, for energy, static power. Time is each op's predicted seconds
+on the device (predict.op_predictions, eager) plus the host link (the roofline's, as
+predict.predict adds it); energy its FLOPs x pJ/FLOP + bytes x pJ/bit (energy.py's
+figures). A simulation's bars are its log: each module's ops on the device that ran
+them (the simulator's times, roofline-based).
 
 Every figure is written twice, NAME.png and NAME.svg, each atomically.
 """
@@ -30,8 +34,8 @@ from pathlib import Path
 from perfcounter._util import atomic_write
 from perfcounter.breakdown import record_scopes
 from perfcounter.energy import PJ, _pj_per_flop
-from perfcounter.roofline import is_norm_module, op_costs, op_packet
-from perfcounter.trace_events import _phases
+from perfcounter.roofline import is_norm_module, op_packet
+from perfcounter.trace_events import _phases, op_times
 
 KINDS = ("embedding", "attention", "mlp", "norm", "lm_head", "other", "transfers", "static")
 COLORS = dict(zip(KINDS, ("#8c564b", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#7f7f7f",
@@ -113,7 +117,8 @@ def module_kind(path: str, classes: dict | None = None) -> str:
 
 
 def kind_rows(source, specs=None) -> list[dict]:
-    """{phase, device, kind, time_s, energy_j} per phase, device and module kind."""
+    """{phase, device, kind, time_s, energy_j} per phase, device and module kind; time_s
+    predicted (see the module doc)."""
     if hasattr(source, "phases") and hasattr(source, "mapping"):
         return _simulation_rows(source)
     phases = _phases(source)
@@ -131,11 +136,12 @@ def kind_rows(source, specs=None) -> list[dict]:
                 continue
             classes = {m.path: m.cls for m in trace.modules}
             kinds = {}
-            for r, c in zip(trace.records, op_costs(trace, spec)):
+            for r, t in zip(trace.records, op_times(trace, spec)):
                 kind = kinds.get(r.module) or kinds.setdefault(r.module,
                                                                module_kind(r.module, classes))
                 pj = (_pj_per_flop(spec, r.dtype) or 0.0) * PJ if r.executed_flops else 0.0
-                add(label, spec.name, kind, c.latency_s, r.executed_flops * pj + r.bytes * mem_pj)
+                add(label, spec.name, kind, t.predicted_s,
+                    r.executed_flops * pj + r.bytes * mem_pj)
             on = stats.on(spec)
             add(label, spec.name, "transfers", on.roofline.host_link_s,
                 on.energy.host_link_j or 0.0)
@@ -167,6 +173,7 @@ def kind_bars(rows: list[dict], base, metric: str = "time") -> list[Path]:
     """Stacked bars of `metric` ("time" or "energy") by module kind: a panel per phase, a
     bar per device. Writes base.png and base.svg."""
     key, unit = {"time": ("time_s", "s"), "energy": ("energy_j", "J")}[metric]
+    name = "predicted time" if metric == "time" else metric
     phases = list(dict.fromkeys(r["phase"] for r in rows))
     devices = list(dict.fromkeys(r["device"] for r in rows))
     fig = _figure(max(4.0, 2.2 * len(phases) + 0.6 * len(devices) * len(phases)), 4.5)
@@ -184,7 +191,7 @@ def kind_bars(rows: list[dict], base, metric: str = "time") -> list[Path]:
                 bottom = [b + h for b, h in zip(bottom, heights)]
         ax.set_xticks(range(len(devices)), devices, rotation=30, ha="right", fontsize=8)
         ax.set_title(phase)
-        ax.set_ylabel(f"{metric} ({prefix})")
+        ax.set_ylabel(f"{name} ({prefix})")
     handles, labels = axes[0].get_legend_handles_labels()
     for ax in axes[1:]:
         for h, label in zip(*ax.get_legend_handles_labels()):
@@ -192,7 +199,7 @@ def kind_bars(rows: list[dict], base, metric: str = "time") -> list[Path]:
                 handles.append(h)
                 labels.append(label)
     fig.legend(handles, labels, loc="outside right upper", fontsize=8)
-    fig.suptitle(f"{metric} by module kind")
+    fig.suptitle(f"{name} by module kind")
     return _save(fig, Path(base))
 
 
@@ -204,19 +211,20 @@ def _prefix(value: float, unit: str) -> tuple[float, str]:
 
 
 def _points(stats, spec, measured, top: int) -> list[tuple[str, str, float, float]]:
-    """(label, marker group, FLOPs per byte, FLOP/s) of a phase, its kinds and top ops."""
+    """(label, marker group, FLOPs per byte, FLOP/s) of a phase, its kinds and top ops: the
+    phase at measured FLOP/s when timed, else predicted; kinds and ops at predicted."""
     trace = stats.trace
-    costs = op_costs(trace, spec)
+    times = op_times(trace, spec)
     classes = {m.path: m.cls for m in trace.modules}
     groups: dict[tuple, list] = {}
-    for r, c in zip(trace.records, costs):
+    for r, t in zip(trace.records, times):
         for key in (("kind", module_kind(r.module, classes)), ("op", op_packet(r.op))):
             cell = groups.setdefault(key, [0.0, 0.0, 0.0])
             cell[0] += r.executed_flops
             cell[1] += r.bytes
-            cell[2] += c.latency_s
-    flops, nbytes, predicted = trace.executed_flops, trace.per_op_bytes, sum(
-        c.latency_s for c in costs)
+            cell[2] += t.predicted_s
+    flops, nbytes = trace.executed_flops, trace.per_op_bytes
+    predicted = sum(t.predicted_s for t in times)
     real = measured.get(stats.label, stats.latency)
     seconds, how = (real, "measured") if real else (predicted, "predicted")
     out = [(f"{stats.label} ({how})", "phase", flops, nbytes, seconds)]

@@ -9,20 +9,29 @@ One device (a counter, {label: PerformanceStats} or one stats): a process named
 after the device; on its "predicted" thread the phases are top-level slices, one
 after the other; inside each phase the modules nest as they ran (sim_trace.timeline:
 ENTER / RUN / EXIT, the time order of one forward) and inside each module its ops,
-each as long as its roofline on the device (roofline.op_costs). A phase of several
+each as long as its predicted seconds on the device, run eagerly
+(predict.op_predictions: per-call overhead + achievable rates); each op's args hold
+`predicted_s` and `roofline_s` (its roofline bound, roofline.op_costs) and a phase
+lasts the sum of its ops' predictions (the host link is not drawn). Metadata ops
+(prim.*) are no op calls: predicted 0 s, they have no slice; ops that move no bytes
+(views, t(), split) still pay a call's overhead and are drawn where they ran, in
+their module's code (the timeline leaves them out). A phase of several
 decode steps is drawn as one pass whose slices hold the time of all its steps
 (`args.steps` says how many). When a phase was timed (a real run: the stats'
 latency, or `measured={label: s}`) a "measured" thread holds it beside the
 prediction. Counter tracks "FLOPs" and "bytes" climb as the phase executes them.
 
 One recorded forward (graph.record_forward): every op call in order inside its
-modules, on a "predicted" thread and, when tensors were real, a "measured" thread
-(each call's wall time, the counter's bookkeeping left out).
+modules, on a "predicted" thread (each call's prediction, as above) and, when
+tensors were real, a "measured" thread (each call's wall time, the counter's
+bookkeeping left out).
 
 A simulation (simulate.Simulation, with detail): a "generation" process holds the
 phases; each device is a process with an "ops" thread (each module's ops on it, the
 simulator's log rows) and a "transfers" thread (host links, device links,
-all-reduces), and its own FLOPs / bytes counters.
+all-reduces), and its own FLOPs / bytes counters. Its times are the simulator's own
+(its roofline-based log), not op_predictions: a placement prices modules per device,
+not op calls, so there is no per-op prediction to draw.
 
 Format: every event has name, ph, ts, pid, tid; a complete event ("X") has dur;
 ts and dur are in microseconds, written from integer nanoseconds (three decimals),
@@ -33,8 +42,11 @@ Written atomically (_util.atomic_write).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from typing import NamedTuple
 
 from perfcounter._util import atomic_write
+from perfcounter.predict import op_predictions
 from perfcounter.roofline import op_costs
 from perfcounter.sim_trace import Ev, timeline
 
@@ -42,6 +54,22 @@ NS = 1e9
 
 
 _RANK = {"phase": 0, "module": 1, "transfer": 1, "op": 2}
+
+
+class OpTime(NamedTuple):
+    """One record's seconds on a device: predicted, and its roofline bound."""
+
+    predicted_s: float  # predict.op_predictions, eager: overhead + max(compute, memory)
+    roofline_s: float  # roofline.op_costs: max(compute, memory) at peak, no overhead
+    bound: str  # the roofline's: "memory" or "compute"
+
+
+def op_times(trace, spec) -> list[OpTime]:
+    """Predicted and roofline seconds of every record of `trace` on `spec`, aligned with
+    trace.records. NB: prim.* records (metadata, no op call) are predicted 0 s."""
+    predicted = {id(p.record): p.latency_s for p in op_predictions(trace, spec, "eager")}
+    return [OpTime(predicted.get(id(c.record), 0.0), c.latency_s, c.bound)
+            for c in op_costs(trace, spec)]
 
 
 def _us(ns: int) -> float:
@@ -109,6 +137,16 @@ def _phases(source) -> dict:
                     f"a dict of them or a Simulation, got {type(source).__name__}")
 
 
+def _idle(trace, times) -> dict[tuple[str, int], list[int]]:
+    """Records the timeline leaves out (no bytes, no FLOPs: views, t(), split) that are
+    still op calls with a predicted overhead, by (module, segment), in the order they ran."""
+    out: dict[tuple[str, int], list[int]] = {}
+    for i, (r, c) in enumerate(zip(trace.records, times)):
+        if not (r.bytes or r.executed_flops) and c.predicted_s > 0:
+            out.setdefault((r.module, getattr(r, "segment", 0)), []).append(i)
+    return out
+
+
 def _device_trace(phases: dict, spec, measured: dict) -> dict:
     ev = _Events()
     ev.name(1, None, f"{spec.name} (predicted)")
@@ -119,9 +157,28 @@ def _device_trace(phases: dict, spec, measured: dict) -> dict:
         trace = stats.trace
         if trace is None:
             continue
-        costs = op_costs(trace, spec)
+        times = op_times(trace, spec)
         infos = {m.path: m for m in trace.modules}
+        idle, placed = _idle(trace, times), set()
         start, stack = clock, []
+
+        def draw(indices, share: float) -> None:
+            nonlocal clock, flops, nbytes
+            for i in indices:
+                r, c = trace.records[i], times[i]
+                t = c.predicted_s * share
+                ev.slice(r.op.removeprefix("aten."), 1, 1, round(clock * NS),
+                         round((clock + t) * NS), "op",
+                         {"module": r.module, "shapes": r.shapes, "dtype": r.dtype,
+                          "calls": r.calls * share, "bound": c.bound,
+                          "flops": r.executed_flops * share, "bytes": r.bytes * share,
+                          "predicted_s": t, "roofline_s": c.roofline_s * share})
+                clock += t
+                flops += r.executed_flops * share
+                nbytes += r.bytes * share
+            ev.counter("FLOPs", 1, round(clock * NS), flops)
+            ev.counter("bytes", 1, round(clock * NS), nbytes)
+
         for step in timeline(trace):
             if step.kind == Ev.ENTER:
                 stack.append((step.module, clock))
@@ -131,25 +188,21 @@ def _device_trace(phases: dict, spec, measured: dict) -> dict:
                 ev.slice(_label(path), 1, 1, round(begun * NS), round(clock * NS),
                          "module", {"path": path, "cls": info.cls if info else "",
                                     "params": info.params if info else 0})
-            else:
-                for i in step.records:
-                    r, c = trace.records[i], costs[i]
-                    t = c.latency_s * step.share
-                    ev.slice(r.op.removeprefix("aten."), 1, 1, round(clock * NS),
-                             round((clock + t) * NS), "op",
-                             {"module": r.module, "shapes": r.shapes, "dtype": r.dtype,
-                              "calls": r.calls * step.share, "bound": c.bound,
-                              "flops": r.executed_flops * step.share,
-                              "bytes": r.bytes * step.share})
-                    clock += t
-                    flops += r.executed_flops * step.share
-                    nbytes += r.bytes * step.share
-                ev.counter("FLOPs", 1, round(clock * NS), flops)
-                ev.counter("bytes", 1, round(clock * NS), nbytes)
+            else:  # the step's ops, and the idle ones of its segment, in the order they ran
+                first = trace.records[step.records[0]] if step.records else None
+                key = (step.module, getattr(first, "segment", 0))
+                extra = tuple(idle.get(key, ())) if first is not None else ()
+                if extra:
+                    placed.add(key)
+                draw(sorted(step.records + extra) if extra else step.records, step.share)
+        rest = [i for key, idx in idle.items() if key not in placed for i in idx]
+        if rest:  # a segment with idle ops only: at the phase's end, outside modules
+            draw(sorted(rest), 1.0)
         ev.slice(label, 1, 1, round(start * NS), round(clock * NS), "phase",
                  {"tokens": stats.num_tokens, "steps": trace.steps,
                   "flops": trace.executed_flops, "bytes": trace.per_op_bytes,
-                  "predicted_s": clock - start})
+                  "predicted_s": clock - start,
+                  "roofline_s": sum(c.roofline_s for c in times)})
         real = measured.get(label, stats.latency)
         if real:
             ev.name(1, 2, "measured")
@@ -157,7 +210,8 @@ def _device_trace(phases: dict, spec, measured: dict) -> dict:
             ev.slice(label, 1, 2, real_clock, end, "phase",
                      {"measured_s": real, "predicted_s": clock - start})
             real_clock = end
-    return ev.doc({"device": spec.name, "source": "perfcounter", "time": "roofline per op"})
+    return ev.doc({"device": spec.name, "source": "perfcounter",
+                   "time": "predicted per op (eager)"})
 
 
 def _simulation_trace(sim) -> dict:
@@ -212,16 +266,17 @@ def _recording_trace(rec, spec) -> dict:
     modules around it, on a "predicted" thread and, for real tensors, a "measured" one
     (the wall time of each call, without the counter's bookkeeping)."""
     infos = {m.path for m in rec.modules}
-    costs = op_costs(type(rec.trace)(records=[e.record for e in rec.events]), spec)
+    # the forward's own whole-phase figures (compulsory bytes: cold or warm), its calls
+    times = op_times(replace(rec.trace, records=[e.record for e in rec.events]), spec)
     ev = _Events()
     ev.name(1, None, f"{spec.name}: one forward")
-    threads = [(1, "predicted", [c.latency_s for c in costs])]
+    threads = [(1, "predicted", [c.predicted_s for c in times])]
     if rec.real:
         threads.append((2, "measured", [e.measured_s or 0.0 for e in rec.events]))
     for tid, name, seconds in threads:
         ev.name(1, tid, name)
         clock, stack = 0.0, []  # stack: (module path, start)
-        for e, t in zip(rec.events, seconds):
+        for e, t, c in zip(rec.events, seconds, times):
             path = e.record.module
             chain = [a for a in (path.rsplit(".", k)[0] for k in range(path.count("."), -1, -1))
                      if a in infos] if path else []
@@ -230,10 +285,14 @@ def _recording_trace(rec, spec) -> dict:
                 ev.slice(_label(done), 1, tid, round(begun * NS), round(clock * NS), "module",
                          {"path": done})
             stack += [(a, clock) for a in chain[len(stack):]]
+            args = {"module": path, "shapes": e.record.shapes, "flops": e.record.executed_flops,
+                    "bytes": e.record.bytes, "index": e.index}
+            if tid == 1:
+                args |= {"predicted_s": t, "roofline_s": c.roofline_s}
+            else:
+                args["measured_s"] = t
             ev.slice(e.record.op.removeprefix("aten."), 1, tid, round(clock * NS),
-                     round((clock + t) * NS), "op",
-                     {"module": path, "shapes": e.record.shapes, "flops": e.record.executed_flops,
-                      "bytes": e.record.bytes, "index": e.index})
+                     round((clock + t) * NS), "op", args)
             clock += t
         while stack:
             done, begun = stack.pop()

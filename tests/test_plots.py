@@ -50,15 +50,20 @@ def test_module_kind_by_class():
     assert module_kind("M.blocks.0.mix.dense", classes) == "attention"  # inside the attention
 
 
-def test_kind_rows_add_up_to_the_roofline_and_the_energy(counted):
+def test_kind_rows_add_up_to_the_prediction_and_the_energy(counted):
     rows = kind_rows(counted, ["h100-sxm", "pim-ai-4chip"])
     assert {r["kind"] for r in rows} <= set(KINDS)
     for label, stats in counted.counts.items():
         for device in ("h100-sxm", "pim-ai-4chip"):
             mine = [r for r in rows if r["phase"] == label and r["device"] == device]
             on = stats.on(device)
-            # the kinds split the roofline latency (ops + host link) and the energy exactly
-            assert sum(r["time_s"] for r in mine) == pytest.approx(on.roofline_latency)
+            # the kinds split the predicted latency (ops, eager, + host link) and the energy
+            assert sum(r["time_s"] for r in mine) == pytest.approx(on.predicted_latency)
+            # neither spec gives op_overhead_s: DEFAULT_OVERHEAD_S, 8 us per op call (cuda;
+            # pim-ai-4chip's device_type has no row and takes cuda's), well above the bound
+            pred = on.prediction("eager")
+            assert pred.overhead_s == pytest.approx(pred.op_calls * 8e-6)
+            assert sum(r["time_s"] for r in mine) > on.roofline_latency
             assert sum(r["energy_j"] for r in mine) == pytest.approx(on.energy_j)
             kinds = {r["kind"] for r in mine if r["time_s"]}
             assert {"attention", "mlp", "norm", "embedding", "lm_head"} <= kinds
@@ -77,6 +82,25 @@ def test_write_plots_writes_png_and_svg(counted, tmp_path):
     svg = (tmp_path / "roofline_h100-sxm.svg").read_text()
     assert "h100-sxm" in svg and "prefill (predicted)" in svg  # fonts as text: labels readable
     assert not list(tmp_path.glob(".*.tmp"))  # written atomically, nothing left over
+
+
+def test_roofline_points_at_predicted_or_measured_flops(counted, tmp_path):
+    from perfcounter import get_device_spec
+    from perfcounter.plots import _points
+    spec = get_device_spec("h100-sxm")
+    stats = counted.counts["prefill"]
+    pred = stats.on(spec).prediction("eager")
+    flops, nbytes = stats.trace.executed_flops, stats.trace.per_op_bytes
+    phase = _points(stats, spec, {}, top=3)[0]
+    # not timed: FLOPs / the sum of the ops' predicted seconds (the host link is no op)
+    assert phase[:3] == ("prefill (predicted)", "phase", flops / nbytes)
+    assert phase[3] == pytest.approx(flops / (pred.overhead_s + pred.work_s))
+    assert phase[3] < flops / stats.on(spec).roofline.ops_s  # below the roofline's point
+    label, _, _, y = _points(stats, spec, {"prefill": 1e-3}, top=3)[0]
+    assert (label, y) == ("prefill (measured)", pytest.approx(flops / 1e-3))  # 1 ms given
+    write_plots(tmp_path, counted, ["h100-sxm"])
+    assert "predicted time" in (tmp_path / "time_by_kind.svg").read_text()  # the axis says so
+    assert "predicted time" not in (tmp_path / "energy_by_kind.svg").read_text()
 
 
 def test_simulation_bars(counted, tmp_path):
