@@ -547,3 +547,25 @@ def test_our_model_passes_its_mask_structure(window, pairs):
         skipped = 2 * 2 * 4 * (6 * 10 - pairs) * 38  # layers x batch x heads x masked pairs
         assert prefill.total_flops - prefill.executed_flops == skipped
     assert fake.counts["decode"].executed_flops == real.counts["decode"].executed_flops
+
+
+def test_a_compiled_function_is_counted_as_its_eager_ops():
+    """A counted block runs compiled code eagerly (compiler stance force_eager, restored
+    after): the records are the eager run's, and Dynamo never traces the mode's own frames
+    (no warning)."""
+    lin = torch.nn.Linear(8, 8)
+    fn = torch.compile(lambda x: torch.relu(lin(x)) * 2, backend="eager")
+    x = torch.randn(2, 8)
+    fn(x)  # compiled outside the counter
+    eager, compiled = PerformanceCounterMode(), PerformanceCounterMode()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with eager:
+            torch.relu(lin(x)) * 2
+        with compiled:
+            fn(x)
+    assert [(r.op, r.flops, r.bytes) for r in compiled.trace().records] == \
+        [(r.op, r.flops, r.bytes) for r in eager.trace().records]
+    # addmm 2*M*N*K + M*N (bias) = 2*2*8*8 + 2*8 = 272; relu 16; mul 16: 304
+    assert compiled.get_total_flops() == 304
+    assert torch._dynamo.eval_frame._stance.stance == "default"  # restored
