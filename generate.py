@@ -44,7 +44,7 @@ from perfcounter import TransformerPerformanceCounter, get_device_spec
 from perfcounter.config_only import count_config_only, count_hf_config, resolve_config
 from perfcounter.derive import DecodeSteps, count_generation, decode_breakpoints
 from perfcounter.devices import DeviceSpecError, default_device_spec
-from perfcounter._util import check_writable_target
+from perfcounter._util import check_writable_target, settle_objects
 from perfcounter.loading import (CheckpointError, HFCausalLM, check_device, default_checkpoint,
                                  fake_model, load_hf_model, load_model, read_config,
                                  write_json_atomic)
@@ -629,7 +629,9 @@ if __name__ == "__main__":
                         "a real run measures it)")
     try:
         cli_args = parser.parse_args()
+        settle_objects()
         result = main(**vars(cli_args))
+        settle_objects()
         if cli_args.save_path is not None and result["saved_to"] != cli_args.save_path:
             sys.exit(1)  # the results were kept elsewhere; stderr said where
     except (GenerateArgumentError, CheckpointError, TokenizerError, UnknownModelError, MappingError,

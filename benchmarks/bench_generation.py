@@ -13,7 +13,9 @@ Three figures, each printed next to what counting every step costs (issue 13's g
              (prefill and the first three decode steps counted, the rest run and timed
              without the dispatch mode, stats built) over the same generation with no
              counter; and over it, every step counted (counter.count). Median of --rounds
-             interleaved rounds, after one warm-up round each.
+             interleaved rounds, after one warm-up round each; every timed run starts from
+             a collected heap (gc.collect(), the collector left on during the run), so that
+             no run pays for a full collection of what earlier runs left.
 
 Timings are wall clock on a shared machine: run it alone, and rerun a figure that looks
 contended.
@@ -23,6 +25,7 @@ contended.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import os
 import statistics
@@ -122,6 +125,7 @@ def bench_smollm2(rounds: int) -> None:
         fn()
     for _ in range(rounds):
         for name, fn in variants.items():
+            gc.collect()
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)

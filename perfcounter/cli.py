@@ -25,6 +25,7 @@ import sys
 
 import torch
 
+from perfcounter._util import settle_objects
 from perfcounter.devices import (DeviceSpec, DeviceSpecError, calibrated_spec_path,
                                  dtype_name, get_device_spec, list_device_specs,
                                  register_device_specs)
@@ -336,5 +337,14 @@ def main(*, argv: list[str] | None = None) -> int:
         return 1
 
 
+def console() -> None:
+    """The `perfcounter` command: `main()` in a process of its own, whose long-lived
+    objects the garbage collector is told to leave alone (`settle_objects`)."""
+    settle_objects()
+    status = main()
+    settle_objects()
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -57,7 +57,8 @@ class _CountingMode(TorchDispatchMode):
     def __init__(self, depth: int):
         super().__init__()
         self.storages = StorageTable()
-        self.tracker = ModulePath(depth, self._register_module)
+        register = weakref.WeakMethod(self._register_module)  # no cycle: freed without the gc
+        self.tracker = ModulePath(depth, lambda mod: register()(mod))
         self._modules_seen: dict[int, weakref.ref] = {}
         self._attention: dict[int, tuple[bool, int | None]] = {}  # id(module) -> structure
         self._masks: dict[int, tuple] = {}  # id(mask) -> (mask, version, kept entries)
