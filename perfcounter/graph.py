@@ -83,7 +83,12 @@ class _FlowMode(_CountingMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kind = (HANDLING.get(id(func)) or classify(func)).kind
         if kind in _NOT_CALLS:
-            return super().__torch_dispatch__(func, types, args, kwargs)
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            if kind is OpKind.FRESH:  # a new storage: no writer, whatever wrote a freed
+                for t in tree_leaves(out):  # storage at the same address
+                    if isinstance(t, torch.Tensor):
+                        self._writer.pop(storage_id(t), None)
+            return out
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         sync = any(t.is_cuda and not isinstance(t, _Fake) for t in inputs)
         if sync:

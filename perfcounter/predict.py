@@ -8,15 +8,20 @@ nothing else. A prediction prices each op record as
 
 - overhead: the fixed cost of one op call, from the spec's `op_overhead_s` by
   execution: "eager" (Python, dispatcher, module calls: measured per recorded
-  op by `perfcounter calibrate`) or "compiled" (one generated-code kernel call).
+  op by `perfcounter calibrate`; "eager_cold" when the step streams its weights
+  through the caches, which evicts the state the next op's Python needs) or
+  "compiled" (one generated-code kernel call).
+- flops: the record's executed FLOPs (causal kernels skip masked blocks), but an
+  attention call with an explicit mask at its dense FLOPs (`has_explicit_mask`).
 - F, Bw, Bc: the achievable FLOP/s and bandwidth (warm: from cache; cold: from
   memory) of the op's class (OP_CLASSES: gemv for matmuls of <= SKINNY_ROWS
   rows, gemm, attention, elementwise and copies, reduction and norms, indexing
-  and embedding; a GEMV of 2..ROW_BLOCK rows is charged ROW_BLOCK rows of
-  FLOPs), its dtype and its working set (bytes per call), read from
+  and embedding), its dtype and its working set (bytes per call), read from
   the spec's `op_curves` (measured, interpolated in log size), else from
   `op_efficiency` x peak (a sourced fraction per class), else from
   DEFAULT_EFFICIENCY x peak (stated below; the prediction's `basis` says which).
+  A matmul of 2 up to the most rows the spec's `matmul_rows` measured runs at
+  the FLOP/s measured for its rows (`rows_flops`) instead.
 - bytes_cold: weight and KV-cache bytes when one step's distinct bytes exceed
   the spec's `cache_bytes` (they cannot stay cached between steps); the rest
   (activations, or everything when it fits) is warm.
@@ -45,9 +50,13 @@ from perfcounter.roofline import is_integer_dtype, peak_flops, roofline
 from perfcounter.trace import ROLES, OpRecord, Trace
 
 SKINNY_ROWS = 16  # a matmul of at most this many rows is a GEMV: it streams its weight
-# a skinny matmul of 2..8 rows computes as long as 8 rows: CPU GEMM kernels work in row
-# blocks (measured, 1 thread, [M,576]x[576,1536] float32: M=1 266 us, 2 279, 4 456, 8 593,
-# 16 589); one row runs a GEMV kernel, priced by its own FLOPs
+# A skinny matmul of a few rows computes about as long as more rows: CPU GEMM kernels work in
+# row blocks (measured, 1 thread, [M,576]x[576,49152] float32: M=1 8.2 ms, 2 8.6, 4 17.1,
+# 8 27.2, 16 26.7), and a matmul of a few hundred rows runs below the square matmul's rate.
+# A calibrated spec measures FLOP/s by rows (`matmul_rows`, see rows_flops), which replaces
+# the class's FLOP/s for matmuls of 2 rows up to the most rows measured; otherwise the stated
+# default: 2..ROW_BLOCK rows are charged ROW_BLOCK rows of FLOPs. One row runs a GEMV kernel,
+# priced by its own FLOPs (and its weight's bytes).
 ROW_BLOCK = 8
 EXTERN = ("gemv", "gemm", "attention")  # one kernel each, also when compiled
 _STREAMED = (ROLES.index("weight"), ROLES.index("kv_cache"))
@@ -175,8 +184,11 @@ def rate(spec, cls: str, dtype: str, working_set: float) -> Rate:
     return Rate(peak * e, spec.bandwidth * e, spec.bandwidth * e, basis)
 
 
-def overhead(spec, execution: str) -> float:
-    """Seconds of fixed cost per op call on `spec` when run `execution`."""
+def overhead(spec, execution: str, cold: bool = False) -> float:
+    """Seconds of fixed cost per op call on `spec` when run `execution`; `cold`: the
+    step streams its weights through the caches (the spec's eager_cold, where measured)."""
+    if cold and execution == "eager" and "eager_cold" in spec.op_overhead_s:
+        return spec.op_overhead_s["eager_cold"]
     if execution in spec.op_overhead_s:
         return spec.op_overhead_s[execution]
     defaults = DEFAULT_OVERHEAD_S.get(spec.device_type, DEFAULT_OVERHEAD_S["cuda"])
@@ -184,6 +196,44 @@ def overhead(spec, execution: str) -> float:
         _warn_missing(spec, "op_overhead_s", f"the stated default {defaults[execution] * 1e6:g} "
                       f"us per op ({execution})")
     return defaults[execution]
+
+
+def has_explicit_mask(shapes: str) -> bool:
+    """Whether an attention record's operands include a mask tensor (a tensor after q, k,
+    v whose last two dims are [Sq, Sk]). Fused kernels (CPU flash, memory-efficient)
+    compute every block under an explicit mask: they skip blocks only for is_causal, so
+    such a call is priced at its dense FLOPs, not at the pairs the mask keeps."""
+    dims = _dims(shapes)
+    if len(dims) < 4 or len(dims[0]) < 2 or len(dims[1]) < 2:
+        return False
+    scores = [dims[0][-2], dims[1][-2]]
+    return any(len(d) >= 2 and d[-2:] == scores for d in dims[3:])
+
+
+def rows_flops(spec, dtype: str, rows: int) -> float | None:
+    """FLOP/s of a matmul of `rows` rows on `spec`, from its measured `matmul_rows` for
+    `dtype` (another dtype's scaled by the peaks when that one was not measured): linear
+    in rows between the measured row counts, FLOP/s proportional to rows below the
+    fewest (a few rows take as long as the fewest measured); None beyond the most rows
+    measured (the working-set curve applies) or without the table."""
+    tables = spec.matmul_rows
+    key = dtype if dtype in tables else "float32" if "float32" in tables else next(iter(tables), None)
+    if key is None or rows > max(tables[key]):
+        return None
+    table = tables[key]
+    measured = sorted(table)
+    i = bisect.bisect_left(measured, rows)
+    if measured[i] == rows:
+        flops = table[rows]
+    elif i == 0:
+        flops = table[measured[0]] * rows / measured[0]
+    else:
+        lo, hi = measured[i - 1], measured[i]
+        t_lo, t_hi = lo / table[lo], hi / table[hi]  # seconds per unit of work, by rows
+        flops = rows / (t_lo + (t_hi - t_lo) * (rows - lo) / (hi - lo))
+    if key != dtype and dtype and not is_integer_dtype(dtype):
+        flops *= peak_flops(spec, dtype) / peak_flops(spec, key)
+    return flops
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,8 +266,8 @@ def _memory_s(bytes_cold: float, bytes_warm: float, r: Rate) -> float:
 def op_predictions(trace: Trace, spec, execution: str = "eager") -> list[OpPrediction]:
     """The eager-style prediction of every record (calls x overhead + max of the two sides)."""
     check_execution(execution)
-    per_call = overhead(spec, execution)
     cold = streams_cold(trace, spec)
+    per_call = overhead(spec, execution, cold)
     out = []
     for r in trace.records:
         if r.op.startswith("prim."):  # metadata queries, not op calls
@@ -226,10 +276,16 @@ def op_predictions(trace: Trace, spec, execution: str = "eager") -> list[OpPredi
         calls = max(r.calls, 1)
         rt = rate(spec, cls, r.dtype, r.bytes / calls)
         streamed = sum(r.read[i] for i in _STREAMED) if cold else 0
-        flops = r.executed_flops
-        if cls == "gemv" and 1 < (rows := matmul_rows(r.op, r.shapes)) < ROW_BLOCK:
-            flops = flops * ROW_BLOCK / rows
-        compute = flops / rt.flops_per_s if flops else 0.0
+        flops = r.flops if cls == "attention" and has_explicit_mask(r.shapes) \
+            else r.executed_flops
+        achieved = rt.flops_per_s
+        if cls in ("gemv", "gemm") and (rows := matmul_rows(r.op, r.shapes)) > 1:
+            by_rows = rows_flops(spec, r.dtype, rows) if not is_integer_dtype(r.dtype) else None
+            if by_rows is not None:
+                achieved = by_rows
+            elif cls == "gemv" and rows < ROW_BLOCK:
+                flops = flops * ROW_BLOCK / rows
+        compute = flops / achieved if flops else 0.0
         out.append(OpPrediction(r, cls, r.calls * per_call, compute,
                                 _memory_s(streamed, r.bytes - streamed, rt), rt.basis))
     return out

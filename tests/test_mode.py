@@ -569,3 +569,26 @@ def test_a_compiled_function_is_counted_as_its_eager_ops():
     # addmm 2*M*N*K + M*N (bias) = 2*2*8*8 + 2*8 = 272; relu 16; mul 16: 304
     assert compiled.get_total_flops() == 304
     assert torch._dynamo.eval_frame._stance.stance == "default"  # restored
+
+
+def test_a_counter_is_freed_without_the_cyclic_collector(tiny_llama):
+    # no reference cycle (mode <-> module tracker): dropping the last reference frees the
+    # counter and what it holds at once, not at the next full collection
+    import gc
+    import weakref
+
+    from perfcounter import TransformerPerformanceCounter
+
+    model, ids = tiny_llama
+    gc.collect()
+    gc.disable()
+    try:
+        counter = TransformerPerformanceCounter()
+        with torch.no_grad(), counter.count("prefill", num_tokens=ids.numel()):
+            model(ids)
+        counter.counts  # stats built
+        gone = weakref.ref(counter)
+        del counter
+        assert gone() is None
+    finally:
+        gc.enable()

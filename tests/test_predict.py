@@ -207,8 +207,9 @@ def test_calibrate_measures_curves_and_overheads_that_predict_reads(tmp_path, ca
                       "--out", str(out)]) == 0
     assert "overhead per op call, eager" in capsys.readouterr().out
     (spec,) = load_device_specs(out)
-    assert set(spec.op_curves) == set(P.OP_CLASSES) and set(spec.op_overhead_s) == {"eager",
-                                                                                     "compiled"}
+    assert set(spec.op_curves) == set(P.OP_CLASSES)
+    assert set(spec.op_overhead_s) == {"eager", "eager_cold", "compiled"}
+    assert list(spec.matmul_rows["float32"]) == [2, 4, 8, 16, 32, 64, 128, 256]
     assert P.predict(toy_trace(), spec).basis == "curve"
 
 
@@ -218,3 +219,79 @@ def test_a_skinny_matmul_of_2_to_8_rows_is_charged_8_rows():
     trace = Trace(records=[rec("aten.mm.default", "[2, 100], [100, 200]", 1, 80_000,
                                {"weight": 80_000}, {})])
     assert P.predict(trace, toy_spec()).latency_s * 1e6 == pytest.approx(641)
+
+
+ROWS = {"float32": {2: 1e8, 8: 4e8, 32: 8e8}}
+
+
+def test_matmul_flops_by_rows_interpolate_in_time_per_row():
+    spec = toy_spec(matmul_rows=ROWS, flops_by_dtype={torch.float32: 1e9, torch.bfloat16: 2e9})
+    assert P.rows_flops(spec, F32, 8) == 4e8  # measured
+    # 4 rows: 2 rows take 2 / 1e8 = 2e-8 s per (N*K*2) unit and 8 rows 8 / 4e8 = 2e-8:
+    # 4 rows take as long, 4 / 2e-8 = 2e8 FLOP/s
+    assert P.rows_flops(spec, F32, 4) == pytest.approx(2e8)
+    # 16 rows: 8 / 4e8 = 2e-8 and 32 / 8e8 = 4e-8, a third of the way: 2.667e-8; 16 / that = 6e8
+    assert P.rows_flops(spec, F32, 16) == pytest.approx(6e8)
+    assert P.rows_flops(spec, F32, 1) == pytest.approx(5e7)  # below the fewest: same time
+    assert P.rows_flops(spec, F32, 33) is None  # beyond the most rows: the curves apply
+    assert P.rows_flops(toy_spec(), F32, 8) is None  # no table
+    # bfloat16 not measured: float32's, scaled by the peaks 2e9 / 1e9
+    assert P.rows_flops(spec, "bfloat16", 8) == pytest.approx(8e8)
+
+
+def test_a_matmul_of_few_rows_is_priced_at_its_measured_rate():
+    # 4 rows: 2*4*100*200 = 160,000 FLOPs at 2e8 FLOP/s = 800 us, over the 80,000 weight
+    # bytes / 0.5e9 = 160 us; plus 1 us of overhead
+    trace = Trace(records=[rec("aten.mm.default", "[4, 100], [100, 200]", 1, 160_000,
+                               {"weight": 80_000}, {})])
+    assert P.predict(trace, toy_spec(matmul_rows=ROWS)).latency_s * 1e6 == pytest.approx(801)
+    # 24 rows (gemm class): 8 / 4e8 = 2e-8 s and 32 / 8e8 = 4e-8 s, two thirds of the way:
+    # 3.333e-8, 24 / that = 7.2e8 FLOP/s; 2*24*100*200 = 960,000 FLOPs / 7.2e8 = 1,333.3 us
+    trace = Trace(records=[rec("aten.mm.default", "[24, 100], [100, 200]", 1, 960_000,
+                               {"weight": 80_000}, {})])
+    assert P.predict(trace, toy_spec(matmul_rows=ROWS)).latency_s * 1e6 == \
+        pytest.approx(1 + 960_000 / 7.2e8 * 1e6)
+
+
+def test_matmul_rows_are_checked_and_survive_json_and_yaml(tmp_path):
+    with pytest.raises(DeviceSpecError, match=r"matmul_rows\[float32\] rows must be integers "
+                                              r">= 1, got 0"):
+        toy_spec(matmul_rows={"float32": {0: 1e9}})
+    with pytest.raises(DeviceSpecError, match=r"matmul_rows\[float32\]\[8\] must be"):
+        toy_spec(matmul_rows={"float32": {8: -1.0}})
+    fields = ("bandwidth", "flops_by_dtype", "op_overhead_s", "op_efficiency", "matmul_rows")
+    spec = toy_spec(matmul_rows={"float32": {8: 4e8, 2: 1e8}}, source={f: "a test" for f in fields})
+    assert list(spec.matmul_rows["float32"]) == [2, 8]  # sorted by rows
+    assert DeviceSpec.from_dict({**spec.to_dict(), "matmul_rows": {"float32": {"2": 1e8, "8": 4e8}}}
+                                ).matmul_rows == spec.matmul_rows  # JSON keys are strings
+    (back,) = load_device_specs(write_device_specs(tmp_path / "r.yaml", [spec]))
+    assert back.matmul_rows == {"float32": {2: 1e8, 8: 4e8}}
+
+
+def test_attention_with_an_explicit_mask_is_priced_dense():
+    # q [1,2,4,8], k and v [1,2,4,8]: dense 4*2*4*4*8 = 1,024 FLOPs; a causal mask keeps 10 of
+    # 16 pairs (executed 640). With a [1,1,4,4] mask the kernel computes every block:
+    # 1,024 / 0.25e9 = 4.096 us; without one it skips: 640 / 0.25e9 = 2.56 us (bytes: none)
+    def trace(shapes):
+        r = OpRecord("aten._scaled_dot_product_flash_attention_for_cpu.default", "m", F32, shapes,
+                     1, 1_024, 640, read=[0] * 5, written=[0] * 5)
+        return Trace(records=[r])
+    spec = toy_spec(op_overhead_s={"eager": 0.0})
+    masked = "[1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8], 0.0, False, [1, 1, 4, 4]"
+    assert P.has_explicit_mask(masked)
+    assert not P.has_explicit_mask("[1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8], 0.0, True")
+    assert P.predict(trace(masked), spec).latency_s * 1e6 == pytest.approx(4.096)
+    assert P.predict(trace("[1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8], 0.0, True"),
+                     spec).latency_s * 1e6 == pytest.approx(2.56)
+
+
+def test_eager_overhead_is_the_cold_one_when_the_step_streams_past_the_cache():
+    # 5 views cost overhead only: 5 x 3 us when the step's 10,000 B exceed a 1,000 B cache,
+    # 5 x 1 us when they fit in 1e6 B
+    trace = Trace(records=[rec("aten.view.default", "", 5, 0, {}, {})],
+                  compulsory_read=[10_000, 0, 0, 0, 0])
+    overheads = {"eager": 1e-6, "eager_cold": 3e-6, "compiled": 0.5e-6}
+    for cache, us in ((1e3, 15), (1e6, 5)):
+        spec = toy_spec(op_overhead_s=overheads, cache_bytes=cache)
+        assert P.predict(trace, spec).latency_s * 1e6 == pytest.approx(us)
+        assert P.predict(trace, spec, "compiled").overhead_s == 0.0  # views fuse

@@ -16,10 +16,20 @@ turn from one pool, the triad's arrays, larger than the cache, so that each
 call reads memory). The Python cost of one direct op call (timed on 1-element
 tensors) is taken off each call before a rate is computed. gemm takes its
 bandwidths from the gemv points.
-Per-op overheads (`op_overhead_s`): eager = the time of a small module stack
-(norm, linears, SiLU, residual: tiny shapes, under no_grad as generate.py
-runs) divided by the op calls the counter records in it; compiled = one
-direct op call (what generated code pays per kernel).
+Matmuls by rows (`matmul_rows`): x[M,2048] @ W[N,2048]ᵀ with a cold 16 MiB
+weight for M of 2 to 256 rows, FLOP/s each (CPU kernels compute a few rows
+about as long as many: 8 rows take as long as 16; 128 rows run below the
+square matmul's rate).
+Per-op overheads (`op_overhead_s`): eager = the time of a tiny transformer's
+decode step (perfcounter.model: 4 layers of dim 64, GQA, rotary, KV cache,
+SwiGLU; under no_grad as generate.py runs; its work is next to nothing)
+divided by the op calls the counter records in it, views included: the
+dispatch and the model's Python between ops; eager_cold = the same with a
+stream of 4x the L2 cache before each linear layer (its own time taken off),
+as a model whose weights stream through the caches runs: each op then finds
+the interpreter's and dispatcher's state evicted (measured here: about 3x the
+warm figure); compiled = one direct op call (what generated code pays per
+kernel).
 
 The result is a DeviceSpec, written (atomically) to calibrated_spec_path().
 """
@@ -49,19 +59,29 @@ ROW = 1024  # row length of the reduction and indexing ops
 SKINNY = 16  # rows of the matmul that gives the gemv class its FLOP/s (predict.SKINNY_ROWS)
 
 
-def last_level_cache_bytes() -> int | None:
-    """Size of the largest CPU cache level Linux reports (None when unknown)."""
+def cache_levels() -> dict[int, int]:
+    """{level: bytes} of the CPU caches Linux reports for cpu0 (data and unified; empty
+    when unknown)."""
     sizes = {}
     for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
         try:
             level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip() if (index / "type").exists() else ""
             size = (index / "size").read_text().strip().upper()
         except (OSError, ValueError):
+            continue
+        if kind == "Instruction":
             continue
         factor = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
         digits = size.rstrip("KMG")
         if digits.isdigit():
-            sizes[level] = int(digits) * factor
+            sizes[level] = max(sizes.get(level, 0), int(digits) * factor)
+    return sizes
+
+
+def last_level_cache_bytes() -> int | None:
+    """Size of the largest CPU cache level Linux reports (None when unknown)."""
+    sizes = cache_levels()
     return sizes[max(sizes)] if sizes else None
 
 
@@ -204,28 +224,41 @@ def call_overhead(device, min_time: float = 0.05, clock: str = "wall") -> float:
                       min_time, clock) / 20
 
 
-def eager_overhead(device, min_time: float = 0.1, clock: str = "wall") -> float:
-    """Seconds per recorded op call of a small module stack (see the module doc)."""
+def eager_overheads(device, min_time: float = 0.1, clock: str = "wall") -> dict[str, float]:
+    """{"eager": s, "eager_cold": s} per recorded op call of a tiny transformer's decode
+    step (see the module doc); eager_cold with a stream of 4x the L2 cache (8 MiB when
+    unknown) before each linear layer, the streams' own time taken off."""
     from perfcounter.mode import PerformanceCounterMode
+    from perfcounter.model import ModelArgs, Transformer
 
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight = torch.nn.Parameter(torch.ones(32))
-            self.up, self.down = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+    torch.manual_seed(0)
+    model = Transformer(ModelArgs(block_size=64, vocab_size=256, n_layer=4, n_head=4,
+                                  n_local_heads=2, dim=64, intermediate_size=128)).to(device)
+    model.setup_caches(max_batch_size=1, max_seq_length=64)
+    idx = torch.zeros(1, 1, dtype=torch.long, device=device)
+    pos = torch.tensor([8], device=device)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    stream = torch.ones(max(cache_levels().get(2, 2 * MiB) * 4, 8 * MiB) // 4, device=device)
 
-        def forward(self, x):
-            h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
-            return x + self.down(F.silu(self.up(h)))
+    def flush(*_):
+        stream.add_(1.0)
 
-    model = torch.nn.Sequential(*[Block() for _ in range(8)]).to(device)
-    x = torch.rand(1, 4, 32, device=device)
+    def step():
+        return model(idx, pos).argmax(-1)
     with torch.no_grad():
+        step()
         with PerformanceCounterMode() as mode:
-            model(x)
-        calls = sum(r.calls for r in mode.trace().records if not r.op.startswith("prim."))
-        seconds = time_calls(lambda: lambda: model(x), device, min_time, clock)
-    return seconds / max(calls, 1)
+            step()
+        calls = max(1, sum(r.calls for r in mode.trace().records if not r.op.startswith("prim.")))
+        warm = time_calls(lambda: step, device, min_time, clock)
+        streams = time_calls(lambda: lambda: [flush() for _ in linears], device, min_time, clock)
+        hooks = [m.register_forward_pre_hook(flush) for m in linears]
+        try:
+            cold = time_calls(lambda: step, device, 2 * min_time, clock)
+        finally:
+            for h in hooks:
+                h.remove()
+    return {"eager": warm / calls, "eager_cold": max(cold - streams, warm) / calls}
 
 
 def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = "wall") -> dict:
@@ -268,6 +301,28 @@ def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = 
     return curves
 
 
+ROWS = (2, 4, 8, SKINNY, 32, 64, 128, 256)  # the row counts matmul_rows times
+
+
+def matmul_rows(pool: torch.Tensor, dtypes, device, min_time: float,
+                clock: str = "wall") -> dict:
+    """{dtype name: {rows M: FLOP/s}}: x[M,2048] @ W[N,2048]ᵀ, W cold and about 16 MiB,
+    timed at each M of ROWS (see predict.rows_flops)."""
+    carve, direct = _Pool(pool), call_overhead(device, clock=clock)
+    out = {}
+    for dt in dtypes:
+        k = 2048
+        n = max(64, min(16 * MiB, pool.numel() * pool.element_size() // 4) // (k * dt.itemsize))
+        table = {}
+        for m in ROWS:
+            x = torch.rand(m, k, device=device).to(dt)
+            t = time_calls(lambda: (lambda w: lambda: torch.mm(x, w.t()))(
+                carve.take((n, k), dt)), device, min_time / len(ROWS), clock)
+            table[m] = 2 * m * n * k / max(t - direct, 0.25 * t)
+        out[dtype_name(dt)] = table
+    return out
+
+
 def _share(curves: dict, dt: str) -> None:
     """gemm's bandwidths from the gemv points (interpolated at each point's working set)."""
     from perfcounter.predict import _interpolate
@@ -292,6 +347,7 @@ class Calibration:
     cache_bytes: int | None = None
     overhead_s: dict = field(default_factory=dict)  # execution -> s per op call
     curves: dict = field(default_factory=dict)  # see op_curves()
+    rows: dict = field(default_factory=dict)  # see matmul_rows()
 
     def to_spec(self, name: str = "calibrated") -> DeviceSpec:
         when = datetime.date.today().isoformat()
@@ -306,19 +362,23 @@ class Calibration:
         if self.cache_bytes:
             source["cache_bytes"] = f"{how}: largest cache level in /sys/devices/system/cpu"
         if self.overhead_s:
-            source["op_overhead_s"] = (f"{how}: eager = a small module stack's time / the op "
-                                       f"calls counted in it; compiled = one direct op call; "
+            source["op_overhead_s"] = (f"{how}: eager = a tiny transformer's decode step / "
+                                       f"the op calls counted in it (eager_cold: with a "
+                                       f"stream of 4x L2 before each linear); compiled = one direct op call; "
                                        f"{self.clock} clock")
         if self.curves:
             source["op_curves"] = (f"{how}: a representative op per class timed warm and cold "
                                    "(operands rotated through the triad's arrays), "
                                    f"{self.clock} clock; see perfcounter/devices/calibrate.py")
+        if self.rows:
+            source["matmul_rows"] = (f"{how}: x[M,2048] @ W^T, W cold (16 MiB), M = "
+                                     f"{', '.join(map(str, ROWS))}; {self.clock} clock")
         dtype = torch.bfloat16 if torch.bfloat16 in self.flops else next(iter(self.flops))
         return DeviceSpec(device_type=torch.device(self.device).type, name=name,
                           bandwidth=self.bandwidth, vram=self.memory_bytes, dtype=dtype,
                           flops_by_dtype=dict(self.flops), source=source,
                           cache_bytes=self.cache_bytes, op_overhead_s=dict(self.overhead_s),
-                          op_curves=self.curves)
+                          op_curves=self.curves, matmul_rows=self.rows)
 
 
 def _processor(device: torch.device) -> str:
@@ -384,16 +444,18 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
     n = max(1, array_bytes // 4)
     pool = torch.full((3 * n,), 0.5, dtype=torch.float32, device=device)
     bandwidth = triad_bandwidth(array_bytes, repeats, device, pool)
-    overheads, rates = {}, {}
+    overheads, rates, rows = {}, {}, {}
     if curves:
-        overheads = {"eager": eager_overhead(device, clock=clock),
+        overheads = {**eager_overheads(device, clock=clock),
                      "compiled": call_overhead(device, clock=clock)}
         rates = op_curves(pool, dtypes, device, min_time, clock)
+        rows = matmul_rows(pool, dtypes, device, min_time, clock)
     return Calibration(device=str(device), processor=_processor(device),
                        threads=torch.get_num_threads(), array_bytes=array_bytes,
                        repeats=repeats, clock=clock, matmul_n=matmul_n, bandwidth=bandwidth,
                        flops=flops, memory_bytes=_memory_bytes(device),
-                       cache_bytes=_cache_bytes(device), overhead_s=overheads, curves=rates)
+                       cache_bytes=_cache_bytes(device), overhead_s=overheads, curves=rates,
+                       rows=rows)
 
 
 def save_calibrated(spec: DeviceSpec, path=None) -> Path:
@@ -420,4 +482,7 @@ def describe(cal: Calibration) -> list[str]:
             cells = ", ".join(f"{w / MiB:g} MiB {a / 1e9:.1f}/{b / 1e9:.1f} GB/s "
                               f"{f / 1e9:.0f} GFLOP/s" for w, a, b, f in points)
             lines.append(f"{cls} {dt} (warm/cold): {cells}")
+    for dt, table in cal.rows.items():
+        cells = ", ".join(f"{m}: {f / 1e9:.0f}" for m, f in table.items())
+        lines.append(f"matmul {dt} by rows, GFLOP/s: {cells}")
     return lines

@@ -23,7 +23,8 @@ other number: device_link_GBs / device_link_pj_per_bit, interconnect_GBs /
 interconnect_pj_per_bit, and peak_fraction (achievable / peak, 0 < f <= 1).
 For predictions (predict.py): op_overhead_us {eager, compiled}, op_efficiency
 {op class: achievable / peak}, op_curves {op class: {dtype: [[working set MB,
-warm GB/s, cold GB/s, GFLOP/s], ...]}} and cache_MB (last-level cache).
+warm GB/s, cold GB/s, GFLOP/s], ...]}}, cache_MB (last-level cache) and matmul_rows
+{dtype: {rows: FLOP/s}} (what a matmul of that many rows achieves).
 `profile: upmem` marks an entry as one of the UPMEM LLM framework's simulator
 profiles (its conventions apply, e.g. default per-element costs); every entry
 of a file in UPMEM's own format gets it.
@@ -92,10 +93,12 @@ FIGURES = {
     "op_overhead_us": Figure("op_overhead_s", 1e-6),
     "op_efficiency": Figure("op_efficiency", 1.0),
     "op_curves": Figure("op_curves", 1.0),
+    "matmul_rows": Figure("matmul_rows", 1.0),
 }
 # nested figures (predict.py): {execution: us}, {class: fraction}, {class: {dtype: points}} with
 # a point [working set MB, warm GB/s, cold GB/s, GFLOP/s]; these are the factors to SI units
-_NESTED = {"op_overhead_us": (1e-6,), "op_efficiency": (1.0,), "op_curves": (1e6, 1e9, 1e9, 1e9)}
+_NESTED = {"op_overhead_us": (1e-6,), "op_efficiency": (1.0,), "op_curves": (1e6, 1e9, 1e9, 1e9),
+           "matmul_rows": (1.0,)}  # {dtype: {rows: FLOP/s}}: numbers as they are
 
 
 def _nested(key: str, value, to_si: bool):

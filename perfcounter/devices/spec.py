@@ -130,6 +130,10 @@ PROFILES = {"upmem": "a simulator profile of the UPMEM LLM framework (its defaul
 # the op classes a prediction prices apart (predict.py), and the two ways a program runs
 OP_CLASSES = ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing")
 EXECUTIONS = ("eager", "compiled")
+# op_overhead_s keys: an execution, or "eager_cold": eager when each layer's weights have just
+# streamed through the caches (a model larger than the cache), which evicts the Python and
+# dispatcher state the next op needs
+OVERHEADS = (*EXECUTIONS, "eager_cold")
 CURVE_POINT = ("working_set_bytes", "warm_bytes_per_s", "cold_bytes_per_s", "flops_per_s")
 
 
@@ -150,7 +154,9 @@ class DeviceSpec:
     Prediction (predict.py): `op_overhead_s` per op call by execution (eager,
     compiled); `op_efficiency` achievable / peak by op class; `op_curves` measured
     rates by op class and dtype over working-set size (`perfcounter calibrate`);
-    `cache_bytes` the last-level cache.
+    `cache_bytes` the last-level cache; `matmul_rows` {dtype: {rows M: FLOP/s}}: what
+    a matmul of M rows achieves (measured by `perfcounter calibrate`; see
+    predict.rows_flops): a few rows compute about as long as many.
     """
 
     device_type: str = "cuda"
@@ -182,6 +188,7 @@ class DeviceSpec:
     op_efficiency: dict = field(default_factory=dict)  # {op class: achievable / peak}
     op_curves: dict = field(default_factory=dict)  # {op class: {dtype name: (CURVE_POINT, ...)}}
     cache_bytes: float | None = None  # last-level cache; a phase that fits runs warm
+    matmul_rows: dict = field(default_factory=dict)  # {dtype name: {rows: FLOP/s}}
     source: dict = field(default_factory=dict)  # field name -> citation
     aliases: tuple = ()
     cuda_names: tuple = ()  # names or globs matched against torch.cuda.get_device_name()
@@ -245,7 +252,7 @@ class DeviceSpec:
 
     def _op_tables(self) -> None:
         """Check and normalize op_overhead_s, op_efficiency and op_curves (see predict.py):
-        keys from EXECUTIONS / OP_CLASSES, overheads >= 0, efficiencies in (0, 1], curve
+        keys from OVERHEADS / OP_CLASSES, overheads >= 0, efficiencies in (0, 1], curve
         points CURVE_POINT of positive numbers, working sets increasing."""
         def check(table, name, keys, value):
             if not isinstance(table or {}, dict):
@@ -296,11 +303,32 @@ class DeviceSpec:
             return {dtype_name(as_dtype(d)): curve(f"{label}[{d}]", pts) for d, pts in table.items()}
 
         put = object.__setattr__
-        put(self, "op_overhead_s", check(self.op_overhead_s, "op_overhead_s", EXECUTIONS,
+        put(self, "op_overhead_s", check(self.op_overhead_s, "op_overhead_s", OVERHEADS,
                                          number("non-negative")))
         put(self, "op_efficiency", check(self.op_efficiency, "op_efficiency", OP_CLASSES,
                                          number("fraction")))
         put(self, "op_curves", check(self.op_curves, "op_curves", OP_CLASSES, by_dtype))
+
+        def by_rows(label, table):
+            if not isinstance(table, dict) or not table:
+                raise DeviceSpecError(f"DeviceSpec {self._owner}: {label} must be a {{rows: "
+                                      f"FLOP/s}} dict, got {table!r:.60}", field=label)
+            out = {}
+            for rows, v in table.items():
+                n = int(rows) if isinstance(rows, str) and rows.isdigit() else rows  # JSON keys
+                if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                    raise DeviceSpecError(f"DeviceSpec {self._owner}: {label} rows must be "
+                                          f"integers >= 1, got {rows!r}", field=label)
+                out[n] = number("positive")(f"{label}[{rows}]", v)
+            return dict(sorted(out.items()))
+
+        rows = self.matmul_rows or {}
+        if not isinstance(rows, dict):
+            raise DeviceSpecError(f"DeviceSpec {self._owner}: matmul_rows must be a {{dtype: "
+                                  f"{{rows: FLOP/s}}}} dict, got {rows!r:.60}",
+                                  field="matmul_rows")
+        put(self, "matmul_rows", {dtype_name(as_dtype(d)): by_rows(f"matmul_rows[{d}]", t)
+                                  for d, t in rows.items()})
 
     def _table(self, name: str) -> dict:
         """A {dtype: figure} table keyed by rate_key, each figure checked."""
