@@ -162,14 +162,20 @@ def is_calibrated(spec) -> bool:
     return CALIBRATED in str(spec.source.get("bandwidth", ""))
 
 
+def measured_dtype(tables: dict, dtype: str) -> str | None:
+    """The dtype whose measurements stand for `dtype`: itself when measured, else float32,
+    else the first measured; None when nothing was."""
+    if dtype in tables:
+        return dtype
+    return "float32" if "float32" in tables else next(iter(tables), None)
+
+
 def rate(spec, cls: str, dtype: str, working_set: float) -> Rate:
     """Achievable rates of op class `cls` in `dtype` at `working_set` bytes on `spec`."""
     curves = spec.op_curves.get(cls)
     peak = peak_flops(spec, "" if not dtype or is_integer_dtype(dtype) else dtype)
     if curves:
-        key = dtype if dtype in curves else None
-        if key is None:  # another dtype's curve: its bandwidth, FLOP/s scaled by the peaks
-            key = "float32" if "float32" in curves else next(iter(curves))
+        key = measured_dtype(curves, dtype)  # another dtype's: FLOP/s scaled by the peaks
         warm, cold, flops = _interpolate(curves[key], max(working_set, 1.0))
         if key != dtype and dtype and not is_integer_dtype(dtype):
             flops *= peak / peak_flops(spec, key)
@@ -217,7 +223,7 @@ def rows_flops(spec, dtype: str, rows: int) -> float | None:
     fewest (a few rows take as long as the fewest measured); None beyond the most rows
     measured (the working-set curve applies) or without the table."""
     tables = spec.matmul_rows
-    key = dtype if dtype in tables else "float32" if "float32" in tables else next(iter(tables), None)
+    key = measured_dtype(tables, dtype)
     if key is None or rows > max(tables[key]):
         return None
     table = tables[key]
