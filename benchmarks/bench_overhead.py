@@ -8,6 +8,11 @@ of each variant divided by the plain step's median. Variants:
   plain        the model alone
   null-mode    a TorchDispatchMode that does nothing (the floor of any counter)
   null+hooks   the same plus the module hooks perfcounter uses for module paths
+  signature    null+hooks plus the least a counter that prices each op signature once does
+               per call: a key of the op and its arguments' shapes and dtypes, one dict lookup,
+               one list append
+  sig+storage  signature plus the least a counter of bytes by role does per call: each
+               tensor's storage id looked up in a table (a new output's entered)
   flopcounter  torch.utils.flop_counter.FlopCounterMode
   perfcounter  TransformerPerformanceCounter.count("decode") around each step (FLOPs by
                kind, bytes by role, module paths, compulsory IO); building the phase's
@@ -26,9 +31,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from perfcounter import TransformerPerformanceCounter
+from perfcounter import PerformanceCounterMode, TransformerPerformanceCounter
 from perfcounter.loading import default_checkpoint
 from perfcounter.module_path import ModulePath
+from perfcounter.storage import storage_id
 
 
 class NullMode(TorchDispatchMode):
@@ -36,15 +42,78 @@ class NullMode(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class CallCounter(TorchDispatchMode):
+    """How many calls a dispatch mode sees (under inference_mode, composites arrive whole)."""
+
+    calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+class SignatureMode(TorchDispatchMode):
+    """A floor for per-signature pricing: look each call's signature up, log what it found."""
+
+    def __init__(self):
+        super().__init__()
+        self.plans, self.log = {}, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        key = [func]
+        for a in (*args, *kwargs.values()) if kwargs else args:
+            if isinstance(a, torch.Tensor):
+                key.append(a.shape)
+                key.append(a.dtype)
+            else:
+                key.append(a)
+        try:
+            key = tuple(key)
+            plan = self.plans.get(key)
+            if plan is None:
+                plan = self.plans[key] = len(self.plans)
+        except TypeError:  # an unhashable argument (a list of tensors)
+            plan = None
+        self.log.append(plan)
+        return out
+
+
+class StorageMode(SignatureMode):
+    """SignatureMode plus a floor for bytes by role: each tensor's storage looked up."""
+
+    def __init__(self):
+        super().__init__()
+        self.storages = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        storages, roles = self.storages, []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                role = storages.get(storage_id(a))
+                if role is None:
+                    role = storages[storage_id(a)] = 0
+                roles.append(role)
+        if isinstance(out, torch.Tensor):
+            storages[storage_id(out)] = 1
+        self.log.append(tuple(roles))
+        return out
+
+
 class NullModeWithHooks:
-    """NullMode inside the module tracker a PerformanceCounterMode keeps (names cached)."""
+    """A mode (NullMode unless named) inside the module tracker a PerformanceCounterMode
+    keeps (names cached)."""
 
     tracker = ModulePath(depth=10)
+
+    def __init__(self, mode=NullMode):
+        self.mode_cls = mode
 
     def __enter__(self):
         self.tracker.reset()
         self.tracker.__enter__()
-        self.mode = NullMode().__enter__()
+        self.mode = self.mode_cls().__enter__()
 
     def __exit__(self, *exc):
         self.mode.__exit__(*exc)
@@ -70,6 +139,8 @@ def main(*, steps: int = 15, rounds: int = 3, context: int = 64, grad_mode: str 
         "plain": None,
         "null-mode": NullMode,
         "null+hooks": NullModeWithHooks,
+        "signature": lambda: NullModeWithHooks(SignatureMode),
+        "sig+storage": lambda: NullModeWithHooks(StorageMode),
         "flopcounter": lambda: FlopCounterMode(display=False),
         "perfcounter": lambda: counter.count("decode", num_tokens=1),
     }
@@ -91,6 +162,8 @@ def main(*, steps: int = 15, rounds: int = 3, context: int = 64, grad_mode: str 
         for ctx in variants.values():  # warm up every path (and perfcounter's cost cache)
             for _ in range(3):
                 step(ctx)
+        seen_calls = CallCounter()
+        step(lambda: seen_calls)
         times = {name: [] for name in variants}
         inside = []  # seconds of bookkeeping per step measured inside the mode, per round
         seen = counter.counts["decode"].trace.overhead_s  # the warm-up steps'
@@ -114,11 +187,49 @@ def main(*, steps: int = 15, rounds: int = 3, context: int = 64, grad_mode: str 
         print(f"{name:<12} {med * 1e3:>10.2f} {med / plain:>7.2f}")
     trace = stats.trace
     ops = sum(r.calls for r in trace.records) / trace.steps
-    above = statistics.median(times["perfcounter"]) - statistics.median(times["null+hooks"])
+    floor = statistics.median(times["null+hooks"])
+    above = statistics.median(times["perfcounter"]) - floor
     print(f"perfcounter: {ops:.0f} ops per step, "
           f"{statistics.median(inside) * 1e3:.2f} ms of bookkeeping per step measured inside the mode "
           f"(median of rounds; subtracted from the latency it reports)")
+    print(f"a do-nothing mode sees {seen_calls.calls} calls a step")
+    print(f"null-mode above plain: {(statistics.median(times['null-mode']) - plain) / ops * 1e6:.2f} us per op")
+    for name in ("signature", "sig+storage"):
+        extra = statistics.median(times[name]) - floor
+        print(f"{name} above null+hooks: {extra * 1e3:.2f} ms per step, {extra / ops * 1e6:.2f} us per op")
     print(f"perfcounter above null+hooks: {above * 1e3:.2f} ms per step, {above / ops * 1e6:.2f} us per op")
+    null, counted = warm_loop(grad_ctx)
+    print(f"warm loop (the same 5 small ops repeated, caches warm): null-mode above plain "
+          f"{null:.2f} us per op, perfcounter above null-mode {counted:.2f} us per op")
+
+
+def warm_loop(grad_ctx, reps: int = 2000, rounds: int = 7) -> tuple[float, float]:
+    """us per op that a do-nothing mode adds to plain, and perfcounter to the do-nothing mode,
+    on ops whose data and the counter's own stay in cache (mul, add, view, t, mm of one row)."""
+    a, b, w = torch.randn(1, 576), torch.randn(1, 576), torch.randn(8, 576)
+
+    def loop():
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            torch.mul(a, b)
+            torch.add(a, b)
+            a.view(576)
+            torch.mm(a, w.t())
+        return (time.perf_counter() - t0) / (reps * 5) * 1e6
+
+    def timed(mode):
+        ts = []
+        for _ in range(rounds):
+            if mode is None:
+                ts.append(loop())
+            else:
+                with mode:
+                    ts.append(loop())
+        return statistics.median(ts)
+
+    with grad_ctx():
+        plain, null, counted = timed(None), timed(NullMode()), timed(PerformanceCounterMode())
+    return null - plain, counted - null
 
 
 if __name__ == "__main__":
