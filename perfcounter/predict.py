@@ -20,18 +20,23 @@ nothing else. A prediction prices each op record as
   the spec's `op_curves` (measured, interpolated in log size), else from
   `op_efficiency` x peak (a sourced fraction per class), else from
   DEFAULT_EFFICIENCY x peak (stated below; the prediction's `basis` says which).
-  A matmul of 2 up to the most rows the spec's `matmul_rows` measured runs at
-  the FLOP/s measured for its rows (`rows_flops`) instead.
-- bytes_cold: weight and KV-cache bytes when one step's distinct bytes exceed
-  the spec's `cache_bytes` (they cannot stay cached between steps); the rest
-  (activations, or everything when it fits) is warm.
+  A matmul of 2 rows or more runs at the FLOP/s the spec's `matmul_rows`
+  measured for its rows (`rows_flops`; more rows than measured: the most
+  rows' figure) instead, where the spec has that table.
+- bytes_cold: every byte when one step's distinct bytes exceed the spec's
+  `cache_bytes`: weights and KV cache cannot stay cached between steps, and
+  streaming them evicts the activations between one op and the next (a
+  512-token prefill's 2-8 MiB activations, measured: an add of two [512, 2048]
+  bfloat16 tensors takes 0.27 ms warm and 0.49 ms after a 64 MiB stream).
+  bytes_warm: every byte when the step fits.
 
 Compiled (fusion): matmuls and attention stay one kernel each ("extern", priced
 as above with the compiled overhead). Every other op is assumed fused into the
 kernels between them: chains of elementwise ops, reductions and indexing do not
 round-trip memory and pay no per-op overhead. They move the compulsory bytes
 (each storage once per phase) that the extern kernels do not already stream
-(their weight and KV reads), at the elementwise rate, and cost one compiled
+(their weight and KV reads), at the elementwise rate (cold or warm as bytes_cold
+below says), and cost one compiled
 overhead per fused kernel, one between each pair of extern calls.
 Metadata ops (prim.*: x.device under fake tensors) are no op calls and cost nothing.
 Host-link transfers are taken from the roofline and added as they are.
@@ -220,16 +225,19 @@ def rows_flops(spec, dtype: str, rows: int) -> float | None:
     """FLOP/s of a matmul of `rows` rows on `spec`, from its measured `matmul_rows` for
     `dtype` (another dtype's scaled by the peaks when that one was not measured): linear
     in rows between the measured row counts, FLOP/s proportional to rows below the
-    fewest (a few rows take as long as the fewest measured); None beyond the most rows
-    measured (the working-set curve applies) or without the table."""
+    fewest (a few rows take as long as the fewest measured), the most rows' FLOP/s beyond
+    them (a linear layer's layout, where the square matmul of the curves runs faster than
+    any linear layer does); None without the table."""
     tables = spec.matmul_rows
     key = measured_dtype(tables, dtype)
-    if key is None or rows > max(tables[key]):
+    if key is None:
         return None
     table = tables[key]
     measured = sorted(table)
     i = bisect.bisect_left(measured, rows)
-    if measured[i] == rows:
+    if i == len(measured):
+        flops = table[measured[-1]]
+    elif measured[i] == rows:
         flops = table[rows]
     elif i == 0:
         flops = table[measured[0]] * rows / measured[0]
@@ -281,7 +289,7 @@ def op_predictions(trace: Trace, spec, execution: str = "eager") -> list[OpPredi
         cls = op_class(r.op, r.shapes)
         calls = max(r.calls, 1)
         rt = rate(spec, cls, r.dtype, r.bytes / calls)
-        streamed = sum(r.read[i] for i in _STREAMED) if cold else 0
+        streamed = r.bytes if cold else 0
         flops = r.flops if cls == "attention" and has_explicit_mask(r.shapes) \
             else r.executed_flops
         achieved = rt.flops_per_s
@@ -342,7 +350,8 @@ def predict(trace: Trace, spec, execution: str = "eager") -> Prediction:
     fused_flops = sum(p.record.executed_flops for p in fused)
     dtype = max((p.record for p in fused), key=lambda r: r.bytes).dtype if fused else ""
     rt = rate(spec, "elementwise", dtype, fused_bytes / kernels)
-    fused_s = max(fused_flops / rt.flops_per_s, fused_bytes / rt.warm_bytes_per_s)
+    bandwidth = rt.cold_bytes_per_s if streams_cold(trace, spec) else rt.warm_bytes_per_s
+    fused_s = max(fused_flops / rt.flops_per_s, fused_bytes / bandwidth)
     per_call = overhead(spec, "compiled")
     fused_overhead = (max(trace.steps, 1) + sum(p.record.calls for p in extern)) * per_call \
         if fused else 0.0

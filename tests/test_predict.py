@@ -8,6 +8,7 @@ import torch
 from perfcounter import predict as P
 from perfcounter.cli import main
 from perfcounter.devices import DeviceSpec, DeviceSpecError, load_device_specs
+from perfcounter.devices.calibrate import fill_operands
 from perfcounter.devices.schema import write_device_specs
 from perfcounter.stats import PerformanceStats
 from perfcounter.trace import OpRecord, Trace
@@ -131,6 +132,47 @@ def test_rates_from_curves_interpolate_in_log_size_and_stream_cold_past_the_cach
     assert P.rate(toy_spec(op_curves=curves), "gemv", F32, 1e9).warm_bytes_per_s == 4e9
 
 
+def test_a_step_that_streams_past_the_cache_finds_its_activations_cold_too():
+    # elementwise float32, one point (it holds at every size): warm 4e9 B/s, cold 1e9, 1e10 FLOP/s
+    curves = {"elementwise": {"float32": [(1e4, 4e9, 1e9, 1e10)]}}
+    # an add of activations: 8,000 B read + 4,000 B written = 12,000 B (1,000 FLOPs: 0.1 us);
+    # the step reads 1,000,000 B of weights besides: 1,012,000 distinct bytes
+    trace = Trace(records=[rec("aten.add.Tensor", "[1000], [1000]", 1, 1_000,
+                               {"activation": 8_000}, {"activation": 4_000})],
+                  compulsory_read=[1_000_000, 0, 8_000, 0, 0],
+                  compulsory_written=[0, 0, 4_000, 0, 0])
+    for cache, bandwidth in ((1e5, 1e9),  # the step exceeds the cache: the add reads cold
+                             (1e7, 4e9)):  # it fits: warm
+        spec = toy_spec(op_curves=curves, cache_bytes=cache,
+                        op_overhead_s={"eager": 0.0, "compiled": 0.0})
+        (p,) = P.op_predictions(trace, spec)
+        assert p.latency_s == pytest.approx(12_000 / bandwidth)  # 12 us cold, 3 us warm
+        # compiled: one fused kernel moves the step's 1,012,000 compulsory bytes (no extern
+        # kernel streams any of them) at the same rate: 1,012 us cold, 253 us warm
+        assert P.predict(trace, spec, "compiled").work_s == pytest.approx(1_012_000 / bandwidth)
+
+
+def test_a_matmul_of_more_rows_than_measured_runs_at_the_most_rows_rate():
+    # 64 rows, beyond ROWS' 32: 32 rows' 8e8 FLOP/s (not the gemm class's 0.8e9 x 1e9 peak);
+    # 2*64*100*200 = 2,560,000 FLOPs / 8e8 = 3,200 us, over 156,800 B / 0.8e9 = 196 us; + 1 us
+    trace = Trace(records=[rec("aten.mm.default", "[64, 100], [100, 200]", 1, 2_560_000,
+                               {"weight": 80_000, "activation": 25_600},
+                               {"activation": 51_200})])
+    spec = toy_spec(matmul_rows={"float32": {2: 1e8, 8: 4e8, 32: 8e8}},
+                    op_efficiency={**EFF, "gemm": 0.4})
+    # without the table: the class's 0.4 x 1e9 = 4e8 FLOP/s, 6,400 us
+    assert P.predict(trace, toy_spec(op_efficiency={**EFF, "gemm": 0.4})).latency_s * 1e6 == \
+        pytest.approx(1 + 6400)
+    assert P.predict(trace, spec).latency_s * 1e6 == pytest.approx(1 + 3200)
+
+
+def test_calibration_operands_are_normal_numbers_in_float32_and_bfloat16():
+    pool = torch.zeros(1003)  # not a whole number of blocks: the tail is filled too
+    fill_operands(pool, block_bytes=400)
+    for view in (pool, pool.view(torch.bfloat16)):  # no zeros, denormals, infinities or NaNs
+        assert 0.5 <= view.float().min() and view.float().max() <= 1.51
+
+
 def test_a_datasheet_device_without_efficiencies_uses_the_stated_defaults():
     spec = toy_spec(op_efficiency={}, op_overhead_s={})
     r = P.rate(spec, "gemm", F32, 1e6)
@@ -209,7 +251,7 @@ def test_calibrate_measures_curves_and_overheads_that_predict_reads(tmp_path, ca
     (spec,) = load_device_specs(out)
     assert set(spec.op_curves) == set(P.OP_CLASSES)
     assert set(spec.op_overhead_s) == {"eager", "eager_cold", "compiled"}
-    assert list(spec.matmul_rows["float32"]) == [2, 4, 8, 16, 32, 64, 128, 256]
+    assert list(spec.matmul_rows["float32"]) == [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
     assert P.predict(toy_trace(), spec).basis == "curve"
 
 
@@ -233,7 +275,7 @@ def test_matmul_flops_by_rows_interpolate_in_time_per_row():
     # 16 rows: 8 / 4e8 = 2e-8 and 32 / 8e8 = 4e-8, a third of the way: 2.667e-8; 16 / that = 6e8
     assert P.rows_flops(spec, F32, 16) == pytest.approx(6e8)
     assert P.rows_flops(spec, F32, 1) == pytest.approx(5e7)  # below the fewest: same time
-    assert P.rows_flops(spec, F32, 33) is None  # beyond the most rows: the curves apply
+    assert P.rows_flops(spec, F32, 33) == 8e8  # beyond the most rows: the most rows' figure
     assert P.rows_flops(toy_spec(), F32, 8) is None  # no table
     # bfloat16 not measured: float32's, scaled by the peaks 2e9 / 1e9
     assert P.rows_flops(spec, "bfloat16", 8) == pytest.approx(8e8)

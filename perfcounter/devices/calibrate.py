@@ -8,8 +8,10 @@ n×n @ n×n matmuls, 2·n³ FLOPs each. These are achievable figures, not peaks.
 
 Rates for predictions (predict.py), per op class and dtype over working-set
 size (`op_curves`): each point times a representative op — gemv: x[1,K] @
-W[N,K]ᵀ (FLOP/s: x[16,K], the skinniest that is still a GEMV); gemm: n×n @ n×n; attention: SDPA, one query over L keys (bandwidth)
-and L over L (FLOP/s); elementwise: c = a + b; reduction: softmax over rows
+W[N,K]ᵀ (FLOP/s: x[16,K], the skinniest that is still a GEMV); gemm: n×n @ n×n;
+attention: SDPA, one query over L keys (bandwidth) and, for FLOP/s, L over L
+as a decoder's prefill calls it (32 query heads over 8 key/value heads, an
+explicit causal mask); elementwise: c = a + b; reduction: softmax over rows
 of 1024; indexing: an embedding gathering rows of 1024 — twice: warm (the
 same operands again: small sets run from cache) and cold (operands carved in
 turn from one pool, the triad's arrays, larger than the cache, so that each
@@ -17,9 +19,10 @@ call reads memory). The Python cost of one direct op call (timed on 1-element
 tensors) is taken off each call before a rate is computed. gemm takes its
 bandwidths from the gemv points.
 Matmuls by rows (`matmul_rows`): x[M,2048] @ W[N,2048]ᵀ with a cold 16 MiB
-weight for M of 2 to 256 rows, FLOP/s each (CPU kernels compute a few rows
-about as long as many: 8 rows take as long as 16; 128 rows run below the
-square matmul's rate).
+weight for M of 2 to 1024 rows, FLOP/s each: a linear layer's layout and
+sizes (CPU kernels compute a few rows about as long as many: 8 rows take as
+long as 16; a few hundred rows run below the square n×n @ n×n rate, in
+bfloat16 at about two thirds of it).
 Per-op overheads (`op_overhead_s`): eager = the time of a tiny transformer's
 decode step (perfcounter.model: 4 layers of dim 64, GQA, rotary, KV cache,
 SwiGLU; under no_grad as generate.py runs; its work is next to nothing)
@@ -139,6 +142,19 @@ def matmul_flops(n: int, dtype=torch.float32, device="cpu", min_time: float = 0.
 
 # ---------------------------------------------------------------- per-op-class rates
 
+def fill_operands(pool: torch.Tensor, block_bytes: int = 4 * MiB) -> None:
+    """Fill a float32 pool with values that are normal numbers read as float32 and as
+    bfloat16 alike (pairs of bfloat16 in [0.5, 1.5)): no zeros, denormals or NaNs, whose
+    arithmetic runs at other speeds than a model's weights (a bfloat16 matmul of
+    weights half zeros ran ~13 % faster than of random weights, measured)."""
+    flat = pool.view(-1)
+    n = max(1, min(flat.numel(), block_bytes // 4))
+    block = (torch.rand(2 * n, device=pool.device) + 0.5).to(torch.bfloat16).view(torch.float32)
+    full = flat.numel() // n * n
+    flat[:full].view(-1, n).copy_(block)
+    flat[full:].copy_(block[:flat.numel() - full])
+
+
 class _Pool:
     """Operands carved in turn from one big buffer, so that a call finds them cold."""
 
@@ -164,14 +180,19 @@ def check_clock(clock: str) -> str:
     return clock
 
 
+MAX_CALLS = 200
+
+
 def time_calls(make, device, min_time: float, clock: str = "wall") -> float:
     """Seconds per call of the op `make()` returns (a new one per call: fresh operands):
-    the 25th percentile of the calls timed in about `min_time` (at least 4), which
-    leaves out calls that waited for a core another process held."""
+    the 25th percentile of the calls timed in about `min_time` (at least 4, at most
+    MAX_CALLS: a tiny op's figure is settled long before, and making its operands costs
+    more than the call), which leaves out calls that waited for a core another process
+    held."""
     now = CLOCKS[check_clock(clock)]
     make()()  # warm-up
     times: list[float] = []
-    while sum(times) < min_time or len(times) < 4:
+    while (sum(times) < min_time and len(times) < MAX_CALLS) or len(times) < 4:
         op = make()
         _sync(device)
         start = now()
@@ -210,11 +231,15 @@ def _operands(cls: str, ws: float, dt: torch.dtype, device):
 
 
 def attention_flops(length: int, dt, device, min_time: float, clock: str = "wall") -> float:
-    """FLOP/s of SDPA with L queries over L keys (8 heads of 64), dense: 4·8·L²·64 FLOPs."""
-    q = torch.rand(1, 8, length, 64, device=device).to(dt)
-    seconds = time_calls(lambda: lambda: F.scaled_dot_product_attention(q, q, q), device,
-                         min_time, clock)
-    return 4 * 8 * length * length * 64 / seconds
+    """FLOP/s of SDPA as a decoder's prefill runs it: L queries in 32 heads of 64 over L keys
+    in 8 (grouped-query), under an explicit causal mask; dense: 4·32·L²·64 FLOPs (a fused
+    kernel computes every block under a mask, see predict.has_explicit_mask)."""
+    q = torch.rand(1, 32, length, 64, device=device).to(dt)
+    kv = torch.rand(1, 8, length, 64, device=device).to(dt)
+    mask = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    seconds = time_calls(lambda: lambda: F.scaled_dot_product_attention(
+        q, kv, kv, attn_mask=mask, enable_gqa=True), device, min_time, clock)
+    return 4 * 32 * length * length * 64 / seconds
 
 
 def call_overhead(device, min_time: float = 0.05, clock: str = "wall") -> float:
@@ -289,7 +314,7 @@ def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = 
                     flops_s = 2 * SKINNY * shapes[0][0] * shapes[0][1] / max(t16 - direct,
                                                                             0.25 * t16)
                 elif cls == "attention":
-                    flops_s = attention_flops(min(1024, shapes[0][2]), dt, device, per_point,
+                    flops_s = attention_flops(min(512, shapes[0][2]), dt, device, per_point,
                                               clock)
                 else:
                     flops_s = max(flops, 1) / warm_s
@@ -301,7 +326,7 @@ def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = 
     return curves
 
 
-ROWS = (2, 4, 8, SKINNY, 32, 64, 128, 256)  # the row counts matmul_rows times
+ROWS = (2, 4, 8, SKINNY, 32, 64, 128, 256, 512, 1024)  # the row counts matmul_rows times
 
 
 def matmul_rows(pool: torch.Tensor, dtypes, device, min_time: float,
@@ -444,6 +469,7 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
     n = max(1, array_bytes // 4)
     pool = torch.full((3 * n,), 0.5, dtype=torch.float32, device=device)
     bandwidth = triad_bandwidth(array_bytes, repeats, device, pool)
+    fill_operands(pool)
     overheads, rates, rows = {}, {}, {}
     if curves:
         overheads = {**eager_overheads(device, clock=clock),
