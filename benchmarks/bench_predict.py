@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from generate import decode_one_token, prefill  # noqa: E402
 from perfcounter import TransformerPerformanceCounter  # noqa: E402
 from perfcounter.devices import get_device_spec, load_device_specs  # noqa: E402
-from perfcounter.devices.calibrate import CLOCKS, calibrate, save_calibrated  # noqa: E402
+from perfcounter.devices.calibrate import CLOCKS, calibrate, describe, save_calibrated  # noqa: E402
 from perfcounter.model import ModelArgs, Transformer  # noqa: E402
 from perfcounter.report import format_table, ratio, si  # noqa: E402
 
@@ -159,6 +159,7 @@ def main(*, quick: bool = False, steps: int = 4, repeats: int = 2, threads: int 
                                Path(tempfile.mkdtemp()) / "calibrated.yaml")
         print(f"calibrated in {time.perf_counter() - t0:.1f} s ({threads} thread(s), {clock} "
               f"clock): {path}", flush=True)
+        print("\n".join(describe(cal)), flush=True)
         spec_path = str(path)
     spec = load_device_specs(spec_path)[0]
     models = [("SmolLM2-135M", smollm2, torch.float32)]
