@@ -15,7 +15,6 @@ is bitwise the uncounted one and counts do not depend on the grad mode.
 """
 from __future__ import annotations
 
-import sys
 import time
 import weakref
 
@@ -29,6 +28,7 @@ from perfcounter.module_path import ModulePath
 from perfcounter.op_data import ExpertLoad
 from perfcounter.op_plan import HANDLING, SHORTCUTS, OpKind, classify, plan_for
 from perfcounter.report import torchao_si
+from perfcounter.run_eagerly import force_eager, set_flex_eager
 from perfcounter.stats import check_depth, flop_counts, io_counts
 from perfcounter.storage import BUFFER, KV, WEIGHT, StorageTable, storage_id
 from perfcounter.subclass_linear import StoredLinears
@@ -89,7 +89,7 @@ class _CountingMode(TorchDispatchMode):
             self.storages.register(p, WEIGHT)
         for b in mod.buffers(recurse=False):
             self.storages.register(b, BUFFER)
-        structure = _attention_structure(mod)
+        structure = op_data.attention_structure(mod)
         if structure is not None:
             self._attention[id(mod)] = structure
         else:
@@ -175,25 +175,6 @@ class _CountingMode(TorchDispatchMode):
         return kept
 
 
-def _attention_structure(mod) -> tuple[bool, int | None] | None:
-    """An attention module's mask structure: transformers' attention modules and ours say
-    `is_causal`; the window is their `sliding_window`, else the config's for a layer that
-    slides (config.layer_types, where the model has them)."""
-    causal = getattr(mod, "is_causal", None)
-    if not isinstance(causal, bool):
-        return None
-    if hasattr(mod, "sliding_window"):
-        window = mod.sliding_window
-    else:
-        config = getattr(mod, "config", None)
-        window = getattr(config, "sliding_window", None)
-        types, layer = getattr(config, "layer_types", None), getattr(mod, "layer_idx", None)
-        if window and types and isinstance(layer, int) and layer < len(types) \
-                and types[layer] != "sliding_attention":
-            window = None
-    return causal, window if isinstance(window, int) and window > 0 else None
-
-
 class PerformanceCounterMode:
     """Counts FLOPs by kind and bytes by role for every aten op run inside it.
 
@@ -228,15 +209,15 @@ class PerformanceCounterMode:
                                "a mode cannot be nested inside itself")
         self._mode.reset()
         self._active = True
-        self._flex_flag = _set_flex_eager(True)
-        self._stance = _force_eager()
+        self._flex_flag = set_flex_eager(True)
+        self._stance = force_eager()
         self._mode.tracker.__enter__()
         try:
             self._mode.__enter__()
         except BaseException:
             self._mode.tracker.__exit__(None, None, None)
             self._stance.__exit__(None, None, None)
-            _set_flex_eager(self._flex_flag)
+            set_flex_eager(self._flex_flag)
             self._active = False
             raise
         self._stored.__enter__()  # its hooks after the tracker's
@@ -249,7 +230,7 @@ class PerformanceCounterMode:
         finally:
             self._mode.tracker.__exit__(*exc)
             self._stance.__exit__(None, None, None)
-            _set_flex_eager(self._flex_flag)
+            set_flex_eager(self._flex_flag)
             self._active = False
             self._block = self._mode.block()
             self._trace = None  # built on first request (keeps exit cheap)
@@ -345,29 +326,3 @@ def _packet(name: str):
     if len(parts) >= 2 and parts[0] == "aten":
         return getattr(torch.ops.aten, parts[1], name)
     return name
-
-
-class _NoStance:
-    def __exit__(self, *exc) -> None:
-        pass
-
-
-def _force_eager():
-    """Compiled code runs eagerly in a counted block: a dispatch mode sees the eager ops in
-    any case, and Dynamo must not trace the mode's own frames (see _should_skip_dynamo).
-    Without torch._dynamo imported nothing is compiled (and its import takes a second)."""
-    if "torch._dynamo" not in sys.modules:
-        return _NoStance()
-    return torch.compiler.set_stance("force_eager")  # in force now; __exit__ restores
-
-
-def _set_flex_eager(value: bool) -> bool:
-    """flex_attention's eager path wraps itself in torch.compile, which refuses to run
-    under a dispatch mode; its documented debug switch runs it eagerly instead."""
-    try:
-        import torch.nn.attention.flex_attention as fa
-    except ImportError:
-        return False
-    old = getattr(fa, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", False)
-    fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = value
-    return old

@@ -20,6 +20,9 @@ and reach the op's formula as keywords:
   counter's `ExpertLoad`, balanced by default (the rows spread evenly:
   min(E, rows) experts) or a distribution over the experts (`--expert_load`).
 
+`attention_structure(module)` reads what an attention module declares (is_causal, its
+window) when the counter first sees it.
+
 `CALLS[op]` runs an op whose own kernel cannot: `_grouped_mm` on fake tensors of
 any dtype and layout (torch's meta kernel accepts only bfloat16 with 16-byte
 aligned strides; the output shape depends on neither).
@@ -171,3 +174,22 @@ DATA_OPS = {
     torch.ops.perfcounter.quantized_kv_sdpa: _attention_data(5),  # quant_ops.py (costs imports it)
 }
 CALLS = {aten._grouped_mm: _grouped_mm_any_dtype}
+
+
+def attention_structure(mod) -> tuple[bool, int | None] | None:
+    """An attention module's mask structure: transformers' attention modules and ours say
+    `is_causal`; the window is their `sliding_window`, else the config's for a layer that
+    slides (config.layer_types, where the model has them)."""
+    causal = getattr(mod, "is_causal", None)
+    if not isinstance(causal, bool):
+        return None
+    if hasattr(mod, "sliding_window"):
+        window = mod.sliding_window
+    else:
+        config = getattr(mod, "config", None)
+        window = getattr(config, "sliding_window", None)
+        types, layer = getattr(config, "layer_types", None), getattr(mod, "layer_idx", None)
+        if window and types and isinstance(layer, int) and layer < len(types) \
+                and types[layer] != "sliding_attention":
+            window = None
+    return causal, window if isinstance(window, int) and window > 0 else None
