@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from generate import decode_one_token, prefill  # noqa: E402
 from perfcounter import TransformerPerformanceCounter  # noqa: E402
 from perfcounter.devices import get_device_spec, load_device_specs  # noqa: E402
-from perfcounter.devices.calibrate import CLOCKS, calibrate, describe, save_calibrated  # noqa: E402
+from perfcounter.devices.calibrate import calibrate, describe, save_calibrated  # noqa: E402
+from perfcounter.devices.op_rates import CLOCKS  # noqa: E402
 from perfcounter.model import ModelArgs, Transformer  # noqa: E402
 from perfcounter.report import format_table, ratio, si  # noqa: E402
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -34,7 +33,8 @@ from bench_predict import llama_1b, smollm2  # noqa: E402
 from generate import decode_one_token, prefill  # noqa: E402
 from perfcounter import TransformerPerformanceCounter  # noqa: E402
 from perfcounter.devices import get_device_spec, load_device_specs  # noqa: E402
-from perfcounter.devices.calibrate import CLOCKS, calibrate, describe, save_calibrated  # noqa: E402
+from perfcounter.devices.calibrate import calibrate, describe, save_calibrated  # noqa: E402
+from perfcounter.devices.op_rates import CLOCKS  # noqa: E402
 from perfcounter.predict import op_predictions, predict  # noqa: E402
 from perfcounter.report import format_table, ratio, si  # noqa: E402
 

@@ -29,8 +29,8 @@ from typing import NamedTuple
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from perfcounter.devices.calibrate import (check_clock, last_level_cache_bytes, measurable_device,
-                                           time_calls)
+from perfcounter.devices.calibrate import measurable_device
+from perfcounter.devices.op_rates import check_clock, last_level_cache_bytes, time_calls
 from perfcounter.predict import op_class
 from perfcounter.trace import Trace
 
@@ -214,7 +214,7 @@ def time_op(op: str, shapes: str, dtype: str, nbytes: int, *, device="cpu",
 def op_bench(trace: Trace, device="cpu", *, min_time: float = 0.01,
              cold_bytes: int | None = None, clock: str = "wall") -> OpBenchResult:
     """The eager latency of `trace` on `device` (a local CPU or a present GPU), op by op;
-    op times read from `clock` ("wall" or "cpu", see calibrate.CLOCKS)."""
+    op times read from `clock` ("wall" or "cpu", see op_rates.CLOCKS)."""
     dev = str(measurable_device(device, "benchmark ops on"))
     check_clock(clock)
     view_s, _ = time_op("aten.view.default", "[64], [-1]", "float32", 0, device=dev,

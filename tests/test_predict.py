@@ -8,7 +8,7 @@ import torch
 from perfcounter import predict as P
 from perfcounter.cli import main
 from perfcounter.devices import DeviceSpec, DeviceSpecError, load_device_specs
-from perfcounter.devices.calibrate import fill_operands
+from perfcounter.devices.op_rates import fill_operands
 from perfcounter.devices.schema import write_device_specs
 from perfcounter.stats import PerformanceStats
 from perfcounter.trace import OpRecord, Trace

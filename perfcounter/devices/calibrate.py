@@ -1,4 +1,4 @@
-"""Measure this machine: bandwidth, matmul FLOP/s and the per-op-class rates predictions use.
+"""Measure this machine: bandwidth, matmul FLOP/s, and (op_rates.py) the rates predictions use.
 
 Bandwidth is a STREAM-like triad, a = b + 3·c, over three float32 arrays that
 together exceed the last-level cache, counted as STREAM does: 2 reads + 1
@@ -6,40 +6,14 @@ write = 12 bytes per element (the write-allocate read is not counted); the
 best of `repeats` runs is kept. FLOP/s is the best of a few timed batches of
 n×n @ n×n matmuls, 2·n³ FLOPs each. These are achievable figures, not peaks.
 
-Rates for predictions (predict.py), per op class and dtype over working-set
-size (`op_curves`): each point times a representative op — gemv: x[1,K] @
-W[N,K]ᵀ (FLOP/s: x[16,K], the skinniest that is still a GEMV); gemm: n×n @ n×n;
-attention: SDPA, one query over L keys (bandwidth) and, for FLOP/s, L over L
-as a decoder's prefill calls it (32 query heads over 8 key/value heads, an
-explicit causal mask); elementwise: c = a + b; reduction: softmax over rows
-of 1024; indexing: an embedding gathering rows of 1024 — twice: warm (the
-same operands again: small sets run from cache) and cold (operands carved in
-turn from one pool, the triad's arrays, larger than the cache, so that each
-call reads memory). The Python cost of one direct op call (timed on 1-element
-tensors) is taken off each call before a rate is computed. gemm takes its
-bandwidths from the gemv points.
-Matmuls by rows (`matmul_rows`): x[M,2048] @ W[N,2048]ᵀ with a cold 16 MiB
-weight for M of 2 to 1024 rows, FLOP/s each: a linear layer's layout and
-sizes (CPU kernels compute a few rows about as long as many: 8 rows take as
-long as 16; a few hundred rows run below the square n×n @ n×n rate, in
-bfloat16 at about two thirds of it).
-Per-op overheads (`op_overhead_s`): eager = the time of a tiny transformer's
-decode step (perfcounter.model: 4 layers of dim 64, GQA, rotary, KV cache,
-SwiGLU; under no_grad as generate.py runs; its work is next to nothing)
-divided by the op calls the counter records in it, views included: the
-dispatch and the model's Python between ops; eager_cold = the same with a
-stream of 4x the L2 cache before each linear layer (its own time taken off),
-as a model whose weights stream through the caches runs: each op then finds
-the interpreter's and dispatcher's state evicted (measured here: about 3x the
-warm figure); compiled = one direct op call (what generated code pays per
-kernel).
+Rates for predictions (op_curves, matmul_rows, op_overhead_s) are measured in
+op_rates.py.
 
 The result is a DeviceSpec, written (atomically) to calibrated_spec_path().
 """
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import platform
 import time
@@ -47,56 +21,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from perfcounter.devices.op_rates import (MiB, ROWS, call_overhead, check_clock,
+                                          eager_overheads, fill_operands,
+                                          last_level_cache_bytes, matmul_rows, op_curves, sync)
 from perfcounter.devices.registry import calibrated_spec_path
 from perfcounter.devices.schema import write_device_specs
 from perfcounter.devices.spec import DeviceSpec, as_dtype, dtype_name
 
-MiB = 1 << 20
-# how op times are read: wall time, or the process's CPU time (on a machine other jobs share,
-# with one thread: the time an op would take alone, without the waits for a core)
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 TRIAD_BYTES_PER_ELEMENT = 3 * 4  # read b, read c, write a; float32
-ROW = 1024  # row length of the reduction and indexing ops
-SKINNY = 16  # rows of the matmul that gives the gemv class its FLOP/s (predict.SKINNY_ROWS)
-
-
-def cache_levels() -> dict[int, int]:
-    """{level: bytes} of the CPU caches Linux reports for cpu0 (data and unified; empty
-    when unknown)."""
-    sizes = {}
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
-        try:
-            level = int((index / "level").read_text())
-            kind = (index / "type").read_text().strip() if (index / "type").exists() else ""
-            size = (index / "size").read_text().strip().upper()
-        except (OSError, ValueError):
-            continue
-        if kind == "Instruction":
-            continue
-        factor = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
-        digits = size.rstrip("KMG")
-        if digits.isdigit():
-            sizes[level] = max(sizes.get(level, 0), int(digits) * factor)
-    return sizes
-
-
-def last_level_cache_bytes() -> int | None:
-    """Size of the largest CPU cache level Linux reports (None when unknown)."""
-    sizes = cache_levels()
-    return sizes[max(sizes)] if sizes else None
 
 
 def default_array_bytes() -> int:
     """Each triad array: half the last-level cache (the three together 1.5x it), at
     least 64 MiB, at most 1 GiB."""
     return min(1024 * MiB, max(64 * MiB, (last_level_cache_bytes() or 0) // 2))
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def triad_bandwidth(array_bytes: int, repeats: int = 10, device="cpu", pool=None) -> float:
@@ -110,10 +49,10 @@ def triad_bandwidth(array_bytes: int, repeats: int = 10, device="cpu", pool=None
     torch.add(b, c, alpha=3.0, out=a)  # warm-up: page faults, thread pool
     best = float("inf")
     for _ in range(max(1, repeats)):
-        _sync(device)
+        sync(device)
         start = time.perf_counter()
         torch.add(b, c, alpha=3.0, out=a)
-        _sync(device)
+        sync(device)
         best = min(best, time.perf_counter() - start)
     return n * TRIAD_BYTES_PER_ELEMENT / best
 
@@ -123,236 +62,21 @@ def matmul_flops(n: int, dtype=torch.float32, device="cpu", min_time: float = 0.
     device, dtype = torch.device(device), as_dtype(dtype)
     x = torch.randn(n, n, device=device).to(dtype)
     y = torch.randn(n, n, device=device).to(dtype)
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     torch.mm(x, y)  # warm-up, and a first estimate of one call's time
-    _sync(device)
+    sync(device)
     once = max(time.perf_counter() - start, 1e-6)
     batch = max(1, int(min_time / 5 / once))
     best = float("inf")
     for _ in range(5):
-        _sync(device)
+        sync(device)
         start = time.perf_counter()
         for _ in range(batch):
             torch.mm(x, y)
-        _sync(device)
+        sync(device)
         best = min(best, (time.perf_counter() - start) / batch)
     return 2 * n**3 / best
-
-
-# ---------------------------------------------------------------- per-op-class rates
-
-def fill_operands(pool: torch.Tensor, block_bytes: int = 4 * MiB) -> None:
-    """Fill a float32 pool with values that are normal numbers read as float32 and as
-    bfloat16 alike (pairs of bfloat16 in [0.5, 1.5)): no zeros, denormals or NaNs, whose
-    arithmetic runs at other speeds than a model's weights (a bfloat16 matmul of
-    weights half zeros ran ~13 % faster than of random weights, measured)."""
-    flat = pool.view(-1)
-    n = max(1, min(flat.numel(), block_bytes // 4))
-    block = (torch.rand(2 * n, device=pool.device) + 0.5).to(torch.bfloat16).view(torch.float32)
-    full = flat.numel() // n * n
-    flat[:full].view(-1, n).copy_(block)
-    flat[full:].copy_(block[:flat.numel() - full])
-
-
-class _Pool:
-    """Operands carved in turn from one big buffer, so that a call finds them cold."""
-
-    def __init__(self, pool: torch.Tensor):
-        self.bytes = pool.view(torch.uint8)
-        self.offset = 0
-
-    def take(self, shape, dtype) -> torch.Tensor:
-        """The next `shape` of `dtype` (from the start again when the pool is used up)."""
-        n = math.prod(shape) * dtype.itemsize
-        size = -(-n // 64) * 64  # 64-byte aligned
-        if self.offset + size > self.bytes.numel():
-            self.offset = 0
-        view = self.bytes[self.offset:self.offset + n].view(dtype).view(shape)
-        self.offset += size
-        return view
-
-
-def check_clock(clock: str) -> str:
-    """clock itself when it is one of CLOCKS; else a ValueError naming them."""
-    if clock not in CLOCKS:
-        raise ValueError(f"unknown clock {clock!r}; valid: {', '.join(CLOCKS)}")
-    return clock
-
-
-MAX_CALLS = 200
-
-
-def time_calls(make, device, min_time: float, clock: str = "wall") -> float:
-    """Seconds per call of the op `make()` returns (a new one per call: fresh operands):
-    the 25th percentile of the calls timed in about `min_time` (at least 4, at most
-    MAX_CALLS: a tiny op's figure is settled long before, and making its operands costs
-    more than the call), which leaves out calls that waited for a core another process
-    held."""
-    now = CLOCKS[check_clock(clock)]
-    make()()  # warm-up
-    times: list[float] = []
-    while (sum(times) < min_time and len(times) < MAX_CALLS) or len(times) < 4:
-        op = make()
-        _sync(device)
-        start = now()
-        op()
-        _sync(device)
-        times.append(now() - start)
-    return sorted(times)[len(times) // 4]
-
-
-def _operands(cls: str, ws: float, dt: torch.dtype, device):
-    """(shapes, op on those operands, bytes, FLOPs) of class `cls` at about `ws` bytes."""
-    e = dt.itemsize
-    if cls == "gemv":  # the activation is a tensor of its own: only weights come from the pool
-        k = min(2048, max(64, 2 ** round(math.log2(math.sqrt(ws / e)))))
-        n = max(1, int(ws / e / k))
-        x = torch.rand(1, k, device=device).to(dt)
-        return [(n, k)], lambda w: torch.mm(x, w.t()), (k + n * k + n) * e, 2 * n * k
-    if cls == "gemm":
-        n = max(16, min(1024, int(math.sqrt(ws / e / 3))))
-        return [(n, n), (n, n)], torch.mm, 3 * n * n * e, 2 * n ** 3
-    if cls == "attention":  # one query over L keys: bandwidth
-        length = max(16, int(ws / e / (2 * 8 * 64)))
-        q = torch.rand(1, 8, 1, 64, device=device).to(dt)
-        return ([(1, 8, length, 64), (1, 8, length, 64)],
-                lambda k, v: F.scaled_dot_product_attention(q, k, v),
-                (2 * length + 2) * 8 * 64 * e, 4 * 8 * length * 64)
-    if cls == "elementwise":
-        n = max(16, int(ws / e / 3))
-        return [(n,), (n,)], torch.add, 3 * n * e, n
-    rows = max(1, int(ws / e / ROW / 2))
-    if cls == "reduction":
-        return [(rows, ROW)], lambda x: torch.softmax(x, -1), 2 * rows * ROW * e, 5 * rows * ROW
-    table = 4 * rows  # rows gathered from a table four times their size
-    idx = torch.randint(0, table, (rows,), device=device)
-    return [(table, ROW)], lambda w: F.embedding(idx, w), 2 * rows * ROW * e, 0
-
-
-def attention_flops(length: int, dt, device, min_time: float, clock: str = "wall") -> float:
-    """FLOP/s of SDPA as a decoder's prefill runs it: L queries in 32 heads of 64 over L keys
-    in 8 (grouped-query), under an explicit causal mask; dense: 4·32·L²·64 FLOPs (a fused
-    kernel computes every block under a mask, see predict.has_explicit_mask)."""
-    q = torch.rand(1, 32, length, 64, device=device).to(dt)
-    kv = torch.rand(1, 8, length, 64, device=device).to(dt)
-    mask = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-    seconds = time_calls(lambda: lambda: F.scaled_dot_product_attention(
-        q, kv, kv, attn_mask=mask, enable_gqa=True), device, min_time, clock)
-    return 4 * 32 * length * length * 64 / seconds
-
-
-def call_overhead(device, min_time: float = 0.05, clock: str = "wall") -> float:
-    """Seconds of one direct op call on tiny tensors (torch.add of 1-element tensors)."""
-    a = torch.ones(1, device=device)
-    return time_calls(lambda: lambda: [torch.add(a, a) for _ in range(20)], device,
-                      min_time, clock) / 20
-
-
-def eager_overheads(device, min_time: float = 0.1, clock: str = "wall") -> dict[str, float]:
-    """{"eager": s, "eager_cold": s} per recorded op call of a tiny transformer's decode
-    step (see the module doc); eager_cold with a stream of 4x the L2 cache (8 MiB when
-    unknown) before each linear layer, the streams' own time taken off."""
-    from perfcounter.mode import PerformanceCounterMode
-    from perfcounter.model import ModelArgs, Transformer
-
-    torch.manual_seed(0)
-    model = Transformer(ModelArgs(block_size=64, vocab_size=256, n_layer=4, n_head=4,
-                                  n_local_heads=2, dim=64, intermediate_size=128)).to(device)
-    model.setup_caches(max_batch_size=1, max_seq_length=64)
-    idx = torch.zeros(1, 1, dtype=torch.long, device=device)
-    pos = torch.tensor([8], device=device)
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    stream = torch.ones(max(cache_levels().get(2, 2 * MiB) * 4, 8 * MiB) // 4, device=device)
-
-    def flush(*_):
-        stream.add_(1.0)
-
-    def step():
-        return model(idx, pos).argmax(-1)
-    with torch.no_grad():
-        step()
-        with PerformanceCounterMode() as mode:
-            step()
-        calls = max(1, sum(r.calls for r in mode.trace().records if not r.op.startswith("prim.")))
-        warm = time_calls(lambda: step, device, min_time, clock)
-        streams = time_calls(lambda: lambda: [flush() for _ in linears], device, min_time, clock)
-        hooks = [m.register_forward_pre_hook(flush) for m in linears]
-        try:
-            cold = time_calls(lambda: step, device, 2 * min_time, clock)
-        finally:
-            for h in hooks:
-                h.remove()
-    return {"eager": warm / calls, "eager_cold": max(cold - streams, warm) / calls}
-
-
-def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = "wall") -> dict:
-    """{class: {dtype name: [(working set B, warm B/s, cold B/s, FLOP/s), ...]}}."""
-    carve, direct = _Pool(pool), call_overhead(device, clock=clock)
-    largest = pool.numel() * pool.element_size() / 4  # each cold operand set: a quarter of the pool
-    sizes = [s for s in (64 << 10, 1 << 20, 16 << 20, 128 << 20) if s <= largest] or [largest]
-    per_point = min_time / 5
-    curves: dict = {}
-    for dt in dtypes:
-        for cls in ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing"):
-            points = []
-            for ws in sizes:
-                shapes, op, nbytes, flops = _operands(cls, ws, dt, device)
-
-                def make(cold):
-                    if not cold:  # the same operands every call
-                        carve.offset = 0
-                    args = [carve.take(s, dt) for s in shapes]
-                    return lambda: op(*args)
-                warm_s = time_calls(lambda: make(False), device, per_point, clock)
-                cold_s = time_calls(lambda: make(True), device, per_point, clock)
-                warm_s, cold_s = (max(t - direct, 0.25 * t) for t in (warm_s, cold_s))
-                if cls == "gemv":  # FLOP/s of the skinniest matmul that still is one: 16 rows
-                    x16 = torch.rand(SKINNY, shapes[0][1], device=device).to(dt)
-                    t16 = time_calls(lambda: (lambda w: lambda: torch.mm(x16, w.t()))(
-                        carve.take(shapes[0], dt)), device, per_point, clock)
-                    flops_s = 2 * SKINNY * shapes[0][0] * shapes[0][1] / max(t16 - direct,
-                                                                            0.25 * t16)
-                elif cls == "attention":
-                    flops_s = attention_flops(min(512, shapes[0][2]), dt, device, per_point,
-                                              clock)
-                else:
-                    flops_s = max(flops, 1) / warm_s
-                if points and nbytes <= points[-1][0]:
-                    continue
-                points.append((float(nbytes), nbytes / warm_s, nbytes / cold_s, flops_s))
-            curves.setdefault(cls, {})[dtype_name(dt)] = points
-        _share(curves, dtype_name(dt))
-    return curves
-
-
-ROWS = (2, 4, 8, SKINNY, 32, 64, 128, 256, 512, 1024)  # the row counts matmul_rows times
-
-
-def matmul_rows(pool: torch.Tensor, dtypes, device, min_time: float,
-                clock: str = "wall") -> dict:
-    """{dtype name: {rows M: FLOP/s}}: x[M,2048] @ W[N,2048]ᵀ, W cold and about 16 MiB,
-    timed at each M of ROWS (see predict.rows_flops)."""
-    carve, direct = _Pool(pool), call_overhead(device, clock=clock)
-    out = {}
-    for dt in dtypes:
-        k = 2048
-        n = max(64, min(16 * MiB, pool.numel() * pool.element_size() // 4) // (k * dt.itemsize))
-        table = {}
-        for m in ROWS:
-            x = torch.rand(m, k, device=device).to(dt)
-            t = time_calls(lambda: (lambda w: lambda: torch.mm(x, w.t()))(
-                carve.take((n, k), dt)), device, min_time / len(ROWS), clock)
-            table[m] = 2 * m * n * k / max(t - direct, 0.25 * t)
-        out[dtype_name(dt)] = table
-    return out
-
-
-def _share(curves: dict, dt: str) -> None:
-    """gemm's bandwidths from the gemv points (interpolated at each point's working set)."""
-    from perfcounter.predict import _interpolate
-    gemv, gemm = curves["gemv"][dt], curves["gemm"][dt]
-    curves["gemm"][dt] = [(w, *_interpolate(gemv, w)[:2], f) for w, _, _, f in gemm]
 
 
 @dataclass
@@ -394,7 +118,7 @@ class Calibration:
         if self.curves:
             source["op_curves"] = (f"{how}: a representative op per class timed warm and cold "
                                    "(operands rotated through the triad's arrays), "
-                                   f"{self.clock} clock; see perfcounter/devices/calibrate.py")
+                                   f"{self.clock} clock; see perfcounter/devices/op_rates.py")
         if self.rows:
             source["matmul_rows"] = (f"{how}: x[M,2048] @ W^T, W cold (16 MiB), M = "
                                      f"{', '.join(map(str, ROWS))}; {self.clock} clock")
