@@ -8,7 +8,7 @@ import torch
 from perfcounter import predict as P
 from perfcounter.cli import main
 from perfcounter.devices import DeviceSpec, DeviceSpecError, load_device_specs
-from perfcounter.devices.op_rates import fill_operands
+from perfcounter.devices.op_rates import MAX_CALLS, fill_operands, time_calls
 from perfcounter.devices.schema import write_device_specs
 from perfcounter.stats import PerformanceStats
 from perfcounter.trace import OpRecord, Trace
@@ -164,6 +164,17 @@ def test_a_matmul_of_more_rows_than_measured_runs_at_the_most_rows_rate():
     assert P.predict(trace, toy_spec(op_efficiency={**EFF, "gemm": 0.4})).latency_s * 1e6 == \
         pytest.approx(1 + 6400)
     assert P.predict(trace, spec).latency_s * 1e6 == pytest.approx(1 + 3200)
+
+
+def test_time_calls_stops_at_max_calls_for_a_tiny_op():
+    made = []
+
+    def make():
+        made.append(1)
+        return lambda: None
+    # a do-nothing call takes well under 1 s / MAX_CALLS: the cap ends the loop, not min_time
+    time_calls(make, torch.device("cpu"), min_time=1.0)
+    assert len(made) == 1 + MAX_CALLS  # the warm-up, then MAX_CALLS timed calls
 
 
 def test_calibration_operands_are_normal_numbers_in_float32_and_bfloat16():
