@@ -8,6 +8,7 @@ import torch
 from perfcounter import predict as P
 from perfcounter.cli import main
 from perfcounter.devices import DeviceSpec, DeviceSpecError, load_device_specs
+from perfcounter.devices import op_rates
 from perfcounter.devices.op_rates import MAX_CALLS, fill_operands, time_calls
 from perfcounter.devices.schema import write_device_specs
 from perfcounter.stats import PerformanceStats
@@ -164,6 +165,20 @@ def test_a_matmul_of_more_rows_than_measured_runs_at_the_most_rows_rate():
     assert P.predict(trace, toy_spec(op_efficiency={**EFF, "gemm": 0.4})).latency_s * 1e6 == \
         pytest.approx(1 + 6400)
     assert P.predict(trace, spec).latency_s * 1e6 == pytest.approx(1 + 3200)
+
+
+def test_matmul_rows_sum_the_times_of_both_inner_dims(monkeypatch):
+    # a 16 MiB float32 pool: each weight a quarter of it, 4 MiB: K = 2048 -> N = 4 MiB / (2048 * 4)
+    # = 512; K = 8192 -> N = 128. Both calls do 2 * M * 512 * 2048 = 2 * M * 128 * 8192
+    # = 2,097,152 M FLOPs; timed 1 ms and 3 ms: 4,194,304 M / 4 ms = 1,048,576,000 M FLOP/s
+    def fake_time_calls(make, device, min_time, clock="wall"):
+        return 1e-3 if make()().shape[1] == 512 else 3e-3
+    monkeypatch.setattr(op_rates, "time_calls", fake_time_calls)
+    monkeypatch.setattr(op_rates, "call_overhead", lambda device, clock="wall": 0.0)
+    table = op_rates.matmul_rows(torch.zeros(4 << 20), [torch.float32], torch.device("cpu"), 0.1)
+    assert list(table["float32"]) == list(op_rates.ROWS)
+    assert table["float32"][2] == pytest.approx(2 * 1_048_576_000)
+    assert table["float32"][16] == pytest.approx(16 * 1_048_576_000)
 
 
 def test_time_calls_stops_at_max_calls_for_a_tiny_op():

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from perfcounter.devices.op_rates import (MiB, ROWS, call_overhead, check_clock,
+from perfcounter.devices.op_rates import (MiB, ROW_KS, ROWS, call_overhead, check_clock,
                                           eager_overheads, fill_operands,
                                           last_level_cache_bytes, matmul_rows, op_curves, sync)
 from perfcounter.devices.registry import calibrated_spec_path
@@ -120,7 +120,8 @@ class Calibration:
                                    "(operands rotated through the triad's arrays), "
                                    f"{self.clock} clock; see perfcounter/devices/op_rates.py")
         if self.rows:
-            source["matmul_rows"] = (f"{how}: x[M,2048] @ W^T, W cold (16 MiB), M = "
+            source["matmul_rows"] = (f"{how}: x[M,K] @ W^T, W cold (16 MiB), K = "
+                                     f"{' and '.join(map(str, ROW_KS))} (times summed), M = "
                                      f"{', '.join(map(str, ROWS))}; {self.clock} clock")
         dtype = torch.bfloat16 if torch.bfloat16 in self.flops else next(iter(self.flops))
         return DeviceSpec(device_type=torch.device(self.device).type, name=name,

@@ -12,11 +12,12 @@ turn from one pool, the triad's arrays, larger than the cache, so that each
 call reads memory). The Python cost of one direct op call (timed on 1-element
 tensors) is taken off each call before a rate is computed. gemm takes its
 bandwidths from the gemv points.
-Matmuls by rows (`matmul_rows`): x[M,2048] @ W[N,2048]ᵀ with a cold 16 MiB
-weight for M of 2 to 1024 rows, FLOP/s each: a linear layer's layout and
-sizes (CPU kernels compute a few rows about as long as many: 8 rows take as
-long as 16; a few hundred rows run below the square n×n @ n×n rate, in
-bfloat16 at about two thirds of it).
+Matmuls by rows (`matmul_rows`): x[M,K] @ W[N,K]ᵀ with a cold 16 MiB weight,
+K = 2048 and 8192 (a feed-forward's up and down projections), for M of 2 to
+1024 rows, FLOP/s each: a linear layer's layout and sizes (CPU kernels compute
+a few rows about as long as many: 8 rows take as long as 16; a few hundred
+rows run below the square n×n @ n×n rate, in bfloat16 at about two thirds of
+it).
 Per-op overheads (`op_overhead_s`): eager = the time of a tiny transformer's
 decode step (perfcounter.model: 4 layers of dim 64, GQA, rotary, KV cache,
 SwiGLU; under no_grad as generate.py runs; its work is next to nothing)
@@ -269,21 +270,30 @@ def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = 
 ROWS = (2, 4, 8, SKINNY, 32, 64, 128, 256, 512, 1024)  # the row counts matmul_rows times
 
 
+ROW_KS = (2048, 8192)  # the inner dims matmul_rows times: a feed-forward's up (d) and down (4d)
+
+
 def matmul_rows(pool: torch.Tensor, dtypes, device, min_time: float,
                 clock: str = "wall") -> dict:
-    """{dtype name: {rows M: FLOP/s}}: x[M,2048] @ W[N,2048]ᵀ, W cold and about 16 MiB,
-    timed at each M of ROWS (see predict.rows_flops)."""
+    """{dtype name: {rows M: FLOP/s}}: x[M,K] @ W[N,K]ᵀ, W cold and about 16 MiB, for each K
+    of ROW_KS (N = 16 MiB / K), at each M of ROWS; the FLOP/s of the two calls together
+    (their times summed: a bfloat16 matmul of K = 8192 runs 10-20 % slower than one of 2048
+    at a few hundred rows). See predict.rows_flops."""
     carve, direct = _Pool(pool), call_overhead(device, clock=clock)
+    budget = min(16 * MiB, pool.numel() * pool.element_size() // 4)
     out = {}
     for dt in dtypes:
-        k = 2048
-        n = max(64, min(16 * MiB, pool.numel() * pool.element_size() // 4) // (k * dt.itemsize))
         table = {}
         for m in ROWS:
-            x = torch.rand(m, k, device=device).to(dt)
-            t = time_calls(lambda: (lambda w: lambda: torch.mm(x, w.t()))(
-                carve.take((n, k), dt)), device, min_time / len(ROWS), clock)
-            table[m] = 2 * m * n * k / max(t - direct, 0.25 * t)
+            flops = seconds = 0.0
+            for k in ROW_KS:
+                n = max(64, budget // (k * dt.itemsize))
+                x = torch.rand(m, k, device=device).to(dt)
+                t = time_calls(lambda: (lambda w: lambda: torch.mm(x, w.t()))(
+                    carve.take((n, k), dt)), device, min_time / len(ROWS) / len(ROW_KS), clock)
+                flops += 2 * m * n * k
+                seconds += max(t - direct, 0.25 * t)
+            table[m] = flops / seconds
         out[dtype_name(dt)] = table
     return out
 
