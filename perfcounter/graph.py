@@ -104,6 +104,13 @@ class _FlowMode(_CountingMode):
             self._note(self.log[n_log], inputs, out, None if fake else max(seconds, 0.0))
         return out
 
+    def stored_call(self, entry: tuple, tensors: list, out, seconds: float) -> None:
+        """A layer with a stored-smaller weight, counted whole (subclass_linear): one op
+        call of the flow, timed from its module's call to its return."""
+        fake = any(isinstance(t, _Fake) for t in [*tensors, out])
+        self.real = self.real and not fake
+        self._note(entry, tensors, out, None if fake else max(seconds, 0.0))
+
     def _note(self, entry, inputs, out, seconds) -> None:
         (module, segment), plan, roles = entry
         read, written = plan.contribution(roles)

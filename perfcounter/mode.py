@@ -142,6 +142,11 @@ class _CountingMode(TorchDispatchMode):
         roles = self.storages.account(plan, tensors, out)
         self.log.append((self.tracker.scope, plan, roles))
 
+    def stored_call(self, entry: tuple, tensors: list, out, seconds: float) -> None:
+        """A layer with a stored-smaller weight, recorded whole as `entry` (its log entry)
+        by subclass_linear.StoredLinears: nothing more to do here; graph.py's mode notes
+        its data flow."""
+
     # -- what op_data asks of the mode ---------------------------------------------------
     def attention_structure(self) -> tuple[bool, int | None] | None:
         """(is_causal, sliding window) of the innermost running attention module, or None."""

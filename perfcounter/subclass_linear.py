@@ -126,7 +126,7 @@ class StoredLinears:
     def __init__(self, mode):
         self.mode = mode  # the private _CountingMode: storages, tracker, log, overhead
         self._seen: dict[int, tuple] = {}  # id(module) -> (weakref, _Layer or None)
-        self._open: list[tuple] = []  # (module, scope, layer) of layers running uncounted
+        self._open: list[tuple] = []  # (module, scope, layer, input, start) of layers running uncounted
         self._handles = ()
 
     def __enter__(self):
@@ -179,20 +179,21 @@ class StoredLinears:
             if layer is None:
                 return
         _pop(None)
-        self._open.append((mod, self.mode.tracker.scope, layer, args[0]))
+        self._open.append((mod, self.mode.tracker.scope, layer, args[0], _clock()))
 
     def _post_hook(self, mod, args, output) -> None:
         if not self._open or self._open[-1][0] is not mod:
             return
-        _, scope, layer, x = self._open.pop()
+        t0 = _clock()
+        _, scope, layer, x, start = self._open.pop()
         _push(self.mode)
         if not isinstance(output, Tensor):  # the layer raised (always_call)
             return
-        t0 = _clock()
         mode = self.mode
         plan, tensors = self._plan(layer, mod, x, output)
         roles = mode.storages.account(plan, tensors, output)
         mode.log.append((scope, plan, roles))
+        mode.stored_call(mode.log[-1], tensors, output, t0 - start)
         mode.overhead += _clock() - t0
 
     def _plan(self, layer: _Layer, mod, x: Tensor, out: Tensor) -> tuple[OpPlan, list]:

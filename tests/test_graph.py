@@ -9,6 +9,7 @@ from torch import nn
 from perfcounter import PerformanceCounterMode, get_device_spec
 from perfcounter.cli import main
 from perfcounter.graph import module_graph, op_graph, record_forward
+from perfcounter.subclass_linear import set_stored_nbytes
 
 
 class Residual(nn.Module):
@@ -74,6 +75,27 @@ def test_toy_op_graph_counts(toy):
     assert [(e.src, e.dst) for e in g.edges] == [("op0", "op1"), ("op1", "op2"), ("op2", "op3"),
                                                   ("op3", "op4")]
     assert g.nodes[0].predicted_s is None and g.nodes[0].roofline_s is None  # no device given
+
+
+def test_a_layer_with_a_stored_weight_keeps_its_edges(toy):
+    model, x = toy
+    set_stored_nbytes(model.fc1.weight, 16)  # fc1 counted whole, as one op (subclass_linear)
+    try:
+        g = module_graph(record_forward(model, x))
+        ops = op_graph(record_forward(model, x))
+    finally:
+        set_stored_nbytes(model.fc1.weight, None)
+    # the same 6 module edges as the plain model: norm -> fc1 -> act runs through the layer
+    assert [(e.src, e.dst) for e in g.edges] == [
+        ("input", "Residual.norm"), ("Residual.norm", "Residual.fc1"),
+        ("Residual.fc1", "Residual.act"), ("Residual.act", "Residual.fc2"),
+        ("input", "Residual[4]"), ("Residual.fc2", "Residual[4]")]
+    fc1 = g.nodes[2]
+    # fc1 as stored: x [2, 4] 32 B + W 16 B (stored) + b [8] 32 B read, out [2, 8] 64 B written
+    assert fc1.bytes == 32 + 16 + 32 + 64 and fc1.measured_s is not None
+    # op graph: layer_norm, linear (fc1 whole), relu, addmm, add: 4 edges, as for the plain model
+    assert [n.cls for n in ops.nodes][1] == "aten.linear.default"
+    assert len(ops.edges) == 4
 
 
 def test_recording_counts_as_the_mode_does(toy):
