@@ -25,7 +25,7 @@ divided by the op calls the counter records in it, views included: the
 dispatch and the model's Python between ops; eager_cold = the same with a
 stream of 4x the L2 cache before each linear layer (its own time taken off),
 as a model whose weights stream through the caches runs: each op then finds
-the interpreter's and dispatcher's state evicted (measured here: about 2.5x the
+the interpreter's and dispatcher's state evicted (measured here: 2.5-3x the
 warm figure); compiled = one direct op call (what generated code pays per
 kernel).
 
