@@ -73,6 +73,7 @@ class _FlowMode(_CountingMode):
     def __init__(self, depth: int):
         super().__init__(depth)
         self.events: list[FlowEvent] = []
+        self.linears = None  # every linear decomposed: its matmul is a call of the flow
         self._writer: dict[int, int] = {}  # storage id -> index of the last op writing it
         self.real = True
 

@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from perfcounter import op_data
+from perfcounter.composite_linear import LINEAR, LinearWhole
 from perfcounter.module_path import ModulePath
 from perfcounter.op_data import ExpertLoad
 from perfcounter.op_plan import HANDLING, SHORTCUTS, OpKind, classify, plan_for
@@ -63,6 +64,7 @@ class _CountingMode(TorchDispatchMode):
         self._attention: dict[int, tuple[bool, int | None]] = {}  # id(module) -> structure
         self._masks: dict[int, tuple] = {}  # id(mask) -> (mask, version, kept entries)
         self.expert_load = ExpertLoad()  # MoE routing under fake tensors (op_data.py)
+        self.linears = LinearWhole()  # aten.linear whole under inference_mode, once learned
         self.log: list = []
         self.views: list = []
         self.overhead = 0.0
@@ -101,21 +103,15 @@ class _CountingMode(TorchDispatchMode):
         if kwargs is None:
             kwargs = {}
         if kind is _DECOMPOSE:  # a composite (inference_mode): its C++ decomposition, counted,
+            if func is LINEAR and self.linears is not None:  # (linear: whole once learned)
+                return self.linears.call(self, args, kwargs)
             shortcut = SHORTCUTS.get(func)  # (the two commonest when they dispatch a view at most)
             done = shortcut(*args, **kwargs) if shortcut is not None else None
             if done is not None:
                 if done[1] is not None:
                     self.views.append((self.tracker.scope, done[1]))
                 return done[0]
-            # with the dispatch keys its caller had (a view of a weight keeps requires_grad,
-            # which decides how matmul folds) and this mode back on the stack (`with self`
-            # without its flag bookkeeping: the block's __enter__ set the flags already)
-            with _caller_tls():
-                _push(self)
-                try:
-                    return func._op_dk(_COMPOSITE, *args, **kwargs)
-                finally:
-                    _pop(None)
+            return self.decompose(func, args, kwargs)
         try:
             out = call(*args, **kwargs)
         except _NO_DATA as e:  # fake tensors: an op that needs values
@@ -134,6 +130,18 @@ class _CountingMode(TorchDispatchMode):
             self._record(func, args, kwargs, out, kind)
         self.overhead += _clock() - t0
         return out
+
+    def decompose(self, func, args, kwargs):
+        """A composite's C++ decomposition run under this mode, with the dispatch keys its
+        caller had (a view of a weight keeps requires_grad, which decides how matmul folds)
+        and this mode back on the stack (`with self` without its flag bookkeeping: the
+        block's __enter__ set the flags already)."""
+        with _caller_tls():
+            _push(self)
+            try:
+                return func._op_dk(_COMPOSITE, *args, **kwargs)
+            finally:
+                _pop(None)
 
     def _record(self, func, args, kwargs, out, kind) -> None:
         """The one place an op is recorded: its plan, its tensors' roles, its module."""

@@ -499,6 +499,31 @@ def test_both_grad_modes_count_a_composite_alike(fn):
     assert counted[0] == counted[1] and counted[0]
 
 
+@pytest.mark.parametrize("make_x, bias, whole", [
+    (lambda: torch.randn(2, 5, 8), False, True),  # t, view, mm, _unsafe_view
+    (lambda: torch.randn(2, 5, 8), True, True),  # view, t, addmm, view
+    (lambda: torch.randn(5, 8), True, True),  # t, addmm
+    (lambda: torch.randn(2, 8, 5).transpose(1, 2), False, False),  # a copy first: decomposed
+], ids=["3d", "3d_bias", "2d_bias", "transposed"])
+def test_linear_under_inference_mode_is_counted_whole_once_learned(make_x, bias, whole):
+    torch.manual_seed(0)
+    w, b = torch.nn.Parameter(torch.randn(6, 8)), torch.nn.Parameter(torch.randn(6))
+    xs = [make_x() for _ in range(3)]  # one signature, three calls: the first one learns
+    counted, outputs = [], []
+    for grad in (torch.no_grad, torch.inference_mode):
+        mode = PerformanceCounterMode()
+        with grad(), mode:
+            outputs.append([F.linear(x, w, b if bias else None) for x in xs])
+        counted.append(sorted((r.op, r.module, r.shapes, r.calls, r.flops, r.read, r.written)
+                              for r in mode.trace().records))  # views included
+    with torch.inference_mode():
+        plain = [F.linear(x, w, b if bias else None) for x in xs]
+    assert counted[0] == counted[1] and counted[0]  # every record, as no_grad counts it
+    assert all(torch.equal(a, c) and torch.equal(b_, c) for a, b_, c in zip(*outputs, plain))
+    learned = list(mode._mode.linears.known.values())
+    assert len(learned) == 1 and (learned[0] is not None) == whole
+
+
 def test_a_tensor_made_in_the_block_is_an_activation():
     x = torch.randn(3, 4)
     for grad in (torch.no_grad, torch.inference_mode):
