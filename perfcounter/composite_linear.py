@@ -20,6 +20,7 @@ counted path for its signature.
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import torch
 from torch._C import DispatchKey
@@ -37,6 +38,12 @@ MAX_SIGNATURES = 4096
 _clock = time.perf_counter
 
 
+class LinearCacheInfo(NamedTuple):
+    whole: int  # signatures counted whole after their first call
+    decomposed: int  # signatures that stay decomposed under the mode
+    calls_whole: int  # calls counted whole
+
+
 class LinearWhole:
     """Per-signature records of aten.linear under inference_mode (see the module doc)."""
 
@@ -44,6 +51,15 @@ class LinearWhole:
         # signature -> (view names, the matmul's plan, whether the bias is its first operand),
         # or None: decompose under the mode
         self.known: dict[tuple, tuple | None] = {}
+        self.calls_whole = 0
+
+    def cache_info(self) -> LinearCacheInfo:
+        whole = sum(v is not None for v in self.known.values())
+        return LinearCacheInfo(whole, len(self.known) - whole, self.calls_whole)
+
+    def cache_clear(self) -> None:
+        self.known.clear()
+        self.calls_whole = 0
 
     @staticmethod
     def signature(args, kwargs) -> tuple | None:
@@ -73,6 +89,7 @@ class LinearWhole:
             return out
         out = self.native(args, kwargs)
         t0 = _clock()
+        self.calls_whole += 1
         view_names, plan, _ = known
         scope = mode.tracker.scope
         for name in view_names:
