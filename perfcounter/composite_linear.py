@@ -6,8 +6,8 @@ C++ decomposition under itself (mode.py), so that the counts are those of no_gra
 linear layer, `t` and `view` (views) around one `mm` or `addmm`. Each of those calls goes
 through Python dispatch, and a decoder runs a few hundred linear layers a step.
 
-`LinearWhole` keeps, per call signature (shapes, strides, dtypes, requires_grad and bias
-or not: everything the decomposition's choices read), what the first call recorded: the
+`LinearWhole` keeps, per call signature (shapes, strides, dtypes, requires_grad, inference
+tensors or not, bias or not: everything the decomposition's choices read), what the first call recorded: the
 views' names and the one matmul's plan. It keeps them only when they are views of VIEWS
 and one mm / addmm, and the decomposition run without the mode gives the same output bit
 for bit. A later call with that signature runs the decomposition natively (the Python dispatch
@@ -70,8 +70,9 @@ class LinearWhole:
         b = args[2] if len(args) > 2 else (kwargs or {}).get("bias")
         if type(x) not in _PLAIN or type(w) not in _PLAIN or (b is not None and type(b) not in _PLAIN):
             return None
-        return (x.shape, x.stride(), x.dtype, x.requires_grad, w.shape, w.stride(), w.dtype,
-                w.requires_grad, None if b is None else (b.shape, b.stride(), b.dtype))
+        return (x.shape, x.stride(), x.dtype, x.requires_grad, x.is_inference(), w.shape,
+                w.stride(), w.dtype, w.requires_grad, w.is_inference(),
+                None if b is None else (b.shape, b.stride(), b.dtype))
 
     def call(self, mode, args, kwargs):
         """linear(*args, **kwargs) counted on `mode` (its private _CountingMode): whole when
