@@ -20,7 +20,6 @@ model, names mapped to GGUF's by gguf's own `get_tensor_name_map`).
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
