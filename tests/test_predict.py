@@ -181,6 +181,16 @@ def test_matmul_rows_sum_the_times_of_both_inner_dims(monkeypatch):
     assert table["float32"][16] == pytest.approx(16 * 1_048_576_000)
 
 
+def test_gemv_is_calibrated_at_two_inner_dims_of_the_same_bytes():
+    # 16 MiB of float32 weight: K = 2 ** round(log2(sqrt(4 Mi elements))) = 2048, N = 2048;
+    # wide: K = 4 * 2048 = 8192, N = 4 Mi / 8192 = 512; bytes (x + W + y) * 4
+    (normal,), _, normal_bytes, _ = op_rates._operands("gemv", 16 << 20, torch.float32, "cpu")
+    (wide,), _, wide_bytes, _ = op_rates._operands("gemv", 16 << 20, torch.float32, "cpu", True)
+    assert (normal, wide) == ((2048, 2048), (512, 8192))
+    assert (normal_bytes, wide_bytes) == ((2048 + 2048 * 2048 + 2048) * 4,
+                                          (8192 + 512 * 8192 + 512) * 4)
+
+
 def test_time_calls_stops_at_max_calls_for_a_tiny_op():
     made = []
 

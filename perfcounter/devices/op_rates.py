@@ -2,7 +2,8 @@
 
 Rates for predictions (predict.py), per op class and dtype over working-set
 size (`op_curves`): each point times a representative op — gemv: x[1,K] @
-W[N,K]ᵀ (FLOP/s: x[16,K], the skinniest that is still a GEMV); gemm: n×n @ n×n;
+W[N,K]ᵀ and the same bytes with K 4x as long, times summed (a feed-forward's up and
+down projections; FLOP/s: x[16,K], the skinniest that is still a GEMV); gemm: n×n @ n×n;
 attention: SDPA, one query over L keys (bandwidth) and, for FLOP/s, L over L
 as a decoder's prefill calls it (32 query heads over 8 key/value heads, an
 explicit causal mask); elementwise: c = a + b; reduction: softmax over rows
@@ -143,11 +144,12 @@ def time_calls(make, device, min_time: float, clock: str = "wall") -> float:
     return sorted(times)[len(times) // 4]
 
 
-def _operands(cls: str, ws: float, dt: torch.dtype, device):
-    """(shapes, op on those operands, bytes, FLOPs) of class `cls` at about `ws` bytes."""
+def _operands(cls: str, ws: float, dt: torch.dtype, device, wide: bool = False):
+    """(shapes, op on those operands, bytes, FLOPs) of class `cls` at about `ws` bytes;
+    `wide`: gemv with an inner dim 4x as long (a feed-forward's down projection)."""
     e = dt.itemsize
     if cls == "gemv":  # the activation is a tensor of its own: only weights come from the pool
-        k = min(2048, max(64, 2 ** round(math.log2(math.sqrt(ws / e)))))
+        k = min(2048, max(64, 2 ** round(math.log2(math.sqrt(ws / e))))) * (4 if wide else 1)
         n = max(1, int(ws / e / k))
         x = torch.rand(1, k, device=device).to(dt)
         return [(n, k)], lambda w: torch.mm(x, w.t()), (k + n * k + n) * e, 2 * n * k
@@ -240,14 +242,24 @@ def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = 
             for ws in sizes:
                 shapes, op, nbytes, flops = _operands(cls, ws, dt, device)
 
-                def make(cold):
-                    if not cold:  # the same operands every call
-                        carve.offset = 0
-                    args = [carve.take(s, dt) for s in shapes]
-                    return lambda: op(*args)
-                warm_s = time_calls(lambda: make(False), device, per_point, clock)
-                cold_s = time_calls(lambda: make(True), device, per_point, clock)
-                warm_s, cold_s = (max(t - direct, 0.25 * t) for t in (warm_s, cold_s))
+                def timed(shapes, op, time_each):
+                    def make(cold):
+                        if not cold:  # the same operands every call
+                            carve.offset = 0
+                        args = [carve.take(s, dt) for s in shapes]
+                        return lambda: op(*args)
+                    return [max(t - direct, 0.25 * t) for t in (
+                        time_calls(lambda: make(False), device, time_each, clock),
+                        time_calls(lambda: make(True), device, time_each, clock))]
+                if cls == "gemv":  # a GEMV's speed depends on its inner dim (bfloat16: K = 8192
+                    # streams 30 % slower than 2048): both of a feed-forward's, times summed
+                    wide_shapes, wide_op, wide_bytes, _ = _operands(cls, ws, dt, device, True)
+                    warm_s, cold_s = (a + b for a, b in zip(
+                        timed(shapes, op, per_point / 2), timed(wide_shapes, wide_op,
+                                                                per_point / 2)))
+                    moved = nbytes + wide_bytes
+                else:
+                    (warm_s, cold_s), moved = timed(shapes, op, per_point), nbytes
                 if cls == "gemv":  # FLOP/s of the skinniest matmul that still is one: 16 rows
                     x16 = torch.rand(SKINNY, shapes[0][1], device=device).to(dt)
                     t16 = time_calls(lambda: (lambda w: lambda: torch.mm(x16, w.t()))(
@@ -261,7 +273,7 @@ def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = 
                     flops_s = max(flops, 1) / warm_s
                 if points and nbytes <= points[-1][0]:
                     continue
-                points.append((float(nbytes), nbytes / warm_s, nbytes / cold_s, flops_s))
+                points.append((float(nbytes), moved / warm_s, moved / cold_s, flops_s))
             curves.setdefault(cls, {})[dtype_name(dt)] = points
         _share(curves, dtype_name(dt))
     return curves
