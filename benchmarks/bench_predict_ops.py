@@ -126,5 +126,11 @@ if __name__ == "__main__":
     p.add_argument("--spec", default=None, help="a calibrated spec file (default: calibrate now)")
     p.add_argument("--top", type=int, default=12, help="ops printed, largest gaps first")
     a = p.parse_args()
-    main(model=a.model, dtype=a.dtype, prompt=a.prompt, batch=a.batch, phase=a.phase,
-         repeats=a.repeats, clock=a.clock, spec_path=a.spec, top=a.top)
+    for flag in ("prompt", "batch", "repeats", "top"):
+        if getattr(a, flag) < 1:
+            p.error(f"--{flag} must be >= 1, got {getattr(a, flag)}")
+    try:
+        main(model=a.model, dtype=a.dtype, prompt=a.prompt, batch=a.batch, phase=a.phase,
+             repeats=a.repeats, clock=a.clock, spec_path=a.spec, top=a.top)
+    except (ValueError, OSError) as e:  # a spec file that does not load, a prompt too long
+        p.error(str(e).splitlines()[0])

@@ -26,8 +26,8 @@ nothing else. A prediction prices each op record as
 - bytes_cold: every byte when one step's distinct bytes exceed the spec's
   `cache_bytes`: weights and KV cache cannot stay cached between steps, and
   streaming them evicts the activations between one op and the next (a
-  512-token prefill's 2-8 MiB activations, measured: an add of two [512, 2048]
-  bfloat16 tensors takes 0.27 ms warm and 0.49 ms after a 64 MiB stream).
+  512-token prefill's activations of a few MiB come back from memory;
+  benchmarks/bench_predict_ops.py times each op of a run against its prediction).
   bytes_warm: every byte when the step fits.
 
 Compiled (fusion): matmuls and attention stay one kernel each ("extern", priced

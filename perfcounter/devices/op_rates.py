@@ -17,8 +17,7 @@ Matmuls by rows (`matmul_rows`): x[M,K] @ W[N,K]ᵀ with a cold 16 MiB weight,
 K = 2048 and 8192 (a feed-forward's up and down projections), for M of 2 to
 1024 rows, FLOP/s each: a linear layer's layout and sizes (CPU kernels compute
 a few rows about as long as many: 8 rows take as long as 16; a few hundred
-rows run below the square n×n @ n×n rate, in bfloat16 at about two thirds of
-it).
+rows run below the square n×n @ n×n rate, further below in bfloat16).
 Per-op overheads (`op_overhead_s`): eager = the time of a tiny transformer's
 decode step (perfcounter.model: 4 layers of dim 64, GQA, rotary, KV cache,
 SwiGLU; under no_grad as generate.py runs; its work is next to nothing)
@@ -26,8 +25,8 @@ divided by the op calls the counter records in it, views included: the
 dispatch and the model's Python between ops; eager_cold = the same with a
 stream of 4x the L2 cache before each linear layer (its own time taken off),
 as a model whose weights stream through the caches runs: each op then finds
-the interpreter's and dispatcher's state evicted (measured here: 2.5-3x the
-warm figure); compiled = one direct op call (what generated code pays per
+the interpreter's and dispatcher's state evicted (several times the warm
+figure: `perfcounter calibrate` prints both); compiled = one direct op call (what generated code pays per
 kernel).
 
 Operands come from one pool (`calibrate` hands it the triad's arrays, larger than
@@ -88,7 +87,7 @@ def fill_operands(pool: torch.Tensor, block_bytes: int = 4 * MiB) -> None:
     """Fill a float32 pool with values that are normal numbers read as float32 and as
     bfloat16 alike (pairs of bfloat16 in [0.5, 1.5)): no zeros, denormals or NaNs, whose
     arithmetic runs at other speeds than a model's weights (a bfloat16 matmul of
-    weights half zeros ran ~13 % faster than of random weights, measured)."""
+    weights half zeros ran faster than of random weights)."""
     flat = pool.view(-1)
     n = max(1, min(flat.numel(), block_bytes // 4))
     block = (torch.rand(2 * n, device=pool.device) + 0.5).to(torch.bfloat16).view(torch.float32)
@@ -236,30 +235,31 @@ def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = 
     sizes = [s for s in (64 << 10, 1 << 20, 16 << 20, 128 << 20) if s <= largest] or [largest]
     per_point = min_time / 5
     curves: dict = {}
+
+    def timed(shapes, op, dt, time_each) -> list[float]:
+        """[warm s, cold s] per call of op on operands of `shapes` carved from the pool."""
+        def make(cold):
+            if not cold:  # the same operands every call
+                carve.offset = 0
+            args = [carve.take(s, dt) for s in shapes]
+            return lambda: op(*args)
+        return [max(t - direct, 0.25 * t) for t in (
+            time_calls(lambda: make(False), device, time_each, clock),
+            time_calls(lambda: make(True), device, time_each, clock))]
     for dt in dtypes:
         for cls in ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing"):
             points = []
             for ws in sizes:
                 shapes, op, nbytes, flops = _operands(cls, ws, dt, device)
-
-                def timed(shapes, op, time_each):
-                    def make(cold):
-                        if not cold:  # the same operands every call
-                            carve.offset = 0
-                        args = [carve.take(s, dt) for s in shapes]
-                        return lambda: op(*args)
-                    return [max(t - direct, 0.25 * t) for t in (
-                        time_calls(lambda: make(False), device, time_each, clock),
-                        time_calls(lambda: make(True), device, time_each, clock))]
                 if cls == "gemv":  # a GEMV's speed depends on its inner dim (bfloat16: K = 8192
-                    # streams 30 % slower than 2048): both of a feed-forward's, times summed
+                    # streams slower than 2048): both of a feed-forward's, times summed
                     wide_shapes, wide_op, wide_bytes, _ = _operands(cls, ws, dt, device, True)
                     warm_s, cold_s = (a + b for a, b in zip(
-                        timed(shapes, op, per_point / 2), timed(wide_shapes, wide_op,
-                                                                per_point / 2)))
+                        timed(shapes, op, dt, per_point / 2),
+                        timed(wide_shapes, wide_op, dt, per_point / 2)))
                     moved = nbytes + wide_bytes
                 else:
-                    (warm_s, cold_s), moved = timed(shapes, op, per_point), nbytes
+                    (warm_s, cold_s), moved = timed(shapes, op, dt, per_point), nbytes
                 if cls == "gemv":  # FLOP/s of the skinniest matmul that still is one: 16 rows
                     x16 = torch.rand(SKINNY, shapes[0][1], device=device).to(dt)
                     t16 = time_calls(lambda: (lambda w: lambda: torch.mm(x16, w.t()))(
@@ -289,7 +289,7 @@ def matmul_rows(pool: torch.Tensor, dtypes, device, min_time: float,
                 clock: str = "wall") -> dict:
     """{dtype name: {rows M: FLOP/s}}: x[M,K] @ W[N,K]ᵀ, W cold and about 16 MiB, for each K
     of ROW_KS (N = 16 MiB / K), at each M of ROWS; the FLOP/s of the two calls together
-    (their times summed: a bfloat16 matmul of K = 8192 runs 10-20 % slower than one of 2048
+    (their times summed: a bfloat16 matmul of K = 8192 runs slower than one of 2048
     at a few hundred rows). See predict.rows_flops."""
     carve, direct = _Pool(pool), call_overhead(device, clock=clock)
     budget = min(16 * MiB, pool.numel() * pool.element_size() // 4)
