@@ -35,6 +35,7 @@ from perfcounter import PerformanceCounterMode, TransformerPerformanceCounter
 from perfcounter.loading import default_checkpoint
 from perfcounter.module_path import ModulePath
 from perfcounter.storage import storage_id
+from perfcounter.tokenizer import cache_keyword
 
 
 class NullMode(TorchDispatchMode):
@@ -145,16 +146,17 @@ def main(*, steps: int = 15, rounds: int = 3, context: int = 64, grad_mode: str 
         "perfcounter": lambda: counter.count("decode", num_tokens=1),
     }
     with grad_ctx():
-        cache = model(ids, use_cache=True).past_key_values
+        key = cache_keyword(model)
+        cache = getattr(model(ids, use_cache=True), key)
         token = ids[:, -1:]
 
         def step(ctx):
             t0 = time.perf_counter()
             if ctx is None:
-                model(token, past_key_values=cache, use_cache=True)
+                model(token, use_cache=True, **{key: cache})
             else:
                 with ctx():
-                    model(token, past_key_values=cache, use_cache=True)
+                    model(token, use_cache=True, **{key: cache})
             elapsed = time.perf_counter() - t0
             cache.crop(-1)  # drop the new position: the same 64-token cache for every step
             return elapsed

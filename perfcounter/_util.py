@@ -20,6 +20,11 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 
+class PerfcounterWarning(UserWarning):
+    """Every warning perfcounter itself gives (a fallback it took, a figure it lacks):
+    one category, so that a user or a test can filter or catch ours alone."""
+
+
 class UnsafeTargetError(OSError):
     """The path exists and is not a regular file: writing would replace it."""
 

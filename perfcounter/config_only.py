@@ -39,7 +39,7 @@ import torch
 from perfcounter.gguf_stored import annotate, check_price_as
 from perfcounter.loading import CheckpointError, fake_model, model_args_from_hf
 from perfcounter.model import ModelArgs
-from perfcounter.tokenizer import offline_transformers
+from perfcounter.tokenizer import cache_keyword, offline_transformers
 
 CACHES = ("dynamic", "static")
 
@@ -154,8 +154,7 @@ def hf_greedy_generate(model, prompt: torch.Tensor, max_new_tokens: int, *, phas
     a prefill block, then one decode block per further token, each wrapped in
     `phase(label, num_tokens)`; the cache transformers makes by default, or a StaticCache."""
     batch, length = prompt.shape
-    key = "cache_params" if "cache_params" in inspect.signature(model.forward).parameters \
-        else "past_key_values"
+    key = cache_keyword(model)
     kwargs = {"use_cache": True}
     if cache == "static":
         import transformers

@@ -43,6 +43,7 @@ from perfcounter.derive_steps import (NOT_MEASURED, DecodeSteps, DeriveError, St
                                       fit_steps)
 from perfcounter.loading import fake_model
 from perfcounter.trace import Trace
+from perfcounter._util import PerfcounterWarning
 
 __all__ = ["NOT_MEASURED", "DecodeSteps", "DeriveError", "StepFit", "StopGeneration",
            "count_generation", "count_layers", "decode_breakpoints", "difference",
@@ -100,7 +101,7 @@ def count_generation(config, counter, *, batch_size: int = 1, prompt_length: int
         try:
             traces = count_layers(config, count)
         except DeriveError as e:
-            warnings.warn(f"perfcounter: counting every layer ({e})", stacklevel=2)
+            warnings.warn(f"perfcounter: counting every layer ({e})", PerfcounterWarning, stacklevel=2)
     if traces is None:
         traces = count(config)
     for label, trace in traces.items():

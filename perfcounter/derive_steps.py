@@ -25,6 +25,7 @@ import torch
 
 from perfcounter.model import ModelArgs
 from perfcounter.trace import KINDS, ROLES, OpRecord, Trace, build_trace
+from perfcounter._util import PerfcounterWarning
 
 NOT_MEASURED = "not measured: fake or meta tensors"
 _NUM = re.compile(r"\d+")
@@ -337,7 +338,7 @@ class DecodeSteps:
                 return
             self.reason = str(e)
             warnings.warn(f"perfcounter: decode steps do not follow the affine model ({e}); "
-                          "counting every step", stacklevel=5)
+                          "counting every step", PerfcounterWarning, stacklevel=5)
 
     def _wants(self, x: int) -> bool:
         """Whether the step at context x is counted."""

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from perfcounter.graph import Recording, module_graph, op_graph, record_forward
+from perfcounter.tokenizer import cache_keyword
 
 PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 FORMATS = ("txt", "json", "dot")
@@ -57,9 +58,9 @@ def record_config(config, *, batch_size: int = 1, prompt_length: int = 8,
             return record_forward(model, token, torch.tensor([prompt_length]), depth=depth)
         if phase == "prefill":
             return record_forward(model, input_ids=prompt, use_cache=True, depth=depth)
-        cache = model(input_ids=prompt, use_cache=True).past_key_values
-        return record_forward(model, input_ids=token, past_key_values=cache, use_cache=True,
-                              depth=depth)
+        key = cache_keyword(model)
+        cache = getattr(model(input_ids=prompt, use_cache=True), key)
+        return record_forward(model, input_ids=token, use_cache=True, depth=depth, **{key: cache})
 
 
 def _files(base: str, levels: list[str], formats: list[str]) -> list[tuple[str, str, Path]]:

@@ -32,8 +32,8 @@ from perfcounter.checkpoint_files import (CheckpointError, CheckpointNotFoundErr
 from perfcounter.gguf_stored import annotate as annotate_gguf, check_price_as
 from perfcounter.hf_checkpoint import convert_hf_state_dict, model_args_from_hf, read_hf_weights
 from perfcounter.model import ModelArgs, Transformer, UnknownModelError
-from perfcounter.tokenizer import (Tokenizer, TransformersTokenizer, find_tokenizer, load_tokenizer,
-                                   offline_transformers)
+from perfcounter.tokenizer import (Tokenizer, TransformersTokenizer, cache_keyword, find_tokenizer,
+                                   load_tokenizer, offline_transformers)
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _META_KEY = "perfcounter_model_args"
@@ -268,7 +268,7 @@ class HFCausalLM(nn.Module):
     def forward(self, idx: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         positions = input_pos.unsqueeze(0).expand(idx.shape[0], -1)
         return self.model(input_ids=idx, position_ids=positions, cache_position=input_pos,
-                          past_key_values=self.cache, use_cache=True).logits
+                          use_cache=True, **{cache_keyword(self.model): self.cache}).logits
 
 
 def load_hf_model(path, *, device="cpu", dtype=None, trust_remote_code: bool = False,

@@ -32,6 +32,7 @@ import torch
 from perfcounter import costs, op_data
 from perfcounter.storage import ACTIVATION, FRESH, JOINED, SKIP, flat_tensors, reported_role
 from perfcounter.trace import ROLES
+from perfcounter._util import PerfcounterWarning
 
 aten = torch.ops.aten
 Tensor = torch.Tensor
@@ -289,7 +290,7 @@ def _make_plan(func, args, kwargs, out, tensors, data=()) -> OpPlan:
         except Exception as e:  # a formula that cannot price these arguments
             has_formula = False
             warnings.warn(f"perfcounter: cost formula for {name} failed on "
-                          f"{_signature(args, kwargs)}: {e!r}; counting its bytes only", stacklevel=4)
+                          f"{_signature(args, kwargs)}: {e!r}; counting its bytes only", PerfcounterWarning, stacklevel=4)
     write_only = info is not None and info.write_only
     reads, writes = [], []
     for i, t in enumerate(tensors):

@@ -55,7 +55,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfcounter._util import did_you_mean
+from perfcounter._util import did_you_mean, PerfcounterWarning
 
 HOST = "host"
 OPTION_HELP = "t (transfer point), m (MoE transfer point), tp=N (tensor parallel degree)"
@@ -402,7 +402,7 @@ class Links:
         if link is not None and link.pj_per_bit is None and what not in self.warned:
             self.warned.add(what)
             warnings.warn(f"{what} has no pJ/bit: its transfers cost time but 0 J",
-                          stacklevel=4)
+                          PerfcounterWarning, stacklevel=4)
         return link
 
     def between(self, src: Device, dst: Device) -> Link | None:

@@ -53,6 +53,7 @@ from perfcounter.costs import op_info_by_name
 from perfcounter.devices.spec import EXECUTIONS, OP_CLASSES, as_dtype, dtype_name
 from perfcounter.roofline import is_integer_dtype, peak_flops, roofline
 from perfcounter.trace import ROLES, OpRecord, Trace
+from perfcounter._util import PerfcounterWarning
 
 SKINNY_ROWS = 16  # a matmul of at most this many rows is a GEMV: it streams its weight
 # A skinny matmul of a few rows computes about as long as more rows: CPU GEMM kernels work in
@@ -159,7 +160,7 @@ def _warn_missing(spec, field: str, fallback: str) -> None:
         _warned.add(key)
         warnings.warn(f"device {spec.name!r} has no {field} (a calibration from an older "
                       f"version?); predicting with {fallback}; rerun `perfcounter calibrate`",
-                      stacklevel=4)
+                      PerfcounterWarning, stacklevel=4)
 
 
 def is_calibrated(spec) -> bool:

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from perfcounter.placement import MappingError
+from perfcounter.tokenizer import cache_keyword
 
 PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -52,7 +53,7 @@ class _HFAdapter:
     def __call__(self, idx, input_pos):
         positions = input_pos.unsqueeze(0).expand(idx.shape[0], -1)
         return self.model(input_ids=idx, position_ids=positions, cache_position=input_pos,
-                          past_key_values=self.cache, use_cache=True).logits
+                          use_cache=True, **{cache_keyword(self.model): self.cache}).logits
 
 
 def count(args):

@@ -42,6 +42,7 @@ from perfcounter.roofline import op_packet
 from perfcounter.sim_result import (DeviceResult, FunctionResult, LogRow, ModuleResult,
                                     PhaseResult, Simulation)
 from perfcounter.sim_trace import PREPARED, Ev
+from perfcounter._util import PerfcounterWarning
 
 ELEMENTWISE_MODELS = ("roofline", "upmem")
 
@@ -344,7 +345,7 @@ def simulate(source, mapping=None, *, host=None, default_device: str | None = No
         raise MappingError("; ".join(unmatched) + " (allow_unmatched=True, or --allow_unmatched, "
                            "warns and goes on)")
     for line in unmatched:
-        warnings.warn(line, stacklevel=2)
+        warnings.warn(line, PerfcounterWarning, stacklevel=2)
         notes.add(line)
     links = Links(_link(device_link, "device_link"), _link(interconnect, "interconnect"))
     results = {label: _Replay(PREPARED.get(trace), plan, links, elementwise_model, bool(overlap),

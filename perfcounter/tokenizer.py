@@ -12,6 +12,7 @@ empty one and ids the model's embedding does not have.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from pathlib import Path
@@ -27,6 +28,15 @@ def offline_transformers():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
     return transformers
+
+
+def cache_keyword(model) -> str:
+    """The keyword a transformers model's forward takes its KV cache by, and its output
+    returns it as: `cache` (transformers >= 5.2x), else `cache_params` (state-space
+    models), else `past_key_values` (older releases)."""
+    parameters = inspect.signature(model.forward).parameters
+    return next((key for key in ("cache", "cache_params") if key in parameters),
+                "past_key_values")
 
 
 class Tokenizer:

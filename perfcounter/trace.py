@@ -24,7 +24,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
-from perfcounter._util import did_you_mean
+from perfcounter._util import did_you_mean, PerfcounterWarning
 
 KINDS = ("add", "mul", "div", "sqrt", "exp", "special", "cmp")
 ROLES = ("weight", "kv_cache", "activation", "input", "buffer")
@@ -328,7 +328,7 @@ def build_trace(blocks: list[Block]) -> Trace:
         if name not in _WARNED:
             _WARNED.add(name)
             warnings.warn(f"perfcounter: no cost formula for {name}; its bytes are counted, "
-                          f"its FLOPs are not (listed in uncounted_ops)", stacklevel=3)
+                          f"its FLOPs are not (listed in uncounted_ops)", PerfcounterWarning, stacklevel=3)
     read, written = _zeros(), _zeros()
     modules = merge_modules(*(b.modules for b in blocks))
     for m in modules:  # the tracker keeps shapes raw (torch.Size tuples): written out once here

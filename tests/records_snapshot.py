@@ -14,6 +14,8 @@ inference_mode records are the no_grad ones; and the static-cache decode steps' 
 """
 import torch
 
+from perfcounter.tokenizer import cache_keyword
+
 OLD_ROLES = ("weight", "kv_cache", "activation", "input")
 FOLD = {"buffer": "input"}  # a role added since -> the role it had before
 
@@ -67,11 +69,11 @@ def snapshot() -> dict:
                     cache = None if cache_name == "dynamic" else StaticCache(config=model.config,
                                                                               max_cache_len=16)
                     with mode:
-                        res = model(ids, past_key_values=cache, use_cache=True)
+                        res = model(ids, use_cache=True, **{cache_keyword(model): cache})
                     out[f"{arch}/{grad.__name__}/{cache_name}/prefill"] = _phase(mode.trace())
                     for step in range(2):
                         with mode:
-                            model(ids[:, step:step + 1], past_key_values=res.past_key_values,
-                                  use_cache=True)
+                            model(ids[:, step:step + 1], use_cache=True,
+                                  **{cache_keyword(model): getattr(res, cache_keyword(model))})
                         out[f"{arch}/{grad.__name__}/{cache_name}/decode{step}"] = _phase(mode.trace())
     return out

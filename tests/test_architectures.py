@@ -22,6 +22,7 @@ transformers = pytest.importorskip("transformers")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from perfcounter import TransformerPerformanceCounter  # noqa: E402
+from perfcounter.tokenizer import cache_keyword  # noqa: E402
 
 TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 COMMON = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -98,8 +99,7 @@ def build(name: str):
 def generate(model, ids, counter=None, on_phase=lambda label: None):
     """Prefill ids [B, S], then decode their last token once with the model's cache:
     (prefill logits, decode logits); each phase inside counter.count when a counter is given."""
-    cache_key = "cache_params" if "cache_params" in model.forward.__code__.co_varnames \
-        else "past_key_values"
+    cache_key = cache_keyword(model)
 
     def phase(label):
         on_phase(label)

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from perfcounter.mode import PerformanceCounterMode
+from perfcounter.tokenizer import cache_keyword
 from perfcounter.trace import ROLES
 from records_snapshot import _tiny
 
@@ -271,6 +272,7 @@ def test_no_uncounted_ops_prefill_and_decode(arch, tiny_model_factory):
     from transformers import StaticCache
 
     model, ids = tiny_model_factory(arch)
+    key = cache_keyword(model)
     for grad in (torch.no_grad, torch.inference_mode):
         mode = PerformanceCounterMode()
         with grad():
@@ -278,14 +280,14 @@ def test_no_uncounted_ops_prefill_and_decode(arch, tiny_model_factory):
                 out = model(ids, use_cache=True)
             assert mode.uncounted_ops == {}
             with mode:
-                model(ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
+                model(ids[:, :1], use_cache=True, **{key: getattr(out, key)})
             assert mode.uncounted_ops == {}
             assert mode.trace().per_op_read[KV] > 0
             cache = StaticCache(config=model.config, max_cache_len=16)
             with mode:
-                model(ids, past_key_values=cache, use_cache=True)
+                model(ids, use_cache=True, **{key: cache})
             with mode:
-                model(ids[:, :1], past_key_values=cache, use_cache=True)
+                model(ids[:, :1], use_cache=True, **{key: cache})
             assert mode.uncounted_ops == {}
             assert mode.coverage == (1.0, 1.0)
             assert 0 < mode.trace().kv_cache_valid_read < mode.trace().per_op_read[KV]

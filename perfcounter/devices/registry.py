@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from perfcounter._util import did_you_mean
+from perfcounter._util import did_you_mean, PerfcounterWarning
 from perfcounter.devices.schema import load_device_specs
 from perfcounter.devices.spec import (TF32, DeviceSpec, DeviceSpecError, UnknownDeviceError,
                                       as_dtype, rate_key)
@@ -78,7 +78,7 @@ def _calibrated() -> list[DeviceSpec]:
             specs = load_device_specs(path)
         except DeviceSpecError as exc:
             warnings.warn(f"ignoring the calibrated spec file: {exc}; rerun `perfcounter "
-                          "calibrate` to rewrite it", stacklevel=3)
+                          "calibrate` to rewrite it", PerfcounterWarning, stacklevel=3)
             specs = []
         _calibrated_cache.update(stamp=stamp, specs=specs)
     return _calibrated_cache["specs"]
@@ -130,7 +130,7 @@ def register_device_specs(path) -> list[DeviceSpec]:
         if taken:
             owners = ", ".join(sorted({index[k] for k in taken}))
             warnings.warn(f"{path}: entry {spec.name!r} takes the name(s) "
-                          f"{', '.join(taken)} from registry entry {owners}", stacklevel=2)
+                          f"{', '.join(taken)} from registry entry {owners}", PerfcounterWarning, stacklevel=2)
     _user_specs.extend((origin, spec) for spec in new)
     return new
 
@@ -308,5 +308,5 @@ def default_device_spec(dtype=None) -> DeviceSpec:
         calibrated.sort(key=lambda s: s.name != "calibrated")  # the default name first
         return get_device_spec(calibrated[0], dtype)
     warnings.warn("no calibrated spec for this machine; using 'generic-cpu' (assumed "
-                  "figures). Run `perfcounter calibrate` to measure it.", stacklevel=2)
+                  "figures). Run `perfcounter calibrate` to measure it.", PerfcounterWarning, stacklevel=2)
     return get_device_spec("generic-cpu", dtype)

@@ -53,7 +53,7 @@ from typing import NamedTuple
 
 import yaml
 
-from perfcounter._util import atomic_write, did_you_mean
+from perfcounter._util import atomic_write, did_you_mean, PerfcounterWarning
 from perfcounter.devices.spec import DeviceSpec, DeviceSpecError, as_dtype, dtype_name, rate_key
 
 
@@ -495,6 +495,6 @@ def write_device_specs(path, specs: list[DeviceSpec], *, header: str = "") -> Pa
     if broken is not None:
         kept = atomic_write(_spare_name(path, ".corrupt"), path.read_bytes())
         warnings.warn(f"replacing {path}, which does not load ({broken}); "
-                      f"the old file is kept as {kept}", stacklevel=2)
+                      f"the old file is kept as {kept}", PerfcounterWarning, stacklevel=2)
     return atomic_write(path, "".join(f"# {line}\n" for line in header.splitlines()) + text,
                         mkdir=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
-from perfcounter._util import did_you_mean
+from perfcounter._util import did_you_mean, PerfcounterWarning
 
 
 class DeviceSpecError(ValueError):
@@ -108,7 +108,7 @@ def _warn_once(kind: str, spec: "DeviceSpec", dtype, used) -> None:
     if key not in _warned:
         _warned.add(key)
         warnings.warn(f"device {spec.name!r} has no {kind} figure for {dtype_name(dtype)}; "
-                      f"using its {dtype_name(used)} figure", stacklevel=3)
+                      f"using its {dtype_name(used)} figure", PerfcounterWarning, stacklevel=3)
 
 
 # ---------------------------------------------------------------- DeviceSpec
