@@ -10,7 +10,7 @@ import published  # noqa: E402
 from published import PublishedDataError, load_rows  # noqa: E402
 
 from perfcounter import list_device_specs  # noqa: E402
-from perfcounter.model import PRESETS  # noqa: E402
+from perfcounter.models.model import PRESETS  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +109,31 @@ def test_missing_field_duplicate_id_and_bad_files(tmp_path):
         load_rows(tmp_path / "broken.yaml")
     with pytest.raises(PublishedDataError, match="non-empty list 'rows'"):
         load_rows(_write(tmp_path, []))
+
+
+def test_genz_figures_without_genz_says_one_line_and_exits_0(monkeypatch, capsys, tmp_path):
+    """GenZ is never a dependency: absent, the peer script prints one line and writes nothing."""
+    import genz_figures
+    monkeypatch.setitem(sys.modules, "GenZ", None)  # import GenZ raises ImportError
+    saved = tmp_path / "genz.json"
+    assert genz_figures.main(["--save_path", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "GenZ is not installed" in out
+    assert not saved.exists()
+
+
+def test_genz_figures_skips_what_it_cannot_model(rows):
+    import genz_figures
+    by_id = {r.id: r for r in rows}
+    saturated = genz_figures.genz_figure(by_id["trtllm-h100-llama31-8b-fp8-sat-128-128"])
+    assert saturated["genz"] is None and "batch not stated" in saturated["skipped"]
+    absent = genz_figures.genz_figure(by_id["llamacpp-3090ti-llama7b-q4_0-tg128"])
+    assert absent["genz"] is None and "not in our registry" in absent["skipped"]
+
+
+def test_perfcounter_does_not_import_genz():
+    import subprocess
+    code = "import sys, perfcounter; print('GenZ' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "False"
