@@ -1,0 +1,26 @@
+"""serve: a model served to a workload — continuous batching, latency percentiles, memory fit.
+
+Owns workloads (workload.py), the iteration-level scheduler (scheduler.py: vLLM v1 /
+Sarathi-Serve semantics), one engine step counted exactly (ragged.py), the step table
+(steps.py: affine per record group in tokens, sequences and context) and its pricing
+(pricing.py: the pricer seam; placement.py: a mapping through perfcounter.simulate),
+the memory fit (memory.py), serving metrics under vLLM's names (metrics.py), text
+(render.py), files (outputs.py) and `perfcounter serve` (command.py).
+
+It may import counting, trace, pricing and simulate code, only through deps.py.
+
+    from perfcounter.serve import deployment, serve, synthetic
+    dep = deployment("llama-3-8b", "h100-sxm")
+    result = serve(dep, synthetic(1000, 512, 128, qps=10, seed=0), slo="ttft=200ms,tpot=50ms")
+    print(result.metrics["p99_ttft_ms"])
+"""
+from perfcounter.serve.api import (Deployment, ServeResult, deployment, find_max_qps, qps_values,
+                                   serve)
+from perfcounter.serve.errors import ServeError
+from perfcounter.serve.memory import MemoryPlan, kv_bytes_per_token, memory_plan
+from perfcounter.serve.pricing import cache_clear, cache_info, step_table
+from perfcounter.serve.workload import Workload, read_trace, synthetic
+
+__all__ = ["Deployment", "MemoryPlan", "ServeError", "ServeResult", "Workload", "cache_clear",
+           "cache_info", "deployment", "find_max_qps", "kv_bytes_per_token", "memory_plan",
+           "qps_values", "read_trace", "serve", "step_table", "synthetic"]

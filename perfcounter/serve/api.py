@@ -1,0 +1,201 @@
+"""serve's Python face: a deployment, a served workload, a QPS sweep, the highest QPS under an SLO.
+
+    from perfcounter.serve import deployment, serve, synthetic
+    dep = deployment("llama-3-8b", "h100-sxm", precision="bfloat16")
+    result = serve(dep, synthetic(1000, 512, 128, qps=10, seed=0), slo="ttft=200ms,tpot=50ms")
+    result.metrics["p99_ttft_ms"], result.to_dict()
+
+A deployment is a model (a preset, ModelArgs or a config.json), a precision, a device
+spec (its memory holds weights, workspace and the KV cache), optionally a placement
+mapping that prices the steps (`perfcounter.simulate`), and the engine's limits. Its
+step table is built once per (model, precision, device or mapping) and cached
+(pricing.step_table), so sweeps and searches re-use it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from perfcounter.serve.deps import ModelArgs, get_device_spec, model_args_from_hf, resolve_config
+from perfcounter.serve.errors import ServeError
+from perfcounter.serve.memory import MemoryPlan, memory_plan
+from perfcounter.serve.metrics import metrics, parse_slo
+from perfcounter.serve.pricing import RooflinePricer, step_table
+from perfcounter.serve.scheduler import EngineConfig, Run, simulate_engine
+from perfcounter.serve.workload import Workload, check_fits_model
+
+PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def resolve_model(model) -> ModelArgs:
+    """ModelArgs from a preset name, ModelArgs, or a config.json (ours or a Llama-like HF one)."""
+    try:
+        resolved = resolve_config(model)
+    except (KeyError, ValueError, OSError) as e:
+        raise ServeError(str(e).strip("'\"")) from None
+    if isinstance(resolved, ModelArgs):
+        return resolved
+    try:
+        return model_args_from_hf(resolved.to_dict(), str(model))
+    except (KeyError, ValueError) as e:
+        raise ServeError(f"{model}: serve prices perfcounter's model, which cannot hold this "
+                         f"config ({e})") from None
+
+
+def resolve_precision(precision) -> torch.dtype:
+    if isinstance(precision, torch.dtype):
+        return precision
+    if precision not in PRECISIONS:
+        raise ServeError(f"--precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+    return PRECISIONS[precision]
+
+
+@dataclass
+class Deployment:
+    """What serves: model, precision, memory device, step table, memory plan, engine limits."""
+
+    name: str
+    args: ModelArgs
+    model_name: str
+    dtype: torch.dtype
+    spec: object
+    table: object  # pricing.PricedTable
+    plan: MemoryPlan
+    engine: EngineConfig
+    usd_per_hour: float | None = None
+    usd_source: str | None = None
+    notes: list = field(default_factory=list)
+
+
+def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat16",
+               gpu_memory_utilization: float = 0.9, block_size: int = 16,
+               max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
+               step_overhead_s: float = 0.0, usd_per_hour: float | None = None,
+               host=None, **mapping_options) -> Deployment:
+    """A deployment (see the module doc); every limit checked here, before any work."""
+    for name, value, least in (("--block_size", block_size, 1),
+                               ("--max_num_batched_tokens", max_num_batched_tokens, 1),
+                               ("--max_num_seqs", max_num_seqs, 1)):
+        if not isinstance(value, int) or value < least:
+            raise ServeError(f"{name} {value}: expected an integer >= {least}")
+    if not (step_overhead_s >= 0 and math.isfinite(step_overhead_s)):
+        raise ServeError(f"--step_overhead_ms {step_overhead_s * 1e3}: expected a time >= 0")
+    if usd_per_hour is not None and not (usd_per_hour >= 0 and math.isfinite(usd_per_hour)):
+        raise ServeError(f"--usd_per_hour {usd_per_hour}: expected a price >= 0")
+    args = resolve_model(model)
+    dtype = resolve_precision(precision)
+    try:
+        spec = device_spec if not isinstance(device_spec, str) else \
+            get_device_spec(device_spec, dtype=dtype)
+    except (KeyError, ValueError) as e:
+        raise ServeError(str(e).strip("'\"")) from None
+    plan = memory_plan(args, dtype, spec, gpu_memory_utilization=gpu_memory_utilization,
+                       block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
+                       max_num_seqs=max_num_seqs)
+    if mapping is not None:
+        from perfcounter.serve.placement import PlacementPricer
+        pricer = PlacementPricer(mapping, host=host, **mapping_options)
+        name = f"{spec.name} memory, steps under mapping {mapping}"
+    else:
+        pricer = RooflinePricer(spec)
+        name = spec.name
+    table = step_table(args, dtype, pricer)
+    source = None
+    if usd_per_hour is None and getattr(spec, "usd_per_hour", None) is not None:
+        usd_per_hour = float(spec.usd_per_hour)
+        source = (getattr(spec, "source", {}) or {}).get("usd_per_hour")
+    elif usd_per_hour is not None:
+        source = "--usd_per_hour"
+    engine = EngineConfig(plan.kv_blocks, max_num_batched_tokens, max_num_seqs, block_size,
+                          step_overhead_s)
+    model_name = model if isinstance(model, str) else type(model).__name__
+    return Deployment(name, args, str(model_name), dtype, spec, table, plan, engine,
+                      usd_per_hour, source)
+
+
+@dataclass
+class ServeResult:
+    """One workload served by one deployment: the metrics (plain data) and the run."""
+
+    deployment: Deployment
+    workload: Workload
+    metrics: dict
+    run: Run
+
+    def to_dict(self) -> dict:
+        dep = self.deployment
+        return {"deployment": dep.name, "model": dep.model_name,
+                "precision": str(dep.dtype).replace("torch.", ""),
+                "step_costs": dep.table.label, "workload": self.workload.source,
+                "num_requests": len(self.workload), "memory": dep.plan.to_dict(),
+                "engine": vars(dep.engine) if hasattr(dep.engine, "__dict__") else
+                {k: getattr(dep.engine, k) for k in dep.engine.__dataclass_fields__},
+                "usd_per_hour": dep.usd_per_hour, "usd_per_hour_source": dep.usd_source,
+                **self.metrics}
+
+
+def serve(dep: Deployment, workload: Workload, *, slo=None,
+          usd_per_kwh: float | None = None) -> ServeResult:
+    """Simulate `workload` on `dep` and measure it (metrics.py)."""
+    if not dep.plan.fits:
+        raise ServeError(f"{dep.model_name} does not fit on {dep.spec.name}: weights "
+                         f"{dep.plan.weight_bytes / 1e9:.2f} GB + workspace "
+                         f"{dep.plan.workspace_bytes / 1e9:.2f} GB leave no KV cache in "
+                         f"{dep.plan.usable_bytes / 1e9:.2f} GB")
+    if usd_per_kwh is not None and not (usd_per_kwh >= 0 and math.isfinite(usd_per_kwh)):
+        raise ServeError(f"--usd_per_kwh {usd_per_kwh}: expected a price >= 0")
+    check_fits_model(workload, dep.plan.max_model_len)
+    slo = parse_slo(slo) if slo else None
+    run = simulate_engine(workload, dep.table, dep.engine)
+    m = metrics(run, slo=slo, open_loop=workload.concurrency is None,
+                static_w=dep.table.static_w, usd_per_hour=dep.usd_per_hour,
+                usd_per_kwh=usd_per_kwh)
+    return ServeResult(dep, workload, m, run)
+
+
+def meets(result: ServeResult, attainment: float) -> bool:
+    m = result.metrics
+    return not m["overloaded"] and (m.get("slo_met_fraction") or 0.0) >= attainment
+
+
+def find_max_qps(dep: Deployment, make, slo, *, attainment: float = 0.9,
+                 iterations: int = 10) -> tuple[float | None, list[ServeResult]]:
+    """The highest rate whose workload `make(qps)` meets `slo` for `attainment` of its
+    requests, not overloaded: bisection between 0 and the saturated throughput."""
+    if not 0 < attainment <= 1:
+        raise ServeError(f"--slo_attainment {attainment}: expected a fraction in (0, 1]")
+    slo = parse_slo(slo)
+    tried = []
+    flood = serve(dep, make(1e9), slo=slo)  # every request at once: the most it serves
+    tried.append(flood)
+    hi = flood.metrics["request_throughput"] * 1.1
+    lo, best = 0.0, None
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        result = serve(dep, make(mid), slo=slo)
+        tried.append(result)
+        if meets(result, attainment):
+            lo, best = mid, mid
+        else:
+            hi = mid
+    return best, tried
+
+
+def qps_values(text) -> list[float]:
+    """'1,2,5' or 'START:STOP:COUNT' (COUNT evenly spaced rates, both ends included)."""
+    s = str(text).strip()
+    try:
+        if s.count(":") == 2:
+            start, stop, count = s.split(":")
+            values = list(np.linspace(float(start), float(stop), int(count)))
+        else:
+            values = [float(v) for v in s.split(",") if v.strip()]
+    except ValueError:
+        raise ServeError(f"--qps {s!r}: expected a rate, a list (1,2,5) or a range "
+                         "START:STOP:COUNT") from None
+    if not values or any(not (v > 0 and math.isfinite(v)) for v in values):
+        raise ServeError(f"--qps {s!r}: every rate must be > 0 requests a second")
+    return [float(v) for v in values]

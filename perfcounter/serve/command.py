@@ -1,0 +1,208 @@
+"""`perfcounter serve`: a model served to a workload on one or more deployments.
+
+    perfcounter serve --model llama-3-8b --device_spec h100-sxm --qps 10 --num_requests 1000 \
+        --prompt_length uniform:128-1024 --max_new_tokens 128 --slo ttft=200ms,tpot=50ms
+    perfcounter serve --model llama-3-8b --device_spec h100-sxm --plan
+    perfcounter serve --model llama-3-8b --device_spec h100-sxm,a100-sxm4-80gb --qps 1:40:8
+    perfcounter serve --model llama-3-8b --device_spec h100-sxm --find_max_qps --slo ttft=200ms,tpot=50ms
+
+`add_arguments(parser)` adds the flags, `run(args)` runs (exit code 0; 2 and one line on
+stderr for bad input, every input checked before the work). `python -m perfcounter.serve`
+runs it alone.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from perfcounter.serve.deps import check_writable_target
+from perfcounter.serve.errors import ServeError
+
+ROW_KEYS = ("deployment", "qps")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", help="a preset name (config only, no weights)")
+    g.add_argument("--config", type=Path, help="config.json, ours or a Llama-like Hugging Face one")
+    g.add_argument("--precision", default="bfloat16", help="bfloat16, float16, float32")
+    g = p.add_argument_group("deployment")
+    g.add_argument("--device_spec", default="h100-sxm",
+                   help="device(s) by name or YAML path, comma-separated to compare")
+    g.add_argument("--mapping", action="append", default=None,
+                   help="a placement (as `perfcounter simulate --mapping`) pricing the steps; "
+                        "repeat to compare; the memory is --device_spec's")
+    g.add_argument("--host", help="the host of a mapping (default: calibrated CPU, else generic-cpu)")
+    g.add_argument("--allow_unmatched", action="store_true", help="mapping keys that match nothing warn")
+    g.add_argument("--gpu_memory_utilization", type=float, default=0.9)
+    g.add_argument("--max_num_batched_tokens", type=int, default=8192, help="token budget a step")
+    g.add_argument("--max_num_seqs", type=int, default=256)
+    g.add_argument("--block_size", type=int, default=16, help="KV cache block (tokens)")
+    g.add_argument("--step_overhead_ms", type=float, default=0.0, help="added to every step")
+    g = p.add_argument_group("workload")
+    g.add_argument("--qps", help="rate(s): 10, a list 1,2,5 or a range START:STOP:COUNT")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps (1: Poisson)")
+    g.add_argument("--concurrency", type=int, help="closed loop: N requests always in flight")
+    g.add_argument("--num_requests", type=int, default=1000)
+    g.add_argument("--prompt_length", default="512", help="N, uniform:LO-HI or normal:MEAN,STD")
+    g.add_argument("--max_new_tokens", default="128", help="N, uniform:LO-HI or normal:MEAN,STD")
+    g.add_argument("--trace_file", type=Path, help="JSONL or CSV: arrival_time, prompt_tokens, "
+                                                   "output_tokens[, cached_tokens]")
+    g.add_argument("--prefix_hit_rate", type=float, default=0.0, help="prompt share a prefix cache holds")
+    g.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("measures")
+    g.add_argument("--slo", help="targets with units: ttft=200ms,tpot=50ms[,e2el=2s]")
+    g.add_argument("--slo_attainment", type=float, default=0.9,
+                   help="share of requests meeting --slo for --find_max_qps")
+    g.add_argument("--find_max_qps", action="store_true", help="the highest rate meeting --slo")
+    g.add_argument("--usd_per_hour", type=float, help="device price (else the spec's sourced one)")
+    g.add_argument("--usd_per_kwh", type=float, help="energy price")
+    g.add_argument("--plan", action="store_true", help="the memory fit only, no simulation")
+    g.add_argument("--plan_context", type=int, help="--plan: the largest batch at this context")
+    g.add_argument("--plan_batch", type=int, help="--plan: the longest context at this batch")
+    g = p.add_argument_group("output")
+    g.add_argument("--save_path", type=Path, help="results JSON")
+    g.add_argument("--csv", type=Path, help="per-request times (the first result)")
+    g.add_argument("--trace", type=Path, help="Perfetto trace of the steps (the first result)")
+    g.add_argument("--plot", type=Path, help="folder for latency CDF and throughput-latency plots")
+
+
+def _check(args) -> None:
+    """Everything that can be checked before any counting or simulation."""
+    from perfcounter.serve.api import qps_values
+    from perfcounter.serve.metrics import parse_slo
+    from perfcounter.serve.workload import check_rate, parse_lengths
+    if (args.model is None) == (args.config is None):
+        raise ServeError("give one of --model and --config")
+    if args.qps is not None:
+        for q in qps_values(args.qps):
+            check_rate(q)
+    if args.qps is not None and args.concurrency is not None:
+        raise ServeError("give --qps or --concurrency, not both")
+    if args.find_max_qps and not args.slo:
+        raise ServeError("--find_max_qps needs --slo (e.g. ttft=200ms,tpot=50ms)")
+    if args.slo:
+        parse_slo(args.slo)
+    parse_lengths(args.prompt_length, "--prompt_length")
+    parse_lengths(args.max_new_tokens, "--max_new_tokens")
+    for name in ("save_path", "csv", "trace"):
+        path = getattr(args, name)
+        if path is not None:
+            try:
+                check_writable_target(path)
+            except OSError as e:
+                raise ServeError(f"--{name}: {e}") from None
+    if args.plot is not None:
+        if not args.plot.is_dir():
+            raise ServeError(f"--plot {args.plot}: not an existing folder")
+        from perfcounter.serve.outputs import check_plotting
+        check_plotting()
+
+
+def _deployments(args) -> list:
+    from perfcounter.serve.api import deployment
+    common = dict(precision=args.precision, gpu_memory_utilization=args.gpu_memory_utilization,
+                  block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
+                  max_num_seqs=args.max_num_seqs, step_overhead_s=args.step_overhead_ms * 1e-3,
+                  usd_per_hour=args.usd_per_hour)
+    model = args.model if args.model is not None else args.config
+    specs = [s.strip() for s in args.device_spec.split(",") if s.strip()]
+    if not specs:
+        raise ServeError("--device_spec: expected a device name or YAML path")
+    if args.mapping:
+        return [deployment(model, specs[0], mapping=m, host=args.host,
+                           allow_unmatched=args.allow_unmatched, **common) for m in args.mapping]
+    return [deployment(model, s, **common) for s in specs]
+
+
+def _workload_maker(args, block_size: int):
+    from perfcounter.serve.workload import read_trace, synthetic
+    if args.trace_file is not None:
+        trace = read_trace(args.trace_file, block_size=block_size)
+        return lambda qps: trace
+    if args.concurrency is not None:
+        return lambda qps: synthetic(args.num_requests, args.prompt_length, args.max_new_tokens,
+                                     concurrency=args.concurrency, seed=args.seed,
+                                     prefix_hit_rate=args.prefix_hit_rate, block_size=block_size)
+    return lambda qps: synthetic(args.num_requests, args.prompt_length, args.max_new_tokens,
+                                 qps=qps, burstiness=args.burstiness, seed=args.seed,
+                                 prefix_hit_rate=args.prefix_hit_rate, block_size=block_size)
+
+
+def _main(args) -> int:
+    from perfcounter.serve.api import find_max_qps, qps_values, serve
+    from perfcounter.serve.render import plan_text, result_text, table
+    _check(args)
+    make = _workload_maker(args, args.block_size)
+    if args.qps is None and args.concurrency is None and args.trace_file is None \
+            and not args.plan and not args.find_max_qps:
+        raise ServeError("give a workload: --qps, --concurrency or --trace_file (or --plan)")
+    deps = _deployments(args)
+    if args.plan:
+        for dep in deps:
+            context = args.plan_context
+            if context is None and str(args.prompt_length).isdigit() \
+                    and str(args.max_new_tokens).isdigit():
+                context = int(args.prompt_length) + int(args.max_new_tokens)
+            print(plan_text(dep, context, args.plan_batch or args.max_num_seqs))
+        return 0
+    results, rows, notes = [], [], []
+    for dep in deps:
+        if args.find_max_qps:
+            best, tried = find_max_qps(dep, make, args.slo, attainment=args.slo_attainment)
+            notes.append(f"{dep.name}: highest QPS meeting {args.slo} for "
+                         f"{args.slo_attainment:.0%} of requests: "
+                         + ("none (not even the lowest rate tried)" if best is None else
+                            f"{best:.3g}"))
+            chosen = [r for r in tried[1:] if best is not None
+                      and r.workload.source == f"qps {best:g}"] or tried[-1:]
+            results.append(chosen[0])
+            rows.append({**chosen[0].to_dict(), "qps": best})
+            continue
+        rates = qps_values(args.qps) if args.qps is not None else [None]
+        for qps in rates:
+            result = serve(dep, make(qps), slo=args.slo, usd_per_kwh=args.usd_per_kwh)
+            results.append(result)
+            rows.append({**result.to_dict(), "qps": qps})
+    if len(rows) == 1 and not args.find_max_qps:
+        print(result_text(results[0]))
+    else:
+        print(f"step costs: {deps[0].table.label}")
+        print(table(rows, first=("deployment", "deployment", 0)))
+        for line in notes:
+            print(line)
+    _write(args, results, rows)
+    return 0
+
+
+def _write(args, results, rows) -> None:
+    from perfcounter.serve.deps import atomic_write
+    from perfcounter.serve.outputs import write_csv, write_plots, write_trace
+    if args.save_path is not None:
+        atomic_write(args.save_path, json.dumps(rows if len(rows) > 1 else rows[0], indent=2,
+                                                allow_nan=False, default=str) + "\n")
+    if args.csv is not None:
+        write_csv(args.csv, results[0])
+    if args.trace is not None:
+        write_trace(args.trace, results[0])
+    if args.plot is not None:
+        write_plots(args.plot, results, [f"{r['deployment']} qps {r['qps']}" for r in rows],
+                    sweep=rows if len(rows) > 1 else None)
+
+
+def run(args) -> int:
+    """Run `perfcounter serve`; bad input: one line on stderr, exit code 2."""
+    try:
+        return _main(args)
+    except (ServeError, ValueError, KeyError) as e:  # MappingError and spec errors are ValueErrors
+        message = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+        print(f"perfcounter serve: error: {message}", file=sys.stderr)
+        return 2
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="perfcounter serve", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,122 @@
+"""Memory fit: weights, activation workspace and the paged KV cache a device holds.
+
+    KV bytes per token = 2 (K and V) x layers x KV heads x head_dim x bytes per element
+    capacity = device memory x gpu_memory_utilization - weights - activation workspace
+    KV blocks = floor(capacity / (block_size x KV bytes per token))
+
+Llama-3-70B in bfloat16: 2 x 80 x 8 x 128 x 2 B = 327,680 B a token. Weights are the
+model's parameters at the precision's element size (perfcounter's model: embedding,
+per layer wqkv (+ bias), wo, the feed-forward or experts and their router, two norms;
+final norm; the output layer unless tied). The activation workspace is an estimate of
+the largest live set of one step at the token budget, which vLLM measures by a dummy
+run: max_num_batched_tokens x (4 x dim + q + 2 kv + 2 x intermediate) elements, plus the
+logits of max_num_seqs rows in float32. `plan(...)` answers before simulating: does it
+fit, how many tokens of KV cache remain, the largest batch at a context and the
+longest context at a batch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from perfcounter.serve.deps import ModelArgs
+from perfcounter.serve.errors import ServeError
+
+
+def element_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def kv_bytes_per_token(args: ModelArgs, dtype: torch.dtype) -> int:
+    """2 x layers x KV heads x head_dim x element bytes."""
+    return 2 * args.n_layer * args.n_local_heads * args.head_dim * element_bytes(dtype)
+
+
+def weight_params(args: ModelArgs) -> int:
+    """Parameters of perfcounter's model for `args` (shared embedding counted once)."""
+    d, q, kv = args.dim, args.n_head * args.head_dim, args.n_local_heads * args.head_dim
+    inter = args.intermediate_size
+    attn = d * (q + 2 * kv) + (q + 2 * kv if args.attention_bias else 0) + q * d
+    ffn = 3 * d * inter
+    if args.num_experts:
+        ffn = args.num_experts * ffn + d * args.num_experts
+    layer = attn + ffn + 2 * d
+    head = 0 if args.tie_embeddings else args.vocab_size * d
+    return args.vocab_size * d + args.n_layer * layer + d + head
+
+
+def workspace_bytes(args: ModelArgs, dtype: torch.dtype, max_num_batched_tokens: int,
+                    max_num_seqs: int) -> int:
+    """The activation workspace estimate of the module doc."""
+    q, kv = args.n_head * args.head_dim, args.n_local_heads * args.head_dim
+    per_token = 4 * args.dim + q + 2 * kv + 2 * args.intermediate_size
+    return (max_num_batched_tokens * per_token * element_bytes(dtype)
+            + max_num_seqs * args.vocab_size * 4)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Where a device's memory goes; bytes unless said."""
+
+    device_bytes: float
+    gpu_memory_utilization: float
+    weight_bytes: int
+    workspace_bytes: int
+    kv_bytes_per_token: int
+    block_size: int
+    kv_blocks: int  # 0 when the model does not fit
+    max_model_len: int
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.device_bytes * self.gpu_memory_utilization
+
+    @property
+    def kv_capacity_bytes(self) -> float:
+        return self.usable_bytes - self.weight_bytes - self.workspace_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.kv_blocks > 0
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.kv_blocks * self.block_size
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def max_batch(self, context: int) -> int:
+        """The most sequences of `context` tokens whose KV fits at once."""
+        return self.kv_blocks // self.blocks_for(context) if context > 0 else 0
+
+    def max_context(self, batch: int) -> int:
+        """The longest context each of `batch` sequences can hold (capped by the model)."""
+        return min(self.kv_blocks // batch * self.block_size, self.max_model_len) if batch else 0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "usable_bytes": self.usable_bytes,
+                "kv_capacity_bytes": self.kv_capacity_bytes, "fits": self.fits,
+                "kv_tokens": self.kv_tokens}
+
+
+def memory_plan(args: ModelArgs, dtype: torch.dtype, spec, *, gpu_memory_utilization: float = 0.9,
+                block_size: int = 16, max_num_batched_tokens: int = 8192,
+                max_num_seqs: int = 256, device_bytes: float | None = None) -> MemoryPlan:
+    """The memory plan of `args` at `dtype` on `spec` (its vram, or device_bytes)."""
+    total = device_bytes if device_bytes is not None else spec.vram
+    if not total:
+        raise ServeError(f"device {spec.name!r} has no memory size (vram_GB); give one in its "
+                         "YAML entry")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ServeError(f"--gpu_memory_utilization {gpu_memory_utilization}: expected a "
+                         "fraction in (0, 1]")
+    weights = weight_params(args) * element_bytes(dtype)
+    work = workspace_bytes(args, dtype, max_num_batched_tokens, max_num_seqs)
+    per_token = kv_bytes_per_token(args, dtype)
+    capacity = float(total) * gpu_memory_utilization - weights - work
+    blocks = max(0, math.floor(capacity / (block_size * per_token)))
+    return MemoryPlan(float(total), gpu_memory_utilization, weights, work, per_token, block_size,
+                      blocks, args.block_size)

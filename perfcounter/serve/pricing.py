@@ -1,0 +1,195 @@
+"""A step's seconds and joules on a device: the pricer seam and the priced step table.
+
+The seam is the pricer. `pricer.record_costs(trace)` gives each record of a counted
+trace (fixed_s, compute_s, memory_s); a step costs
+
+    Σ_groups fixed + max(Σ compute, Σ memory)  +  host link
+
+where a group holds one op of every piece of the step (steps.py: in an engine the
+pieces' attention is one varlen kernel, one roofline). `RooflinePricer` is the
+roofline bound: fixed 0, executed FLOPs / peak at the op's dtype, bytes / bandwidth
+(roofline.op_costs, per-element costs of the spec included), the host link as
+roofline.py charges it (the step's inputs in, its output back). The output says so:
+"step costs: roofline bound (no execution regime yet)". A prediction with an
+execution regime (eager, compiled, cudagraphs) is another pricer with the same
+three methods: its per-op overhead is the fixed part.
+
+`PricedTable(counts, pricer)` prices the counted one-layer FIT traces, sums each
+group (times the layers it stands for) and fits compute, memory, fixed, host-link
+and energy coefficients over the step features, so that pricing a step in the
+scheduler's loop is two small matrix-vector products. `step_table(args, dtype,
+pricer)` builds it once per (model, dtype, pricer) and caches it: the counts per
+(model, dtype), the priced table per pricer as well (`cache_info()`, `cache_clear()`).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from perfcounter.serve.deps import (PJ, ModelArgs, Trace, compute_energy_j, crosses_host_link,
+                                    host_link_bytes, op_costs)
+from perfcounter.serve.steps import FEATURES, StepCounts, _key, count_table, features, fit
+
+ROOFLINE_LABEL = "roofline bound (no execution regime yet)"
+
+
+class RooflinePricer:
+    """Each record at the device's roofline: (0, executed FLOPs / peak, bytes / bandwidth)."""
+
+    label = ROOFLINE_LABEL
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.key = f"roofline:{spec.name}:{spec.dtype}"
+        self.static_w = float(spec.static_w or 0.0)
+
+    def record_costs(self, trace: Trace) -> list[tuple[float, float, float]]:
+        return [(0.0, c.compute_s, c.memory_s) for c in op_costs(trace, self.spec)]
+
+    def record_energy_j(self, trace: Trace) -> list[float] | None:
+        """Dynamic joules per record (compute + memory); None when the spec lacks a figure."""
+        spec = self.spec
+        if spec.mem_pj_per_bit is None:
+            return None
+        out = []
+        for r in trace.records:
+            compute = compute_energy_j(Trace(records=[r]), spec)
+            if compute is None:
+                return None
+            out.append(compute + r.bytes * 8 * spec.mem_pj_per_bit * PJ)
+        return out
+
+    def host_link(self, trace: Trace) -> tuple[float, float]:
+        """(seconds, joules) of the step's inputs in and output back over the host link."""
+        spec = self.spec
+        if not crosses_host_link(spec):
+            return 0.0, 0.0
+        seconds = joules = 0.0
+        for nbytes, bw, pj in zip(host_link_bytes(trace),
+                                  (spec.host_to_device_bw, spec.device_to_host_bw),
+                                  (spec.host_to_device_pj_per_bit, spec.device_to_host_pj_per_bit)):
+            seconds += nbytes / bw if bw else 0.0
+            joules += nbytes * 8 * (pj or 0.0) * PJ
+        return seconds, joules
+
+
+class PricedTable:
+    """A step's seconds and dynamic joules as functions of its features (module doc)."""
+
+    def __init__(self, counts: StepCounts, pricer):
+        self.counts, self.pricer = counts, pricer
+        self.label = pricer.label
+        self.static_w = float(getattr(pricer, "static_w", 0.0) or 0.0)
+        index = {k: g for g, k in enumerate(counts.keys)}
+        groups, shapes = len(index), len(counts.fit_traces)
+        comp, mem = np.zeros((shapes, groups)), np.zeros((shapes, groups))
+        base, joules = np.zeros((shapes, 1)), np.zeros((shapes, 1))
+        self.has_energy = True
+        for s, trace in enumerate(counts.fit_traces):
+            live = [r for r in trace.records if r.bytes or r.flops or r.executed_flops]
+            sub = Trace(records=live, compulsory_read=trace.compulsory_read,
+                        compulsory_written=trace.compulsory_written)
+            energy = pricer.record_energy_j(sub)
+            if energy is None:
+                self.has_energy = False
+            for i, (r, (fixed, c, m)) in enumerate(zip(live, pricer.record_costs(sub))):
+                k, n = index[_key(r)], counts.repeats(r)
+                comp[s, k] += c * n
+                mem[s, k] += m * n
+                base[s, 0] += fixed * n
+                if energy is not None:
+                    joules[s, 0] += energy[i] * n
+            link_s, link_j = pricer.host_link(sub)
+            base[s, 0] += link_s
+            joules[s, 0] += link_j
+        xs = np.stack([features(shape, counts.window) for shape in _fit_shapes()])
+        self.compute = fit(xs, comp, "compute seconds")  # [groups, features]
+        self.memory = fit(xs, mem, "memory seconds")
+        self.base = fit(xs, base, "fixed and host-link seconds")[0]  # [features]
+        self.joules = fit(xs, joules, "joules")[0]
+
+    def seconds(self, f: np.ndarray) -> float:
+        """Seconds of a step with features f (steps.features)."""
+        return float(self.base @ f + np.maximum(self.compute @ f, self.memory @ f).sum())
+
+    def energy_j(self, f: np.ndarray, seconds: float) -> float:
+        """Joules of that step: dynamic (compute, memory, host link) + static W x seconds."""
+        return float(self.joules @ f) + self.static_w * seconds
+
+    def price(self, pieces) -> float:
+        return self.seconds(features(pieces, self.counts.window))
+
+    def price_trace(self, trace: Trace) -> float:
+        """The same rule applied to a counted step trace (records grouped as the table does)."""
+        live = [r for r in trace.records if r.bytes or r.flops or r.executed_flops]
+        sub = Trace(records=live, compulsory_read=trace.compulsory_read,
+                    compulsory_written=trace.compulsory_written)
+        groups: dict = {}
+        total = 0.0
+        for r, (fixed, c, m) in zip(live, self.pricer.record_costs(sub)):
+            key = (_key(r), r.module)
+            acc = groups.setdefault(key, [0.0, 0.0])
+            acc[0] += c
+            acc[1] += m
+            total += fixed
+        return total + sum(max(c, m) for c, m in groups.values()) + self.pricer.host_link(sub)[0]
+
+
+def _fit_shapes():
+    from perfcounter.serve.steps import FIT
+    return FIT
+
+
+# -- the cache: one table per (model, dtype) and pricer -------------------------------------
+class CountsKey(NamedTuple):
+    model: str  # repr of the ModelArgs: every field that shapes a step
+    dtype: str
+
+
+class TableKey(NamedTuple):
+    counts: CountsKey
+    pricer: str
+
+
+_COUNTS: dict[CountsKey, StepCounts] = {}
+_TABLES: dict[TableKey, PricedTable] = {}
+_STATS = {"hits": 0, "misses": 0}
+
+
+class CacheInfo(NamedTuple):
+    hits: int
+    misses: int
+    counts: int  # step counts held (per model and dtype)
+    tables: int  # priced tables held (per model, dtype and pricer)
+
+
+def cache_info() -> CacheInfo:
+    return CacheInfo(_STATS["hits"], _STATS["misses"], len(_COUNTS), len(_TABLES))
+
+
+def cache_clear() -> None:
+    _COUNTS.clear()
+    _TABLES.clear()
+    _STATS.update(hits=0, misses=0)
+
+
+def step_table(args: ModelArgs, dtype: torch.dtype, pricer) -> PricedTable:
+    """The priced step table of `args` at `dtype` under `pricer`, counted and priced once."""
+    ckey = CountsKey(repr(args) + repr(sorted(vars(args).items())), str(dtype))
+    key = TableKey(ckey, pricer.key)
+    table = _TABLES.get(key)
+    if table is not None:
+        _STATS["hits"] += 1
+        return table
+    _STATS["misses"] += 1
+    counts = _COUNTS.get(ckey)
+    if counts is None:
+        counts = _COUNTS[ckey] = count_table(args, dtype)
+    table = _TABLES[key] = PricedTable(counts, pricer)
+    return table
+
+
+__all__ = ["FEATURES", "PricedTable", "RooflinePricer", "cache_clear", "cache_info",
+           "step_table"]

@@ -1,0 +1,133 @@
+"""One engine step counted exactly: a ragged batch of sequence pieces in one forward.
+
+A serving engine (vLLM v1, Sarathi-Serve) runs a step as one forward over the T
+tokens of every scheduled sequence, flattened: each linear layer is one matmul
+of T rows (its weight read once), and attention runs per sequence over that
+sequence's own KV cache (a varlen kernel over paged blocks). A `Piece` is one
+sequence's share of a step: `new_tokens` tokens (a prefill chunk, or 1 for a
+decode) after `context` tokens already in its cache.
+
+`count_step(args, pieces)` counts such a step of perfcounter's gpt-fast model
+(model.py) under FakeTensorMode, no weights: the model's own modules run on the
+concatenated tokens [1, T, dim]; each layer's attention gets a `_RaggedKV` that
+writes each piece's new keys and values into that piece's cache (exactly
+context + new_tokens positions long: what a paged cache holds) and attends per
+piece with SDPA under the causal structure, its queries the last positions of
+the keys (op_data.py). Logits are computed for the last token of every piece,
+as vLLM v1 does (it discards those of unfinished prefill chunks).
+
+Two things stand in here for what a varlen kernel takes as plain offsets, and
+are not charged (`_strip`): the per-piece mask that carries the causal
+structure (its bytes, role "input", leave the attention record) and the copy
+joining the pieces' attention outputs (aten.cat in the attention module), laid
+out [1, T, H, D] as a varlen kernel writes it, so that the model's transpose
+back copies nothing. Records that move no byte and compute nothing (views,
+metadata) are left out of the step table (steps.py).
+"""
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+
+from perfcounter.serve.deps import (ROLES, ModelArgs, Trace, TransformerPerformanceCounter,
+                                    fake_model, precompute_freqs_cis)
+
+_INPUT = ROLES.index("input")
+_FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """One sequence's share of a step: new_tokens after context tokens already cached."""
+
+    new_tokens: int
+    context: int
+
+    @property
+    def kv_positions(self) -> int:
+        return self.context + self.new_tokens
+
+
+class _RaggedKV:
+    """A layer's KV caches for the pieces of one step (Attention.kv_cache's interface:
+    `update` then `attention`)."""
+
+    def __init__(self, pieces, heads: int, head_dim: int, dtype, masks, slots):
+        self.sizes = [p.new_tokens for p in pieces]
+        shape = [(1, heads, p.kv_positions, head_dim) for p in pieces]
+        self.k = [torch.zeros(s, dtype=dtype) for s in shape]
+        self.v = [torch.zeros(s, dtype=dtype) for s in shape]
+        self.pos, self.masks = slots, masks  # shared by every layer, as an engine's slot mapping
+
+    def update(self, input_pos, k, v):
+        # k, v: [1, H_kv, T, D] -> each piece's rows written at its own positions
+        for i, (kp, vp) in enumerate(zip(k.split(self.sizes, dim=2), v.split(self.sizes, dim=2))):
+            self.k[i].index_copy_(2, self.pos[i], kp)
+            self.v[i].index_copy_(2, self.pos[i], vp)
+        return k, v
+
+    def attention(self, q, k, v, attn_mask=None, dropout_p=0.0, enable_gqa=False):
+        # q: [1, H, T, D] -> per piece [1, H, n, D] over its [1, H_kv, c + n, D] cache
+        out = [F.scaled_dot_product_attention(qp, self.k[i], self.v[i], attn_mask=self.masks[i],
+                                              enable_gqa=enable_gqa)
+               for i, qp in enumerate(q.split(self.sizes, dim=2))]
+        # joined as a varlen kernel writes it, [1, T, H, D]: the model's transpose back and
+        # .contiguous() then copy nothing, at any T
+        return torch.cat([o.transpose(1, 2) for o in out], dim=1).transpose(1, 2)
+
+
+def _ragged_forward(self, idx, input_pos, freqs_cis, last):
+    # idx [1, T] token ids, input_pos [T] positions, last [B] rows whose logits are computed
+    x = self.tok_embeddings(idx)  # [1, T, dim]
+    freqs = freqs_cis[input_pos].to(x.dtype)
+    for layer in self.layers:
+        x = layer(x, input_pos, freqs, None)
+    return self.output(self.norm(x)[:, last])  # [1, B, vocab]
+
+
+def _strip(trace: Trace, mask_storage: int) -> Trace:
+    """The step without what stands in for a varlen kernel's offsets (see the module doc).
+    mask_storage: bytes of the one element every mask expands (compulsory IO reads it once)."""
+    records = []
+    masks = 0
+    for r in trace.records:
+        if r.op == "aten.cat.default" and r.module.endswith("attention"):
+            continue
+        if r.op == _FLASH and r.read[_INPUT]:
+            r = r.copy()
+            masks += r.read[_INPUT]
+            r.read[_INPUT] = 0
+        records.append(r)
+    comp = list(trace.compulsory_read)
+    if masks:
+        comp[_INPUT] -= mask_storage
+    return replace(trace, records=records, compulsory_read=comp)
+
+
+def count_step(args: ModelArgs, pieces, dtype=torch.bfloat16, depth: int = 10) -> Trace:
+    """The counted trace of one engine step of `pieces` (see the module doc)."""
+    pieces = [p if isinstance(p, Piece) else Piece(*p) for p in pieces]
+    if not pieces or any(p.new_tokens < 1 or p.context < 0 for p in pieces):
+        raise ValueError(f"a step needs pieces of >= 1 new token after >= 0 cached; got {pieces}")
+    model, fake_mode = fake_model(args, dtype=dtype)
+    model.forward = types.MethodType(_ragged_forward, model)
+    counter = TransformerPerformanceCounter(depth=depth)
+    total = sum(p.new_tokens for p in pieces)
+    with fake_mode:
+        idx = torch.zeros(1, total, dtype=torch.int64)
+        input_pos = torch.cat([torch.arange(p.context, p.kv_positions) for p in pieces])
+        freqs = precompute_freqs_cis(args.block_size, args.head_dim, args.rope_base,
+                                     args.rope_scaling)  # the model's table: rows read by position
+        ends = torch.tensor([p.new_tokens for p in pieces]).cumsum(0) - 1
+        one = torch.zeros(1, 1, 1, 1, dtype=dtype)
+        masks = [one.expand(1, 1, p.new_tokens, p.kv_positions) for p in pieces]
+        slots = [torch.arange(p.context, p.kv_positions) for p in pieces]
+        for layer in model.layers:
+            layer.attention.kv_cache = _RaggedKV(pieces, args.n_local_heads, args.head_dim,
+                                                 dtype, masks, slots)
+        with counter.count("step", num_tokens=total):
+            model(idx, input_pos, freqs, ends)
+    return _strip(counter.counts["step"].trace, one.element_size())

@@ -1,0 +1,113 @@
+"""serve's text: the memory plan, one result in vLLM's benchmark layout, sweep and compare tables."""
+from __future__ import annotations
+
+GB = 1e9
+
+
+def _num(v, digits: int = 2) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return f"{v:,.{digits}f}"
+
+
+def plan_text(dep, context: int | None = None, batch: int | None = None) -> str:
+    p = dep.plan
+    lines = [f"memory plan: {dep.model_name} ({str(dep.dtype).replace('torch.', '')}) on "
+             f"{dep.spec.name}",
+             f"  device memory {p.device_bytes / GB:.2f} GB x {p.gpu_memory_utilization:g} = "
+             f"{p.usable_bytes / GB:.2f} GB usable",
+             f"  weights {p.weight_bytes / GB:.2f} GB, activation workspace (estimate) "
+             f"{p.workspace_bytes / GB:.2f} GB"]
+    if not p.fits:
+        lines.append(f"  does not fit: {p.kv_capacity_bytes / GB:.2f} GB left for the KV cache")
+        return "\n".join(lines)
+    lines.append(f"  KV cache {p.kv_capacity_bytes / GB:.2f} GB = {p.kv_tokens:,} tokens "
+                 f"({p.kv_blocks:,} blocks of {p.block_size}; {p.kv_bytes_per_token:,} B a token)")
+    if context:
+        lines.append(f"  largest batch at {context:,} tokens of context: {p.max_batch(context):,}")
+    if batch:
+        lines.append(f"  longest context at batch {batch:,}: {p.max_context(batch):,} tokens "
+                     f"(the model's limit: {p.max_model_len:,})")
+    return "\n".join(lines)
+
+
+def result_text(result) -> str:
+    """One served workload, in vLLM's benchmark_serving layout plus our engine lines."""
+    m, dep = result.metrics, result.deployment
+    rows = [f"serve: {dep.model_name} ({str(dep.dtype).replace('torch.', '')}) on {dep.name}, "
+            f"{result.workload.source}, {len(result.workload):,} requests",
+            f"step costs: {dep.table.label}",
+            "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
+
+    def row(label, value, digits=2):
+        rows.append(f"{label:<40}{_num(value, digits):>10}")
+
+    row("Successful requests:", m["completed"])
+    row("Benchmark duration (s):", m["duration"])
+    row("Total input tokens:", m["total_input_tokens"])
+    row("Total generated tokens:", m["total_output_tokens"])
+    row("Request throughput (req/s):", m["request_throughput"])
+    if "request_goodput" in m:
+        row("Request goodput (req/s):", m["request_goodput"])
+    row("Output token throughput (tok/s):", m["output_throughput"])
+    row("Total Token throughput (tok/s):", m["total_token_throughput"])
+    if m["overloaded"]:
+        rows.append(m["overload"])
+    else:
+        for name, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token "
+                            "(excl. 1st token)"), ("itl", "Inter-token Latency"),
+                            ("e2el", "End-to-end Latency")):
+            rows.append("{s:{c}^{n}}".format(s=title, n=50, c="-"))
+            label = name.upper()
+            row(f"Mean {label} (ms):", m[f"mean_{name}_ms"])
+            row(f"Median {label} (ms):", m[f"median_{name}_ms"])
+            row(f"P90 {label} (ms):", m[f"p90_{name}_ms"])
+            row(f"P99 {label} (ms):", m[f"p99_{name}_ms"])
+    rows.append("{s:{c}^{n}}".format(s="Engine", n=50, c="-"))
+    row("Mean batch size (sequences a step):", m["mean_batch_size"])
+    row("Peak batch size:", m["peak_batch_size"])
+    row("Mean KV cache utilisation (%):", 100 * m["mean_kv_cache_utilization"])
+    row("Peak KV cache utilisation (%):", 100 * m["peak_kv_cache_utilization"])
+    row("Preemptions:", m["preemptions"])
+    row("Steps:", m["steps"])
+    row("Energy per output token (J):", m["j_per_output_token"], 4)
+    row("Energy per request (J):", m["j_per_request"])
+    cost = m["usd_per_1m_output_tokens"]
+    rows.append(f"{'$ per 1M output tokens (device time):':<40}"
+                f"{_num(cost, 4) if cost is not None else 'n/a (give --usd_per_hour)':>10}")
+    energy_cost = m["usd_per_1m_output_tokens_energy"]
+    if energy_cost is not None:
+        row("$ per 1M output tokens (energy):", energy_cost, 4)
+    rows.append("=" * 50)
+    return "\n".join(rows)
+
+
+SWEEP_COLUMNS = (("qps", "qps", 2), ("req/s", "request_throughput", 2),
+                 ("out tok/s", "output_throughput", 1), ("mean TTFT ms", "mean_ttft_ms", 1),
+                 ("p99 TTFT ms", "p99_ttft_ms", 1), ("mean TPOT ms", "mean_tpot_ms", 2),
+                 ("p99 TPOT ms", "p99_tpot_ms", 2), ("goodput req/s", "request_goodput", 2),
+                 ("batch", "mean_batch_size", 1), ("J/out tok", "j_per_output_token", 4),
+                 ("$/1M out", "usd_per_1m_output_tokens", 4))
+
+
+def table(rows: list[dict], columns=SWEEP_COLUMNS, first: tuple | None = None) -> str:
+    """A plain aligned table of result dicts (None: n/a, overloaded rows say so)."""
+    cols = ([first] if first else []) + list(columns)
+    head = [c[0] for c in cols]
+    body = []
+    for r in rows:
+        cells = []
+        for _, key, digits in cols:
+            v = r.get(key)
+            cells.append(v if isinstance(v, str) else _num(v, digits))
+        if r.get("overloaded"):
+            cells.append("overload")
+        body.append(cells)
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
+    for b in body:
+        lines.append("  ".join(c.rjust(w) for c, w in zip(b, widths))
+                     + ("  " + b[-1] if len(b) > len(widths) else ""))
+    return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""The step table: what any engine step of a model costs on a device, without counting it.
+
+A step is a ragged batch of pieces (ragged.py: n_i new tokens after c_i cached).
+Its figures are affine, record group by record group, in six features:
+
+    step = 1                      (weights are read once per forward)
+    tokens = Σ n_i                (linear layers, norms, RoPE, residuals)
+    seqs = number of pieces       (per-sequence calls; logits of each last token)
+    kv_positions = Σ (c_i + n_i)  (keys and values attention reads)
+    dense_pairs = Σ n_i (c_i + n_i)            (dense attention scores)
+    causal_pairs = Σ window_pairs(n_i, c_i + n_i)  (what a causal kernel computes)
+
+A record group is the records of one op, module (layer index taken out), segment,
+dtype and shape pattern (the numbers in its signature taken out), so one group
+holds the same op of every piece: in an engine the pieces' attention is one varlen
+kernel, priced as one record. `count_table` counts a model of one decoder layer of
+each kind (perfcounter's model: one kind) at the FIT shapes (ragged.count_step),
+fits every group figure by least squares, refuses a fit that does not reproduce
+every counted shape (StepModelError), and multiplies the layer groups by the number
+of layers. tests/test_serve_steps.py holds held-out mixed steps to the counted ones
+(FLOPs and bytes within 1 %; in practice exact) and a two-layer count to the table.
+
+Pricing a step on a device is pricing.py's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from perfcounter.serve.deps import ROLES, ModelArgs, OpRecord, Trace, window_pairs
+from perfcounter.serve.errors import ServeError
+from perfcounter.serve.ragged import Piece, count_step
+
+FEATURES = ("step", "tokens", "seqs", "kv_positions", "dense_pairs", "causal_pairs")
+FIT = ([(1, 0)], [(1, 127)], [(8, 0)], [(8, 56)], [(32, 0)], [(24, 40)],
+       [(1, 30), (1, 90)], [(16, 0), (1, 47), (4, 12)], [(1, 5), (1, 9), (1, 200)])
+_NUM = re.compile(r"\d+")
+_LAYER = re.compile(r"\.layers\.\d+(?=\.|$)")
+_NFIG = 3 + 7 + 2 * len(ROLES)  # calls, flops, executed, kinds, read, written
+
+
+class StepModelError(ServeError):
+    """A model whose steps do not follow the affine step model (see the module doc)."""
+
+
+def features(pieces, window: int | None = None) -> np.ndarray:
+    """The six features of a step of `pieces` (Piece or (new_tokens, context))."""
+    f = np.zeros(len(FEATURES))
+    f[0] = 1.0
+    for p in pieces:
+        n, c = (p.new_tokens, p.context) if isinstance(p, Piece) else p
+        f[1] += n
+        f[2] += 1
+        f[3] += c + n
+        f[4] += n * (c + n)
+        f[5] += window_pairs(n, c + n, window)
+    return f
+
+
+class GroupKey(NamedTuple):
+    op: str
+    module: str  # layer index taken out: "Transformer.layers.*.attention"
+    segment: int
+    dtype: str
+    has_formula: bool
+    pattern: tuple  # the shape signature's text between its numbers
+
+
+def _key(r: OpRecord) -> GroupKey:
+    return GroupKey(r.op, _LAYER.sub(".layers.*", r.module), r.segment, r.dtype, r.has_formula,
+                    tuple(_NUM.split(r.shapes)))
+
+
+def _figures(r: OpRecord) -> list[int]:
+    return [r.calls, r.flops, r.executed_flops, *r.kinds, *r.read, *r.written]
+
+
+@dataclasses.dataclass
+class StepCounts:
+    """Per group, each figure as coefficients over FEATURES (device-free; whole model)."""
+
+    args: ModelArgs
+    dtype: str
+    keys: list  # GroupKey per group
+    coef: np.ndarray  # [groups, figures, features]
+    layers: np.ndarray  # [groups] how many times the group repeats (n_layer or 1)
+    sample: dict  # GroupKey -> a counted record (module path and signature for trace_at)
+    window: int | None
+    fit_traces: list  # the counted one-layer traces of FIT, in order (pricers fit on them)
+
+    def repeats(self, r: OpRecord) -> int:
+        """How many times a record of a one-layer trace stands in the whole model."""
+        return self.args.n_layer if _LAYER.search(r.module) else 1
+
+    def figures(self, f: np.ndarray) -> np.ndarray:
+        """[groups, figures] of a step with features f, whole model."""
+        return (self.coef @ f) * self.layers[:, None]
+
+    def totals(self, f: np.ndarray) -> dict:
+        fig = self.figures(f).sum(axis=0)
+        nk = 3 + 7
+        return {"flops": fig[1], "executed_flops": fig[2],
+                "bytes": fig[nk:].sum(), "read": fig[nk:nk + len(ROLES)],
+                "written": fig[nk + len(ROLES):]}
+
+    def trace_at(self, pieces) -> Trace:
+        """A whole-model Trace of a step of `pieces`, from the fit (layers expanded)."""
+        f = features(pieces, self.window)
+        fig = np.rint(self.coef @ f).astype(np.int64)
+        records = []
+        for g, key in enumerate(self.keys):
+            r = self.sample[key]
+            v = [int(x) for x in fig[g]]
+            if not any(v):
+                continue
+            for i in range(int(self.layers[g])):
+                module = key.module.replace(".layers.*", f".layers.{i}")
+                records.append(OpRecord(r.op, module, r.dtype, r.shapes, v[0], v[1], v[2],
+                                        v[3:10], v[10:10 + len(ROLES)], v[10 + len(ROLES):],
+                                        r.has_formula, r.segment))
+        return Trace(records=records, modules=[])
+
+
+def _group_figures(trace: Trace, keys: dict) -> np.ndarray:
+    out = np.zeros((len(keys), _NFIG))
+    for r in trace.records:
+        if not (r.bytes or r.flops or r.executed_flops):
+            continue  # views and metadata: no cost in a step
+        k = keys.setdefault(_key(r), len(keys))
+        if k >= out.shape[0]:
+            out = np.vstack([out, np.zeros((k + 1 - out.shape[0], _NFIG))])
+        out[k] += _figures(r)
+    return out
+
+
+def fit(xs: np.ndarray, ys: np.ndarray, what: str) -> np.ndarray:
+    """Least-squares coefficients [outputs, features] of ys [shapes, outputs] over
+    xs [shapes, features]; StepModelError when a counted shape is not reproduced."""
+    coef, *_ = np.linalg.lstsq(xs, ys, rcond=None)
+    err = np.abs(xs @ coef - ys)
+    scale = np.maximum(np.abs(ys), 1e-9 * np.abs(ys).max(axis=0, keepdims=True) + 1e-300)
+    worst = float((err / scale).max()) if ys.size else 0.0
+    if worst > 1e-6:
+        raise StepModelError(f"the step model does not reproduce the counted {what} "
+                             f"(worst relative error {worst:.2g}): this model's steps are not "
+                             f"affine in {', '.join(FEATURES[1:])}")
+    return coef.T
+
+
+def count_table(args: ModelArgs, dtype=torch.bfloat16) -> StepCounts:
+    """Count the FIT steps of a one-layer copy of `args` and fit (see the module doc)."""
+    if args.num_experts:
+        raise StepModelError("a mixture of experts routes by data: its steps are not priced "
+                             "by the step table yet")
+    one = dataclasses.replace(args, n_layer=1)
+    keys: dict = {}
+    rows, sample, traces = [], {}, []
+    for shape in FIT:
+        trace = count_step(one, [Piece(*p) for p in shape], dtype)
+        traces.append(trace)
+        rows.append(_group_figures(trace, keys))
+        for r in trace.records:
+            sample.setdefault(_key(r), r)
+    g = len(keys)
+    ys = np.stack([np.pad(r, ((0, g - r.shape[0]), (0, 0))) for r in rows])  # [S, G, F]
+    xs = np.stack([features(s, args.sliding_window) for s in FIT])
+    coef = fit(xs, ys.reshape(len(FIT), -1), "figures").reshape(g, _NFIG, len(FEATURES))
+    ordered = sorted(keys, key=keys.get)
+    layers = np.array([args.n_layer if ".layers.*" in k.module else 1 for k in ordered], float)
+    return StepCounts(args, str(dtype).replace("torch.", ""), ordered, coef, layers, sample,
+                      args.sliding_window, traces)
