@@ -13,7 +13,7 @@ from perfcounter.devices import get_device_spec  # noqa: F401
 from perfcounter.energy import PJ, compute_energy_j  # noqa: F401
 from perfcounter.loading import fake_model  # noqa: F401
 from perfcounter.model import ModelArgs, precompute_freqs_cis  # noqa: F401
-from perfcounter.roofline import crosses_host_link, host_link_bytes, op_costs  # noqa: F401
+from perfcounter.roofline import crosses_host_link, host_link_bytes, op_costs, roofline  # noqa: F401
 from perfcounter.trace import ROLES, ModuleInfo, OpRecord, Trace  # noqa: F401
 from perfcounter.config_only import resolve_config  # noqa: F401
 from perfcounter.hf_checkpoint import model_args_from_hf  # noqa: F401

@@ -14,8 +14,9 @@ Ours beside them: mean and peak batch size (sequences a step), KV-cache utilisat
 token, per request: steps' joules + static W over idle time) and cost ($ per 1M
 output tokens: the device's hourly price over the duration, and energy at
 `usd_per_kwh`). Overload: with open-loop arrivals, when the requests in the system at
-the last arrival are more than the batch holds and more than twice their mean over the
-first half of the arrivals, the queue is growing without bound: `overloaded` is true,
+the last arrival are more than the batch holds, and more than twice their mean over the
+first half of the arrivals or arriving 1.25 times faster than the run completes them,
+the queue is growing without bound: `overloaded` is true,
 `overload` says it in one line, and the latency figures (which would only measure how
 long the run was) are None.
 """
@@ -98,9 +99,9 @@ def overload(run, rq: dict, open_loop: bool) -> str | None:
     at_last = in_system[np.searchsorted(start, last, side="right") - 1]
     first_half = in_system[start <= last / 2]
     mean_half = first_half.mean() if len(first_half) else 0.0
-    if at_last > run.config.max_num_seqs and at_last > 2 * mean_half:
-        rate = (len(rq["arrival"]) - 1) / last
-        served = len(rq["arrival"]) / run.end
+    rate = (len(rq["arrival"]) - 1) / last
+    served = len(rq["arrival"]) / run.end
+    if at_last > run.config.max_num_seqs and (at_last > 2 * mean_half or rate > 1.25 * served):
         return (f"overload: requests arrive at {rate:.3g}/s and the deployment completes "
                 f"{served:.3g}/s; {int(at_last)} requests were in the system at the last "
                 "arrival and the queue grows without bound (latency percentiles left out)")
