@@ -74,8 +74,9 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
                gpu_memory_utilization: float = 0.9, block_size: int = 16,
                max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
                step_overhead_s: float = 0.0, usd_per_hour: float | None = None,
-               host=None, **mapping_options) -> Deployment:
-    """A deployment (see the module doc); every limit checked here, before any work."""
+               host=None, check_fit: bool = True, **mapping_options) -> Deployment:
+    """A deployment (see the module doc); every limit checked here, before any work;
+    check_fit: refuse a model that leaves no KV cache (False: --plan shows it)."""
     for name, value, least in (("--block_size", block_size, 1),
                                ("--max_num_batched_tokens", max_num_batched_tokens, 1),
                                ("--max_num_seqs", max_num_seqs, 1)):
@@ -95,6 +96,8 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
     plan = memory_plan(args, dtype, spec, gpu_memory_utilization=gpu_memory_utilization,
                        block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
                        max_num_seqs=max_num_seqs)
+    if check_fit and not plan.fits:
+        raise ServeError(_no_fit(str(model), spec, plan))
     if mapping is not None:
         from perfcounter.serve.placement import PlacementPricer
         pricer = PlacementPricer(mapping, host=host, **mapping_options)
@@ -114,6 +117,12 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
     model_name = model if isinstance(model, str) else type(model).__name__
     return Deployment(name, args, str(model_name), dtype, spec, table, plan, engine,
                       usd_per_hour, source)
+
+
+def _no_fit(model: str, spec, plan: MemoryPlan) -> str:
+    return (f"{model} does not fit on {spec.name}: weights {plan.weight_bytes / 1e9:.2f} GB + "
+            f"workspace {plan.workspace_bytes / 1e9:.2f} GB leave no KV cache in "
+            f"{plan.usable_bytes / 1e9:.2f} GB usable")
 
 
 @dataclass
@@ -141,10 +150,7 @@ def serve(dep: Deployment, workload: Workload, *, slo=None,
           usd_per_kwh: float | None = None) -> ServeResult:
     """Simulate `workload` on `dep` and measure it (metrics.py)."""
     if not dep.plan.fits:
-        raise ServeError(f"{dep.model_name} does not fit on {dep.spec.name}: weights "
-                         f"{dep.plan.weight_bytes / 1e9:.2f} GB + workspace "
-                         f"{dep.plan.workspace_bytes / 1e9:.2f} GB leave no KV cache in "
-                         f"{dep.plan.usable_bytes / 1e9:.2f} GB")
+        raise ServeError(_no_fit(dep.model_name, dep.spec, dep.plan))
     if usd_per_kwh is not None and not (usd_per_kwh >= 0 and math.isfinite(usd_per_kwh)):
         raise ServeError(f"--usd_per_kwh {usd_per_kwh}: expected a price >= 0")
     check_fits_model(workload, dep.plan.max_model_len)

@@ -106,7 +106,7 @@ def _deployments(args) -> list:
     common = dict(precision=args.precision, gpu_memory_utilization=args.gpu_memory_utilization,
                   block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
                   max_num_seqs=args.max_num_seqs, step_overhead_s=args.step_overhead_ms * 1e-3,
-                  usd_per_hour=args.usd_per_hour)
+                  usd_per_hour=args.usd_per_hour, check_fit=not args.plan)
     model = args.model if args.model is not None else args.config
     specs = [s.strip() for s in args.device_spec.split(",") if s.strip()]
     if not specs:

@@ -12,7 +12,8 @@ roofline bound: fixed 0, executed FLOPs / peak at the op's dtype, bytes / bandwi
 roofline.py charges it (the step's inputs in, its output back). The output says so:
 "step costs: roofline bound (no execution regime yet)". A prediction with an
 execution regime (eager, compiled, cudagraphs) is another pricer with the same
-three methods: its per-op overhead is the fixed part.
+three methods: its per-op overhead is the fixed part. A placement mapping
+(placement.py) will price whole step traces through perfcounter.simulate.
 
 `PricedTable(counts, pricer)` prices the counted one-layer FIT traces, sums each
 group (times the layers it stands for) and fits compute, memory, fixed, host-link

@@ -1,0 +1,144 @@
+"""`perfcounter serve` (command.run): bad input in one line with exit code 2, outputs, views."""
+import argparse
+import csv
+import json
+
+import pytest
+
+from perfcounter.serve import command
+
+TINY = {"block_size": 1024, "vocab_size": 64, "n_layer": 2, "n_head": 4, "n_local_heads": 2,
+        "dim": 32, "intermediate_size": 64}
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    path = tmp_path_factory.mktemp("serve") / "tiny.json"
+    path.write_text(json.dumps(TINY))
+    return path
+
+
+def run(*argv):
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    return command.run(parser.parse_args([str(a) for a in argv]))
+
+
+def one_line_error(capsys, code):
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith("perfcounter serve: error: ") and "\n" not in err
+    return err
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("rows, expected", [
+    ("arrival_time,prompt_tokens,output_tokens\n-1,10,5\n", "arrival_time -1; expected a time >= 0"),
+    ("arrival_time,prompt_tokens,output_tokens\n2,10,5\n1,10,5\n", "sorted"),
+    ("arrival_time,prompt_tokens,output_tokens\n0,0,5\n", "prompt_tokens 0; expected a length >= 1"),
+    ("arrival_time,prompt_tokens,output_tokens\n0,10,-3\n", "output_tokens -3"),
+    ("arrival_time,prompt_tokens,output_tokens\n0,1000,100\n", "exceed the model's context of 1024"),
+    ("arrival_time,prompt_tokens\n0,10\n", "has no output_tokens"),
+])
+def test_bad_trace_files(tmp_path, capsys, config, rows, expected):
+    trace = write(tmp_path, "t.csv", rows)
+    err = one_line_error(capsys, run("--config", config, "--trace_file", trace))
+    assert expected in err
+
+
+def test_bad_jsonl_trace(tmp_path, capsys, config):
+    trace = write(tmp_path, "t.jsonl", '{"arrival_time": 0, "prompt_tokens": 4, '
+                                       '"output_tokens": 2}\nnot json\n')
+    assert "t.jsonl:2: not a JSON object" in one_line_error(
+        capsys, run("--config", config, "--trace_file", trace))
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (("--qps", "5", "--slo", "ttft=200"), "a unit is required"),
+    (("--qps", "5", "--slo", "ttft=200ms,speed=3ms"), "unknown target 'speed'"),
+    (("--qps", "0"), "every rate must be > 0"),
+    (("--qps", "1,-2"), "every rate must be > 0"),
+    (("--qps", "fast"), "expected a rate"),
+    (("--qps", "5", "--prompt_length", "0"), "--prompt_length 0"),
+    (("--qps", "5", "--max_new_tokens", "uniform:9-3"), "uniform:LO-HI"),
+    (("--qps", "5", "--concurrency", "2"), "not both"),
+    (("--find_max_qps",), "needs --slo"),
+    (("--qps", "5", "--device_spec", "h10"), "h10"),
+    (("--qps", "5", "--precision", "int3"), "--precision 'int3'"),
+    (("--qps", "5", "--gpu_memory_utilization", "1.5"), "fraction in (0, 1]"),
+    (("--qps", "5", "--max_num_seqs", "0"), "--max_num_seqs 0"),
+    (("--qps", "5", "--prefix_hit_rate", "1"), "--prefix_hit_rate 1"),
+    (("--qps", "5", "--mapping", "m.yaml"), "not priced yet"),
+    ((), "give a workload"),
+])
+def test_bad_options(capsys, config, argv, expected):
+    assert expected in one_line_error(capsys, run("--config", config, *argv))
+
+
+def test_a_workload_that_can_never_fit(capsys, config):
+    # utilisation 1e-9 of 80 GB = 80 B holds no block at all
+    err = one_line_error(capsys, run("--config", config, "--qps", "5",
+                                     "--gpu_memory_utilization", "1e-9"))
+    assert "does not fit" in err
+    # Llama-3-8B: 8,030,261,248 parameters x 2 B = 16.06 GB > 80 GB x 0.2 = 16 GB
+    err = one_line_error(capsys, run("--model", "llama-3-8b", "--qps", "5",
+                                     "--gpu_memory_utilization", "0.2"))
+    assert "does not fit" in err and "16.06 GB" in err
+
+
+def test_bad_output_paths_before_the_work(capsys, config, tmp_path):
+    err = one_line_error(capsys, run("--config", config, "--qps", "5",
+                                     "--save_path", tmp_path / "no" / "r.json"))
+    assert "--save_path" in err
+    err = one_line_error(capsys, run("--config", config, "--qps", "5", "--plot", tmp_path / "x"))
+    assert "not an existing folder" in err
+
+
+def test_one_result_and_its_files(capsys, config, tmp_path):
+    out = {k: tmp_path / f"r.{k}" for k in ("json", "csv", "trace")}
+    code = run("--config", config, "--qps", "20", "--num_requests", "40", "--prompt_length", "64",
+               "--max_new_tokens", "8", "--slo", "ttft=1s,tpot=100ms", "--usd_per_hour", "2",
+               "--save_path", out["json"], "--csv", out["csv"], "--trace", out["trace"])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "step costs: roofline bound (no execution regime yet)" in text
+    assert "Serving Benchmark Result" in text and "P99 TTFT (ms):" in text
+    doc = json.loads(out["json"].read_text())
+    for key in ("request_throughput", "output_throughput", "total_token_throughput",
+                "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+                "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms",
+                "p99_e2el_ms", "request_goodput", "mean_batch_size", "peak_batch_size",
+                "mean_kv_cache_utilization", "preemptions", "j_per_output_token",
+                "j_per_request", "usd_per_1m_output_tokens"):
+        assert doc[key] is not None, key
+    rows = list(csv.DictReader(out["csv"].read_text().splitlines()))
+    assert len(rows) == 40 and float(rows[0]["ttft_ms"]) > 0
+    events = json.loads(out["trace"].read_text())["traceEvents"]
+    steps = [e for e in events if e.get("name") == "step"]
+    assert steps and all({"seqs", "decodes", "prefill_tokens"} <= set(e["args"]) for e in steps)
+    assert all(b["ts"] >= a["ts"] for a, b in zip(steps, steps[1:]))
+
+
+def test_sweep_compare_and_find_max_qps(capsys, config):
+    code = run("--config", config, "--qps", "10:40:3", "--num_requests", "30",
+               "--device_spec", "h100-sxm,a100-sxm4-80gb", "--prompt_length", "32",
+               "--max_new_tokens", "4")
+    text = capsys.readouterr().out
+    assert code == 0 and text.count("h100-sxm") >= 3 and text.count("a100-sxm4-80gb") >= 3
+    code = run("--config", config, "--find_max_qps", "--slo", "ttft=50ms,tpot=5ms",
+               "--num_requests", "60", "--prompt_length", "32", "--max_new_tokens", "4")
+    text = capsys.readouterr().out
+    assert code == 0 and "highest QPS meeting ttft=50ms,tpot=5ms" in text
+
+
+def test_plan_view(capsys, config):
+    assert run("--config", config, "--plan", "--prompt_length", "100", "--max_new_tokens",
+               "28") == 0
+    text = capsys.readouterr().out
+    # 128 tokens of context = 8 blocks; KV 128 B a token (2 x 2 x 2 x 8 x 2 B)
+    assert "128 B a token" in text and "largest batch at 128 tokens of context" in text
