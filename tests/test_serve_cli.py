@@ -142,3 +142,14 @@ def test_plan_view(capsys, config):
     text = capsys.readouterr().out
     # 128 tokens of context = 8 blocks; KV 128 B a token (2 x 2 x 2 x 8 x 2 B)
     assert "128 B a token" in text and "largest batch at 128 tokens of context" in text
+
+
+def test_plots(capsys, config, tmp_path):
+    pytest.importorskip("matplotlib")
+    code = run("--config", config, "--qps", "10,20", "--num_requests", "20", "--prompt_length",
+               "32", "--max_new_tokens", "4", "--plot", tmp_path)
+    capsys.readouterr()
+    assert code == 0
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"latency_cdf.png", "latency_cdf.svg", "throughput_latency.png",
+            "throughput_latency.svg"} <= names

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from perfcounter.serve.deps import window_pairs
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.workload import Workload
 
@@ -177,7 +178,6 @@ def simulate_engine(w: Workload, table, cfg: EngineConfig) -> Run:
             if window is None:
                 causal += m * c + m * (m + 1) // 2
             else:
-                from perfcounter.serve.deps import window_pairs
                 causal += window_pairs(m, c + m, window)
             if m == 1 and c >= r.prompt:
                 decodes += 1
