@@ -57,9 +57,9 @@ def run_generate(*flags: str) -> tuple[float, float]:
 
 def bench_70b() -> None:
     from perfcounter import TransformerPerformanceCounter
-    from perfcounter.config_only import count_config_only, greedy_generate
-    from perfcounter.derive import count_generation
-    from perfcounter.model import ModelArgs
+    from perfcounter.generation.config_only import count_config_only, greedy_generate
+    from perfcounter.generation.derive import count_generation
+    from perfcounter.models.args import ModelArgs
 
     args = ModelArgs.from_name("llama-3-70b")
 
@@ -94,8 +94,8 @@ def bench_smollm2(rounds: int) -> None:
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     from perfcounter import TransformerPerformanceCounter
-    from perfcounter.derive import DecodeSteps
-    from perfcounter.loading import default_checkpoint, load_model
+    from perfcounter.generation.derive import DecodeSteps
+    from perfcounter.models.loading import default_checkpoint, load_model
 
     loaded = load_model(default_checkpoint(), dtype=torch.float32)
     model, tokenizer = loaded.model, loaded.tokenizer

@@ -32,10 +32,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from perfcounter import PerformanceCounterMode, TransformerPerformanceCounter
-from perfcounter.loading import default_checkpoint
-from perfcounter.module_path import ModulePath
-from perfcounter.storage import storage_id
-from perfcounter.tokenizer import cache_keyword
+from perfcounter.models.loading import default_checkpoint
+from perfcounter.counting.module_path import ModulePath
+from perfcounter.counting.storage import storage_id
+from perfcounter.models.tokenizer import cache_keyword
 
 
 class NullMode(TorchDispatchMode):

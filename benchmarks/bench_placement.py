@@ -17,7 +17,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from perfcounter.cli import main as cli
+from perfcounter.cli.main import main as cli
 
 UPMEM_MIXED = """\
 LlamaRMSNorm: PIM-AI-1chip,t

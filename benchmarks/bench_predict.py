@@ -8,7 +8,7 @@
 First `perfcounter calibrate` runs (micro-benchmarks only: it never sees the runs
 below) with the same threads and clock, unless --spec names a calibrated file.
 Then, per configuration: the model counts one prefill and --steps decode steps
-eagerly under the counter (perfcounter/predict.py prices that trace: eager, or
+eagerly under the counter (perfcounter/pricing/predict.py prices that trace: eager, or
 compiled with fusion), and runs the same uncounted, eagerly or torch.compile'd
 as generate.py compiles it, timed --repeats times (the best kept). Configurations:
 the built-in SmolLM2-135M (float32, generate.py's default) and a Llama-shaped
@@ -40,8 +40,9 @@ from perfcounter import TransformerPerformanceCounter  # noqa: E402
 from perfcounter.devices import get_device_spec, load_device_specs  # noqa: E402
 from perfcounter.devices.calibrate import calibrate, describe, save_calibrated  # noqa: E402
 from perfcounter.devices.op_rates import CLOCKS  # noqa: E402
-from perfcounter.model import ModelArgs, Transformer  # noqa: E402
-from perfcounter.report import format_table, ratio, si  # noqa: E402
+from perfcounter.models.model import Transformer  # noqa: E402
+from perfcounter.models.args import ModelArgs
+from perfcounter.format import format_table, ratio, si  # noqa: E402
 
 LLAMA_1B = dict(block_size=2048, vocab_size=32000, n_layer=16, n_head=32, n_local_heads=8,
                 dim=2048, intermediate_size=8192, tie_embeddings=True)
@@ -49,7 +50,7 @@ SHAPES = [(16, 1), (512, 1), (16, 8)]  # (prompt tokens, batch)
 
 
 def smollm2(dtype):
-    from perfcounter.loading import default_checkpoint, load_model
+    from perfcounter.models.loading import default_checkpoint, load_model
     # priced as it runs: transformers dequantizes the GGUF's Q4_1 blocks to `dtype` on load
     return load_model(default_checkpoint(), dtype=dtype, price_as="executed").model
 

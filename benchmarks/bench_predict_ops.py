@@ -35,8 +35,8 @@ from perfcounter import TransformerPerformanceCounter  # noqa: E402
 from perfcounter.devices import get_device_spec, load_device_specs  # noqa: E402
 from perfcounter.devices.calibrate import calibrate, describe, save_calibrated  # noqa: E402
 from perfcounter.devices.op_rates import CLOCKS  # noqa: E402
-from perfcounter.predict import op_predictions, predict  # noqa: E402
-from perfcounter.report import format_table, ratio, si  # noqa: E402
+from perfcounter.pricing.predict import op_predictions, predict  # noqa: E402
+from perfcounter.format import format_table, ratio, si  # noqa: E402
 
 MODELS = {"llama-1b": llama_1b, "smollm2": smollm2}
 

@@ -4,7 +4,7 @@
 
 Counts gpt-fast's benchmark setting once per scheme — Llama-2-7B, batch 1, a 5-token
 prompt, 200 new tokens (the prefill makes the first, 199 decode steps the rest) — with no
-weights (FakeTensorMode; perfcounter/quantize.py stores every linear, the output layer
+weights (FakeTensorMode; perfcounter/quant/quantize.py stores every linear, the output layer
 included, as the scheme says), then re-prices each count on four devices. Prints two
 tables, the figures the README quotes:
 
@@ -26,12 +26,12 @@ import warnings
 import torch
 
 from perfcounter import TransformerPerformanceCounter
-from perfcounter import quantize as q
-from perfcounter.config_only import greedy_generate
-from perfcounter.derive import count_generation
-from perfcounter.loading import fake_model
-from perfcounter.model import ModelArgs
-from perfcounter.report import format_table
+from perfcounter.quant import quantize as q
+from perfcounter.generation.config_only import greedy_generate
+from perfcounter.generation.derive import count_generation
+from perfcounter.models.loading import fake_model
+from perfcounter.models.args import ModelArgs
+from perfcounter.format import format_table
 
 MODEL, PROMPT, NEW = "llama-2-7b", 5, 200
 DEVICES = ["a100-sxm4-80gb", "h100-sxm", "snapdragon-8-gen3", "pim-ai-4chip"]

@@ -26,10 +26,10 @@ import torch
 
 from perfcounter import TransformerPerformanceCounter, simulate
 from perfcounter.devices import get_device_spec
-from perfcounter.model import ModelArgs
-from perfcounter.report import format_table
-from perfcounter.config_only import count_hf_config, hf_config
-from perfcounter.sim_trace import PREPARED
+from perfcounter.models.args import ModelArgs
+from perfcounter.format import format_table
+from perfcounter.generation.config_only import count_hf_config, hf_config
+from perfcounter.simulation.timeline import PREPARED
 from perfcounter.trace import ROLES
 
 UPMEM_MIXED = {"LlamaRMSNorm": "PIM-AI-1chip,t", "q_proj": "PIM-AI-4chip,t",

@@ -17,9 +17,9 @@ import time
 import torch
 
 from perfcounter import TransformerPerformanceCounter
-from perfcounter.config_only import count_config_only
-from perfcounter.model import ModelArgs
-from perfcounter.report import format_table, scaled
+from perfcounter.generation.config_only import count_config_only
+from perfcounter.models.args import ModelArgs
+from perfcounter.format import format_table, scaled
 
 PRESETS = ["smollm2-135m", "llama-3.2-1b", "llama-2-7b", "llama-3-8b", "mixtral-8x7b", "llama-3-70b"]
 DEVICES = ["h100-sxm", "a100-sxm4-80gb", "pim-ai-4chip"]

@@ -8,7 +8,7 @@ Each row is a `PublishedRow` (plain data). The file's schema, field by field:
 
     id            unique name of the row
     model         the model as the source names it
-    preset        the perfcounter preset (perfcounter/model.py) that prices it
+    preset        the perfcounter preset (perfcounter/models/model.py) that prices it
     device        the device as the source names it
     device_spec   the registry entry (`perfcounter devices`) or null: not in the registry
     precision     bf16 fp16 fp8 int8 int4 q4_0 q4_k_m (what the weights are stored as)

@@ -4,17 +4,18 @@ Counts every aten op inside `with counter.count("prefill")` blocks — FLOPs by
 kind, bytes by role (weights, KV cache, activations) — and prices the trace on
 any device of the registry: roofline latency, utilization, energy.
 """
-from perfcounter.config_only import count_config
+from perfcounter._util import VERSION
 from perfcounter.counter import TransformerPerformanceCounter
+from perfcounter.counting.mode import PerformanceCounterMode
 from perfcounter.devices import (CUDADeviceSpec, DeviceSpec, default_device_spec, get_device_spec,
                                  list_device_specs)
-from perfcounter.mode import PerformanceCounterMode
-from perfcounter.simulation import Simulation, simulate
+from perfcounter.generation.config_only import count_config
+from perfcounter.simulation.run import Simulation, simulate
 from perfcounter.stats import PerformanceStats
 from perfcounter.timer import CUDAPerformanceTimer, PerformanceTimer, total_model_params
 from perfcounter.trace import OpRecord, Trace
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 __all__ = ["CUDADeviceSpec", "CUDAPerformanceTimer", "DeviceSpec", "OpRecord",
            "PerformanceCounterMode", "PerformanceStats", "PerformanceTimer", "Simulation", "Trace",

@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterable
 
+VERSION = "0.1.0"  # the release; setup.cfg reads it from here
+
 
 class PerfcounterWarning(UserWarning):
     """Every warning perfcounter itself gives (a fallback it took, a figure it lacks):
@@ -104,3 +106,8 @@ def settle_objects() -> None:
     most of those objects). Called after the imports and again before exit; objects
     made later are collected as usual."""
     gc.freeze()
+
+
+def sum_or_none(*values):
+    """Σ values, or None when any is None: a phase that was not measured has no total."""
+    return None if any(v is None for v in values) else sum(values)

@@ -39,16 +39,17 @@ import json
 import os
 from contextlib import contextmanager
 
-from perfcounter._util import atomic_write, did_you_mean
-from perfcounter.report import Comparison, format_stats
-from perfcounter.stats import (PerformanceStats, Totals, check_depth, spec_from_dict,
-                               sum_or_none)
+from perfcounter._util import VERSION, atomic_write, did_you_mean, sum_or_none
+from perfcounter.counting.mode import PerformanceCounterMode
+from perfcounter.counting.module_path import check_depth
+from perfcounter.counts_doc import META_KEY, SCHEMA, SCHEMA_VERSION, read_counts
+from perfcounter.devices import get_device_spec
+from perfcounter.report.phase import Comparison, format_stats
+from perfcounter.stats import PerformanceStats
+from perfcounter.stats_dict import Totals
 from perfcounter.timer import check_timer_cls, default_timer_cls
 from perfcounter.trace import Block, Trace, build_trace, check_io_model
 
-SCHEMA = "perfcounter.counts"
-SCHEMA_VERSION = 2  # 2: torchao's layout, {label: stats + "perfcounter" block}; 1: the envelope
-META_KEY = "perfcounter"  # the block in each label's dict
 SUMMARY_LABEL = "Performance Summary"
 
 
@@ -63,7 +64,6 @@ class NestedCountError(RuntimeError):
 def _resolve_spec(spec):
     """A DeviceSpec from a spec, a registry name or a YAML path (None stays None)."""
     if isinstance(spec, (str, os.PathLike)):
-        from perfcounter.devices import get_device_spec
         return get_device_spec(os.fspath(spec))
     if spec is not None and not (hasattr(spec, "bandwidth") and hasattr(spec, "flops_per_s")):
         raise CountArgumentError(f"device_spec must be a DeviceSpec, a registry name or a YAML "
@@ -90,7 +90,6 @@ class TransformerPerformanceCounter:
         """timer_cls: PerformanceTimer, CUDAPerformanceTimer or a subclass (made per block as
         timer_cls(name=label, depth=depth, mode=self.mode)); None: the CUDA one when CUDA
         is initialized, else PerformanceTimer."""
-        from perfcounter.mode import PerformanceCounterMode
         self._depth = check_depth(depth)
         self.device_spec = _resolve_spec(device_spec)
         self.io_model = check_io_model(io_model)
@@ -298,8 +297,7 @@ class TransformerPerformanceCounter:
 
     # -- data ----------------------------------------------------------------
     def _meta(self, run: dict | None = None) -> dict:
-        from perfcounter import __version__
-        meta = {"schema": SCHEMA, "version": SCHEMA_VERSION, "release": __version__,
+        meta = {"schema": SCHEMA, "version": SCHEMA_VERSION, "release": VERSION,
                 "io_model": self.io_model, "depth": self._depth}
         if run is not None:
             meta["run"] = run
@@ -323,65 +321,10 @@ class TransformerPerformanceCounter:
     def from_dict(cls, doc: dict, source: str = "document") -> "TransformerPerformanceCounter":
         """A counter holding the phases of a to_json() document (this layout, the version-1
         envelope, or torchao's own). A malformed document is a ValueError naming `source`."""
-        if not isinstance(doc, dict):
-            raise ValueError(f"{source}: expected a JSON object of phases by label, got "
-                             f"{type(doc).__name__}")
-        if isinstance(doc.get("schema"), str):  # the version-1 envelope (a label maps to a dict)
-            return cls._from_envelope(doc, source)
-        counter = None
-        for label, d in doc.items():
-            where = f"{source}: phase {label!r}"
-            if not isinstance(d, dict):
-                raise ValueError(f"{where}: expected an object of stats fields, got "
-                                 f"{type(d).__name__}")
-            meta = d.get(META_KEY)
-            if meta is not None:
-                _check_meta(meta, where)
-            if counter is None:
-                counter = cls._empty(meta or {}, where)
-            stats = PerformanceStats.from_dict(d, where)
-            if counter.device_spec is None and stats.totals is None:
-                counter.device_spec = stats.device_spec
-            counter._built[label] = stats
-        return counter if counter is not None else cls()
-
-    @classmethod
-    def _empty(cls, meta: dict, where: str) -> "TransformerPerformanceCounter":
-        try:
-            return cls(depth=meta.get("depth", 10), io_model=meta.get("io_model", "per_op"))
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{where}: {e}") from None
-
-    @classmethod
-    def _from_envelope(cls, doc: dict, source: str) -> "TransformerPerformanceCounter":
-        """Version 1: {"schema", "version": 1, "io_model", "depth", "device", "counts"}."""
-        if doc["schema"] != SCHEMA:
-            raise ValueError(f"{source}: not a perfcounter counts document (schema "
-                             f"{doc['schema']!r}; expected {SCHEMA!r})")
-        if doc.get("version") != 1:
-            raise ValueError(f"{source}: schema version {doc.get('version')!r} is not supported "
-                             f"(this perfcounter reads version 1 envelopes and version "
-                             f"{SCHEMA_VERSION} label maps)")
-        try:
-            counter = cls._empty({"depth": doc["depth"], "io_model": doc["io_model"]}, source)
-            device, counts = doc["device"], doc["counts"]
-        except KeyError as e:
-            raise ValueError(f"{source}: field {e} is missing; the document is incomplete "
-                             f"(written by perfcounter {doc.get('perfcounter', '?')})") from None
-        if device is not None and not isinstance(device, dict):
-            raise ValueError(f"{source}: field 'device' must be an object (DeviceSpec.to_dict()) "
-                             f"or null, got {type(device).__name__} {device!r:.40}")
-        if not isinstance(counts, dict):
-            raise ValueError(f"{source}: field 'counts' must be an object of phases by label, "
-                             f"got {type(counts).__name__}")
-        if device is not None:
-            try:
-                counter.device_spec = spec_from_dict(device)
-            except ValueError as e:
-                raise ValueError(f"{source}: field 'device': {e}") from None
-        for label, d in counts.items():
-            stats = PerformanceStats.from_dict(d, f"{source}: phase {label!r}")
-            counter._built[label] = dataclasses.replace(stats, device_spec=counter.device_spec)
+        read = read_counts(doc, source)
+        counter = cls(depth=read.depth, io_model=read.io_model)
+        counter.device_spec = read.device_spec
+        counter._built.update(read.phases)
         return counter
 
     @classmethod
@@ -398,16 +341,6 @@ class TransformerPerformanceCounter:
         except IsADirectoryError:
             raise ValueError(f"{path}: is a directory, not a JSON file") from None
         return cls.from_dict(doc, source=path)
-
-
-def _check_meta(meta, where: str) -> None:
-    """The "perfcounter" block of a phase: an object of this schema, a version read here."""
-    if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:
-        raise ValueError(f"{where}: field {META_KEY!r} is not a perfcounter block "
-                         f"(expected an object with \"schema\": {SCHEMA!r})")
-    if meta.get("version") != SCHEMA_VERSION:
-        raise ValueError(f"{where}: schema version {meta.get('version')!r} is not supported "
-                         f"(this perfcounter reads version {SCHEMA_VERSION})")
 
 
 def _sum_totals(phases: list[PerformanceStats], device_spec) -> PerformanceStats:

@@ -30,74 +30,25 @@ device). Such stats have no per-op records: the figures that need them
 """
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from perfcounter.breakdown import (GLOBAL, SCOPES, by_module_and_op, flop_counts,  # noqa: F401
-                                   flop_parts, io_counts, record_scopes)
-from perfcounter.energy import Energy, energy
-from perfcounter.report import format_stats
-from perfcounter.roofline import Roofline, op_costs, peak_flops, roofline
+from perfcounter.counting.breakdown import (SCOPES, add_row, empty_row, flop_counts, io_counts,
+                                             record_scopes)
+from perfcounter.counting.module_path import check_depth
+from perfcounter.devices import get_device_spec
+from perfcounter.pricing.energy import Energy, energy
+from perfcounter.pricing.predict import predict
+from perfcounter.pricing.roofline import Roofline, op_costs, peak_flops, roofline
+from perfcounter.report.phase import format_stats
+from perfcounter.report.profile import profile
+from perfcounter.stats_dict import (TORCHAO_FIELDS, Totals, check_number, stats_from_dict,
+                                    stats_to_dict)
 from perfcounter.trace import ROLES, Trace, check_io_model
-
-# torchao's PerformanceStats: its dataclass fields, then its derived properties
-TORCHAO_FIELDS = ("label", "num_tokens", "latency", "total_flops", "total_io", "flops_summary",
-                  "io_summary", "flop_counts", "io_counts", "device_bandwidth",
-                  "device_flops_per_s")
-TORCHAO_PROPERTIES = ("token_throughput", "achieved_flops_per_s", "achieved_bandwidth",
-                      "theoretical_io_latency", "theoretical_compute_latency",
-                      "bandwidth_utilization", "flops_utilization")
-
-def spec_from_dict(d: dict):
-    """A DeviceSpec from DeviceSpec.to_dict(): see DeviceSpec.from_dict."""
-    from perfcounter.devices import DeviceSpec
-    return DeviceSpec.from_dict(d)
 
 
 def _div(a, b):
     return None if a is None or not b else a / b
-
-
-def sum_or_none(*values):
-    """Σ values, or None when any is None: a phase that was not measured has no total."""
-    return None if any(v is None for v in values) else sum(values)
-
-
-def check_depth(depth, *, none_ok: bool = False):
-    """depth itself when it is a positive int (or None, with none_ok); else a ValueError."""
-    if depth is None and none_ok:
-        return None
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise ValueError(f"depth must be a positive int{' or None' if none_ok else ''}, "
-                         f"got {depth!r}")
-    return depth
-
-
-@dataclass(frozen=True)
-class Totals:
-    """torchao's figures given as numbers: a PerformanceStats built without a trace."""
-
-    total_flops: float
-    total_io: float
-    flops_summary: dict = field(default_factory=dict)
-    io_summary: dict = field(default_factory=dict)
-    flop_counts: dict = field(default_factory=dict)
-    io_counts: dict = field(default_factory=dict)
-    device_bandwidth: float | None = None
-    device_flops_per_s: float | None = None
-
-
-def _number(value, name: str, *, none_ok: bool = True):
-    """value when it is a finite real number >= 0 (or None with none_ok); else a ValueError."""
-    if value is None and none_ok:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-            or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0{' or None' if none_ok else ''}, "
-                         f"got {value!r}")
-    return value
 
 
 @dataclass(frozen=True, init=False)
@@ -142,7 +93,7 @@ class PerformanceStats:
                 raise TypeError(f"PerformanceStats from torchao's figures needs "
                                 f"{' and '.join(k + '=' for k in missing)}")
             for k in ("total_flops", "total_io", "device_bandwidth", "device_flops_per_s"):
-                _number(given.get(k), k, none_ok=k.startswith("device"))
+                check_number(given.get(k), k, none_ok=k.startswith("device"))
             for k in ("flops_summary", "io_summary", "flop_counts", "io_counts"):
                 if not isinstance(given.get(k, {}), dict):
                     raise TypeError(f"{k} must be a dict, got {type(given[k]).__name__}")
@@ -153,7 +104,7 @@ class PerformanceStats:
         if trace is not None and not isinstance(trace, Trace):
             raise TypeError(f"trace must be a perfcounter Trace, got {type(trace).__name__}; "
                             "torchao's fields (total_flops=, total_io=, ...) are keywords")
-        _number(latency, "latency")
+        check_number(latency, "latency")
         values = dict(label=label, num_tokens=num_tokens, latency=latency, trace=trace,
                       device_spec=device_spec, io_model=check_io_model(io_model),
                       raw_latency=raw_latency, timing=timing, totals=totals)
@@ -353,7 +304,6 @@ class PerformanceStats:
         "compiled"), or None when the phase is not priced."""
         if not self.priced:
             return None
-        from perfcounter.predict import predict
         return predict(self.trace, self.device_spec, execution)
 
     @cached_property
@@ -388,7 +338,6 @@ class PerformanceStats:
             raise ValueError(f"phase {self.label!r} was built from torchao's totals: it has no "
                              "per-op records to price on another device")
         if isinstance(device_spec, str):
-            from perfcounter.devices import get_device_spec
             device_spec = get_device_spec(device_spec)
         return PerformanceStats(self.label, self.num_tokens, None, self.trace, device_spec,
                                 io_model or self.io_model, None,
@@ -409,7 +358,7 @@ class PerformanceStats:
             parts = r.module.split(".")
             n = len(parts) if depth is None else min(depth, len(parts))
             for k in range(1, n + 1):
-                self._add_row(out, ".".join(parts[:k]), r, costs[i] if costs else None)
+                add_row(out, ".".join(parts[:k]), r, costs[i] if costs else None)
         return out
 
     def scopes(self) -> dict[str, dict]:
@@ -417,115 +366,32 @@ class PerformanceStats:
         if self.trace is None:
             return {}
         costs = op_costs(self.trace, self.device_spec) if self.priced else None
-        out = {s: self._empty_row(costs is not None) for s in SCOPES}
+        out = {s: empty_row(costs is not None) for s in SCOPES}
         for i, r in enumerate(self.trace.records):
             for scope in record_scopes(r.module):
-                self._add_row(out, scope, r, costs[i] if costs else None)
+                add_row(out, scope, r, costs[i] if costs else None)
         return out
 
     def profile(self, scope: str | None = "transformer", attr: str = "FLOPS") -> int:
         """llm-profiler's query on this phase: FLOPS, ADD, MULT, DIV, SQRT, PARAMS, ACT or
         CACHE of a scope ("transformer", "attn", "mlp", a module class, path or glob);
-        perfcounter/profile.py says what each means next to llm-profiler's meaning."""
-        from perfcounter.profile import profile
+        perfcounter/report/profile.py says what each means next to llm-profiler's meaning."""
         return profile(self, scope, attr)
-
-    @staticmethod
-    def _empty_row(with_roofline: bool) -> dict:
-        row = {"calls": 0, "flops": 0, "executed_flops": 0, "bytes_read": 0, "bytes_written": 0}
-        if with_roofline:
-            row["roofline_s"] = 0.0
-        return row
-
-    @classmethod
-    def _add_row(cls, out: dict, key: str, r, cost) -> None:
-        row = out.setdefault(key, cls._empty_row(cost is not None))
-        row["calls"] += r.calls
-        row["flops"] += r.flops
-        row["executed_flops"] += r.executed_flops
-        row["bytes_read"] += sum(r.read)
-        row["bytes_written"] += sum(r.written)
-        if cost is not None:
-            row["roofline_s"] += cost.latency_s
 
     # -- data ----------------------------------------------------------------
     def to_dict(self) -> dict:
         """torchao's keys (every field and derived property of its PerformanceStats) and
         ours beside them, plain JSON types; from_dict() reads it back."""
-        spec = self.device_spec
-        return {
-            "label": self.label, "num_tokens": self.num_tokens, "steps": self.steps,
-            "latency": self.latency, "raw_latency": self.raw_latency, "timing": self.timing,
-            "overhead_s": self.overhead_s, "io_model": self.io_model,
-            "total_flops": self.total_flops, "executed_flops": self.executed_flops,
-            "total_io": self.total_io, "per_op_io": self.per_op_io,
-            "compulsory_io": self.compulsory_io, "kv_cache_valid_read": self.kv_cache_valid_read,
-            "flops_summary": self.flops_summary, "io_summary": self.io_summary,
-            "flop_counts": self.flop_counts, "io_counts": self.io_counts,
-            "flops_by_kind": self.flops_by_kind, "io_by_role": self.io_by_role,
-            "device_bandwidth": self.device_bandwidth,
-            "device_flops_per_s": self.device_flops_per_s,
-            "token_throughput": self.token_throughput,
-            "achieved_flops_per_s": self.achieved_flops_per_s,
-            "achieved_bandwidth": self.achieved_bandwidth,
-            "theoretical_io_latency": self.theoretical_io_latency,
-            "theoretical_compute_latency": self.theoretical_compute_latency,
-            "bandwidth_utilization": self.bandwidth_utilization,
-            "flops_utilization": self.flops_utilization,
-            "arithmetic_intensity": self.arithmetic_intensity,
-            "roofline_latency": self.roofline_latency, "bound": self.bound,
-            "roofline_latency_s": self.roofline_latency,
-            "predicted_latency_s": self.predicted_latency, "measured_latency_s": self.latency,
-            "prediction": None if not self.priced else self.prediction("eager").to_dict(),
-            "roofline": None if self.roofline is None else self.roofline.to_dict(),
-            "energy_j": self.energy_j, "energy_per_token_j": self.energy_per_token_j,
-            "energy": None if self.energy is None else self.energy.to_dict(),
-            "uncounted_ops": self.uncounted_ops, "coverage": self.coverage,
-            "device": None if spec is None else spec.to_dict(),
-            "trace": None if self.trace is None else self.trace.to_dict(),
-        }
+        return stats_to_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "stats") -> "PerformanceStats":
         """Rebuild a phase from to_dict(), or from torchao's to_dict() (no "trace": its
         figures as given); derived figures are recomputed. A malformed dict is a
         ValueError naming `source` and the field."""
-        if not isinstance(d, dict):
-            raise ValueError(f"{source}: expected an object of stats fields, got "
-                             f"{type(d).__name__}")
-        try:
-            device = d.get("device")
-            if device is not None and not isinstance(device, dict):
-                raise ValueError(f"field 'device' must be an object (DeviceSpec.to_dict()) or "
-                                 f"null, got {type(device).__name__} {device!r:.40}")
-            spec = None if device is None else spec_from_dict(device)
-            common = dict(label=_typed(d, "label", str), latency=d.get("latency"),
-                          num_tokens=_typed(d, "num_tokens", int))
-            if d.get("trace") is None:  # torchao's layout, or stats built from totals
-                given = {k: d[k] for k in TORCHAO_FIELDS[3:] if d.get(k) is not None}
-                if spec is not None:
-                    given.pop("device_bandwidth", None)
-                    given.pop("device_flops_per_s", None)
-                return cls(**common, device_spec=spec, **given)
-            trace = d["trace"]
-            if not isinstance(trace, dict):
-                raise ValueError(f"field 'trace' must be an object, got {type(trace).__name__}")
-            return cls(**common, trace=Trace.from_dict(trace), device_spec=spec,
-                       io_model=d.get("io_model", "per_op"), raw_latency=d.get("raw_latency"),
-                       timing=d.get("timing", ""))
-        except KeyError as e:
-            raise ValueError(f"{source}: field {e} is missing") from None
-        except (TypeError, ValueError, AttributeError) as e:
-            raise ValueError(f"{source}: {e}") from None
+        return stats_from_dict(cls, d, source)
 
     def __str__(self) -> str:
         return format_stats(self)
 
 
-def _typed(d: dict, key: str, kind: type):
-    """d[key] when it is a `kind` (an int is not a bool); else a ValueError naming the key."""
-    value = d[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ValueError(f"field {key!r} must be {kind.__name__}, got {type(value).__name__} "
-                         f"{value!r:.40}")
-    return value

@@ -22,14 +22,15 @@ import itertools
 import time
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from perfcounter.stats import check_depth
+from perfcounter.counting.mode import PerformanceCounterMode
+from perfcounter.counting.module_path import check_depth
 
 
 def _fake_mode_active() -> bool:
     """True when a FakeTensorMode is on the dispatch stack (no real execution)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
     return any(isinstance(m, FakeTensorMode) for m in _get_current_dispatch_mode_stack())
 
 
@@ -47,7 +48,6 @@ class _RealityProbe:
         return self
 
     def _look(self, module, args):
-        from torch._subclasses.fake_tensor import is_fake
         tensors = itertools.chain(module.parameters(), module.buffers(),
                                   (a for a in args if isinstance(a, torch.Tensor)))
         t = next(tensors, None)
@@ -75,7 +75,6 @@ class PerformanceTimer:
 
     def __init__(self, name: str = "", precision: int = 1, display: bool = False, depth: int = 10,
                  *, mode=None):
-        from perfcounter.mode import PerformanceCounterMode
         self.name, self.precision, self.display = str(name), precision, display
         self.depth = check_depth(depth)
         self.perf_counter = mode if mode is not None else PerformanceCounterMode(
@@ -211,7 +210,7 @@ def total_model_params(model: torch.nn.Module, exclude_embeddings: bool = True,
                        embedding_key: str = "tok_embeddings") -> int:
     """Parameters of `model` (shared ones once), less the embedding table's weight when
     exclude_embeddings (torchao's convention, which subtracts it even when the output head
-    shares it; `perfcounter.model.count_params` does not). embedding_key may be a dotted
+    shares it; `perfcounter.models.model.count_params` does not). embedding_key may be a dotted
     path ("model.embed_tokens" for a transformers model)."""
     total = sum(p.numel() for p in model.parameters())
     if not exclude_embeddings:

@@ -24,7 +24,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
-from perfcounter._util import did_you_mean, PerfcounterWarning
+from perfcounter._util import PerfcounterWarning, did_you_mean
 
 KINDS = ("add", "mul", "div", "sqrt", "exp", "special", "cmp")
 ROLES = ("weight", "kv_cache", "activation", "input", "buffer")
@@ -341,3 +341,9 @@ def build_trace(blocks: list[Block]) -> Trace:
     return Trace(records=list(records.values()), compulsory_read=read, compulsory_written=written,
                  kv_cache_valid_read=sum(b.kv_valid_read for b in blocks), uncounted_ops=uncounted,
                  steps=len(blocks), overhead_s=sum(b.overhead_s for b in blocks), modules=modules)
+
+
+def op_packet(op: str) -> str:
+    """'aten.mm.default' -> 'aten.mm' (the name without its overload)."""
+    parts = op.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 else op

@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 
 import torch  # noqa: E402
 
-from perfcounter.loading import CheckpointError, convert_checkpoint  # noqa: E402
-from perfcounter.model import UnknownModelError  # noqa: E402
-from perfcounter.tokenizer import TokenizerError  # noqa: E402
+from perfcounter.models.loading import CheckpointError, convert_checkpoint  # noqa: E402
+from perfcounter.models.args import UnknownModelError  # noqa: E402
+from perfcounter.models.tokenizer import TokenizerError  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -9,7 +9,7 @@ model.pth, a Hugging Face folder, a GGUF file), quantizes every linear — the o
 included, as gpt-fast does — and writes `model_int8.pth` or `model_int4.gG.pth` (gpt-fast's
 names) beside it, or at --out. int8: an int8 weight and a scale per output channel (in the
 checkpoint's dtype); int4: two 4-bit weights a byte ([N, K/2] uint8, the even column in the
-low nibble) and bfloat16 scales and zeros per group ([K/G, N, 2]); perfcounter/quantize.py
+low nibble) and bfloat16 scales and zeros per group ([K/G, N, 2]); perfcounter/quant/quantize.py
 has the layouts. When no config.json lies beside the output, ours is written there, so
 that the file loads on its own. A checkpoint that is already quantized is refused.
 """
@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 
 import torch  # noqa: E402
 
-from perfcounter import quantize as quantization  # noqa: E402
+from perfcounter.quant import quantize as quantization  # noqa: E402
 from perfcounter._util import atomic_write  # noqa: E402
-from perfcounter.loading import CheckpointError, build_model, read_checkpoint  # noqa: E402
-from perfcounter.model import UnknownModelError  # noqa: E402
-from perfcounter.tokenizer import TokenizerError  # noqa: E402
+from perfcounter.models.loading import CheckpointError, build_model, read_checkpoint  # noqa: E402
+from perfcounter.models.args import UnknownModelError  # noqa: E402
+from perfcounter.models.tokenizer import TokenizerError  # noqa: E402
 
 MODES = ("int8", "int4")
 

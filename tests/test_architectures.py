@@ -22,7 +22,7 @@ transformers = pytest.importorskip("transformers")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from perfcounter import TransformerPerformanceCounter  # noqa: E402
-from perfcounter.tokenizer import cache_keyword  # noqa: E402
+from perfcounter.models.tokenizer import cache_keyword  # noqa: E402
 
 TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 COMMON = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -16,11 +16,11 @@ import torch
 from conftest import make_hf_model, tiny_args
 from perfcounter import TransformerPerformanceCounter
 from perfcounter._util import UnsafeTargetError, atomic_write, check_writable_target
-from perfcounter.counter import SCHEMA
-from perfcounter.loading import (CheckpointError, check_device, load_hf_model, load_model,
+from perfcounter.counts_doc import SCHEMA
+from perfcounter.models.loading import (CheckpointError, check_device, load_hf_model, load_model,
                                  read_config, save_checkpoint)
-from perfcounter.model import ModelArgs
-from perfcounter.tokenizer import HFTokenizer, TokenizerError, encode_prompt
+from perfcounter.models.args import ModelArgs
+from perfcounter.models.tokenizer import HFTokenizer, TokenizerError, encode_prompt
 
 REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("generate", REPO / "generate.py")

@@ -9,7 +9,7 @@ from perfcounter import devices
 from perfcounter.devices import calibrate as cal_mod
 from perfcounter.devices import registry
 from perfcounter.devices import spec as spec_module
-from perfcounter.cli import main
+from perfcounter.cli.main import main
 from perfcounter.devices import get_device_spec, list_device_specs
 
 

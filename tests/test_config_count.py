@@ -9,12 +9,12 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from perfcounter import count_config  # noqa: E402
-from perfcounter.cli import main as cli  # noqa: E402
-from perfcounter.config_only import hf_greedy_generate  # noqa: E402
+from perfcounter.cli.main import main as cli  # noqa: E402
+from perfcounter.generation.config_only import hf_greedy_generate  # noqa: E402
 from perfcounter.counter import TransformerPerformanceCounter  # noqa: E402
-from perfcounter.loading import CheckpointError  # noqa: E402
-from perfcounter.model import UnknownModelError  # noqa: E402
-from perfcounter.profile import ATTRS, format_profile  # noqa: E402
+from perfcounter.models.loading import CheckpointError  # noqa: E402
+from perfcounter.models.args import UnknownModelError  # noqa: E402
+from perfcounter.report.profile import ATTRS, format_profile  # noqa: E402
 from perfcounter.trace import KINDS  # noqa: E402
 
 F32 = torch.float32

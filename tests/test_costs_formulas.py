@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from perfcounter.costs import COSTS, Cost, Shape, shape_tree
-from perfcounter.mode import PerformanceCounterMode
+from perfcounter.counting.mode import PerformanceCounterMode
 from perfcounter.trace import KINDS
 
 aten = torch.ops.aten
@@ -155,7 +155,7 @@ def test_grouped_mm_runs_on_fake_tensors_of_any_dtype():
 
 
 def test_expert_load_splits_rows_by_largest_remainder():
-    from perfcounter.op_data import ExpertLoad
+    from perfcounter.counting.op_data import ExpertLoad
     assert ExpertLoad().rows_per_expert(6, 4) == [2, 2, 1, 1]  # balanced
     assert ExpertLoad().experts_hit(2, 8) == 2
     load = ExpertLoad.parse("4,2,1,1")  # shares .5, .25, .125, .125

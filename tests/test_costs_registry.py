@@ -5,7 +5,7 @@ import torch
 from perfcounter import costs
 from perfcounter.costs import COSTS, OPS, OpInfo, Shape, op_info, op_info_by_name, register, shape_tree
 from perfcounter.costs import _core
-from perfcounter.roofline import per_element_tag
+from perfcounter.pricing.roofline import per_element_tag
 
 aten = torch.ops.aten
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from perfcounter.counter import (SCHEMA, SCHEMA_VERSION, CountArgumentError, NestedCountError,
-                                 TransformerPerformanceCounter)
+from perfcounter.counter import CountArgumentError, NestedCountError, TransformerPerformanceCounter
+from perfcounter.counts_doc import SCHEMA, SCHEMA_VERSION
 from perfcounter.devices import DeviceSpec
 
 
@@ -233,7 +233,7 @@ def test_json_errors_and_atomic_write(tmp_path, monkeypatch):
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         TransformerPerformanceCounter.from_json(bad)
-    bad.write_text(json.dumps({"schema": "perfcounter.simulation", "version": 1}))
+    bad.write_text(json.dumps({"schema": "perfcounter.simulation.run", "version": 1}))
     with pytest.raises(ValueError, match="not a perfcounter counts document"):
         TransformerPerformanceCounter.from_json(bad)
     bad.write_text(json.dumps({"schema": SCHEMA, "version": 1, "depth": 10}))

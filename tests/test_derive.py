@@ -10,11 +10,12 @@ import torch
 from conftest import make_hf_model, randomize_, tiny_args
 from perfcounter import TransformerPerformanceCounter
 from perfcounter._util import PerfcounterWarning
-from perfcounter.config_only import count_config_only, greedy_generate
-from perfcounter.derive import (DecodeSteps, DeriveError, count_generation, count_layers,
+from perfcounter.generation.config_only import count_config_only, greedy_generate
+from perfcounter.generation.derive import (DecodeSteps, DeriveError, count_generation, count_layers,
                                 decode_breakpoints, fit_steps, layer_kinds)
-from perfcounter.model import ModelArgs, Transformer
-from perfcounter.tokenizer import cache_keyword
+from perfcounter.models.model import Transformer
+from perfcounter.models.args import ModelArgs
+from perfcounter.models.tokenizer import cache_keyword
 from perfcounter.trace import KINDS, ROLES, OpRecord, Trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -267,7 +268,7 @@ def test_alternating_sliding_and_full_layers_equal_every_layer():
 
 
 def test_layers_that_do_not_repeat_are_refused():
-    from perfcounter.model import FeedForward
+    from perfcounter.models.model import FeedForward
 
     def count_uneven(args):  # the last of several layers has a narrower feed-forward
         model = Transformer(args)
@@ -336,7 +337,7 @@ def test_generate_real_run_counts_three_steps_and_times_the_rest():
 
 def test_transformers_config_alternating_layers_derived_equals_counted():
     import transformers
-    from perfcounter.config_only import count_hf_config
+    from perfcounter.generation.config_only import count_hf_config
     config = transformers.AutoConfig.for_model(  # Gemma 2: sliding and full layers in turn
         "gemma2", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=64,

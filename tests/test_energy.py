@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from perfcounter.devices import DeviceSpec, get_device_spec
-from perfcounter.energy import Energy
+from perfcounter.pricing.energy import Energy
 from perfcounter.stats import PerformanceStats
 from perfcounter.trace import OpRecord, Trace
 

@@ -11,10 +11,10 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from conftest import make_hf_model, tiny_args
 from perfcounter import PerformanceCounterMode, TransformerPerformanceCounter
-from perfcounter.config_only import count_config_only
+from perfcounter.generation.config_only import count_config_only
 from perfcounter.devices import DeviceSpecError
-from perfcounter.loading import CheckpointNotFoundError, load_model, save_checkpoint
-from perfcounter.model import UnknownModelError
+from perfcounter.models.loading import CheckpointNotFoundError, load_model, save_checkpoint
+from perfcounter.models.args import UnknownModelError
 
 REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("generate", REPO / "generate.py")

@@ -29,10 +29,10 @@ import pytest
 import torch
 
 from perfcounter import PerformanceCounterMode
-from perfcounter.config_only import count_gguf
-from perfcounter.gguf_stored import (PRICE_AS, annotate, check_price_as, read_tensors,
+from perfcounter.generation.config_only import count_gguf
+from perfcounter.quant.gguf_stored import (PRICE_AS, annotate, check_price_as, read_tensors,
                                      stored_summary, tensor_nbytes)
-from perfcounter.subclass_linear import STORED
+from perfcounter.quant.stored import STORED
 
 gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
@@ -121,7 +121,7 @@ def test_config_only_count_as_stored_and_executed(tiny_gguf, hf):
 
 
 def test_loaded_model_as_stored(tiny_gguf):
-    from perfcounter.loading import build_model, read_checkpoint
+    from perfcounter.models.loading import build_model, read_checkpoint
     args, state, kind, weights = read_checkpoint(tiny_gguf)
     model = build_model(args, state, weights)
     assert annotate(model, tiny_gguf, "ours") == 7  # wqkv, wo, w1, w3, w2, output, embedding
@@ -140,10 +140,10 @@ def test_price_as_bad_input(tiny_gguf, capsys):
     with pytest.raises(ValueError, match="price_as 'stord' is not valid; valid: stored, executed; "
                                          "did you mean 'stored'"):
         check_price_as("stord")
-    from perfcounter.loading import load_model
+    from perfcounter.models.loading import load_model
     with pytest.raises(ValueError, match="price_as 'float' is not valid"):
         load_model(tiny_gguf, price_as="float")
-    from perfcounter.cli import main  # the `perfcounter` command
+    from perfcounter.cli.main import main  # the `perfcounter` command
     assert main(argv=["count", "--config", str(tiny_gguf), "--price_as", "bogus"]) == 2
     assert capsys.readouterr().err.strip() == ("perfcounter count: error: price_as 'bogus' is "
                                                "not valid; valid: stored, executed")
@@ -162,7 +162,7 @@ def test_generate_refuses_an_unknown_price_as():
 def test_smollm2_q4_1_as_stored():
     """The built-in default: 210 Q4_1 tensors, token_embd Q8_0 (tied output), 61 F32 norms:
     96,576,768 B stored, every one of which a decode step reads (float32 norms)."""
-    from perfcounter.loading import CheckpointError, default_checkpoint
+    from perfcounter.models.loading import CheckpointError, default_checkpoint
     try:
         path = default_checkpoint()
     except CheckpointError:

@@ -1,4 +1,4 @@
-"""perfcounter.graph: module and op graphs of one recorded forward (EdgeShard, seed 003),
+"""perfcounter.report.graph: module and op graphs of one recorded forward (EdgeShard, seed 003),
 node and edge counts derived by hand; their exports; `perfcounter graph`."""
 import json
 
@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from perfcounter import PerformanceCounterMode, get_device_spec
-from perfcounter.cli import main
-from perfcounter.graph import module_graph, op_graph, record_forward
-from perfcounter.subclass_linear import set_stored_nbytes
+from perfcounter.cli.main import main
+from perfcounter.report.graph import module_graph, op_graph, record_forward
+from perfcounter.quant.stored import set_stored_nbytes
 
 
 class Residual(nn.Module):

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from conftest import make_hf_model, tiny_args
-from perfcounter.loading import (CheckpointError, CheckpointNotFoundError, HFCausalLM,
+from perfcounter.models.loading import (CheckpointError, CheckpointNotFoundError, HFCausalLM,
                                  checkpoint_kind, load_hf_model, load_model,
                                  model_args_from_hf, read_config, save_checkpoint)
-from perfcounter.model import Transformer
-from perfcounter.tokenizer import (HFTokenizer, SentencePieceTokenizer, TokenizerError,
+from perfcounter.models.model import Transformer
+from perfcounter.models.tokenizer import (HFTokenizer, SentencePieceTokenizer, TokenizerError,
                                    load_tokenizer)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from perfcounter.mode import PerformanceCounterMode
-from perfcounter.tokenizer import cache_keyword
+from perfcounter.counting.mode import PerformanceCounterMode
+from perfcounter.models.tokenizer import cache_keyword
 from perfcounter.trace import ROLES
 from records_snapshot import _tiny
 
@@ -296,7 +296,7 @@ def test_no_uncounted_ops_prefill_and_decode(arch, tiny_model_factory):
 def test_plan_cache_is_typed_and_has_an_api():
     """A plan is made once per typed signature: aten.full([3], 1.0) writes float32 (12 B),
     aten.full([3], 1) int64 (24 B); 1 and 1.0 hash alike, so the key carries the type."""
-    from perfcounter.op_plan import PLANS
+    from perfcounter.counting.op_plan import PLANS
 
     PLANS.cache_clear()
     assert PLANS.cache_info() == (0, 0, 0)
@@ -557,9 +557,9 @@ def test_our_model_passes_its_mask_structure(window, pairs):
     Real tensors read the mask; fake tensors take the structure from the Attention module."""
     from conftest import randomize_, tiny_args
 
-    from perfcounter.config_only import count_config_only, greedy_generate
+    from perfcounter.generation.config_only import count_config_only, greedy_generate
     from perfcounter.counter import TransformerPerformanceCounter
-    from perfcounter.model import Transformer
+    from perfcounter.models.model import Transformer
 
     args = tiny_args(sliding_window=window)
     torch.manual_seed(0)

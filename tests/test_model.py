@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import randomize_, tiny_args
-from perfcounter.model import (PRESETS, ModelArgs, Transformer, UnknownModelError,
-                               count_params, precompute_freqs_cis)
+from perfcounter.models.model import Transformer, count_params, precompute_freqs_cis
+from perfcounter.models.args import PRESETS, ModelArgs, UnknownModelError
 
 SEED_004_REPR = ("ModelArgs(block_size=2048, vocab_size=32000, n_layer=32, n_head=32, dim=4096, "
                  "intermediate_size=11008, n_local_heads=32, head_dim=128, rope_base=10000, "

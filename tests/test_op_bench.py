@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from perfcounter import op_bench as B
-from perfcounter.cli import main
+from perfcounter.pricing import op_bench as B
+from perfcounter.cli.main import main
 from perfcounter.trace import OpRecord, Trace
 
 

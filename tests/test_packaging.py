@@ -19,7 +19,9 @@ def test_wheel_ships_device_specs(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     shipped = {Path(n).name for n in names if n.startswith("perfcounter/device_specs/")}
     assert {p.name for p in (ROOT / "device_specs").glob("*.yaml")} <= shipped
-    assert "perfcounter/mode.py" in names
+    assert "perfcounter/counting/mode.py" in names
+    sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "perfcounter").rglob("*.py")}
+    assert sources <= set(names), f"not in the wheel: {sorted(sources - set(names))[:5]}"
 
 
 def test_registry_finds_the_installed_layout(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""perfcounter.plots: roofline plots, time / energy by module kind, the --plot and --trace
+"""perfcounter.report.plots: roofline plots, time / energy by module kind, the --plot and --trace
 flags of the command lines; a one-line error without matplotlib or with a bad folder."""
 import importlib.util
 import json
@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from conftest import tiny_args
-from perfcounter.cli import main
-from perfcounter.config_only import count_config
-from perfcounter.plots import (KINDS, PlotError, check_outputs, kind_rows, module_kind,
+from perfcounter.cli.main import main
+from perfcounter.generation.config_only import count_config
+from perfcounter.report.plots import (KINDS, PlotError, check_outputs, kind_rows, module_kind,
                                sweep_plots, write_plots)
-from perfcounter.simulation import simulate
+from perfcounter.simulation.run import simulate
 
 pytest.importorskip("matplotlib")
 REPO = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def test_write_plots_writes_png_and_svg(counted, tmp_path):
 
 def test_roofline_points_at_predicted_or_measured_flops(counted, tmp_path):
     from perfcounter import get_device_spec
-    from perfcounter.plots import _points
+    from perfcounter.report.plots import _points
     spec = get_device_spec("h100-sxm")
     stats = counted.counts["prefill"]
     pred = stats.on(spec).prediction("eager")

@@ -5,12 +5,13 @@ import math
 import pytest
 import torch
 
-from perfcounter import predict as P
-from perfcounter.cli import main
+from perfcounter.pricing import predict as P
+from perfcounter.cli.main import main
 from perfcounter.devices import DeviceSpec, DeviceSpecError, load_device_specs
 from perfcounter.devices import op_rates
 from perfcounter.devices.op_rates import MAX_CALLS, fill_operands, time_calls
-from perfcounter.devices.schema import write_device_specs
+from perfcounter.devices.spec_file import write_device_specs
+from perfcounter.devices.spec import OP_CLASSES
 from perfcounter.stats import PerformanceStats
 from perfcounter.trace import OpRecord, Trace
 
@@ -285,7 +286,7 @@ def test_calibrate_measures_curves_and_overheads_that_predict_reads(tmp_path, ca
                       "--out", str(out)]) == 0
     assert "overhead per op call, eager" in capsys.readouterr().out
     (spec,) = load_device_specs(out)
-    assert set(spec.op_curves) == set(P.OP_CLASSES)
+    assert set(spec.op_curves) == set(OP_CLASSES)
     assert set(spec.op_overhead_s) == {"eager", "eager_cold", "compiled"}
     assert list(spec.matmul_rows["float32"]) == [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
     assert P.predict(toy_trace(), spec).basis == "curve"

@@ -10,7 +10,7 @@ import published  # noqa: E402
 from published import PublishedDataError, load_rows  # noqa: E402
 
 from perfcounter import list_device_specs  # noqa: E402
-from perfcounter.models.model import PRESETS  # noqa: E402
+from perfcounter.models.args import PRESETS  # noqa: E402
 
 
 @pytest.fixture(scope="module")

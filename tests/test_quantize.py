@@ -14,11 +14,13 @@ import torch.nn as nn
 
 from conftest import randomize_, tiny_args
 from perfcounter import PerformanceCounterMode, TransformerPerformanceCounter
-from perfcounter import quant_ops, quantize as q
-from perfcounter.cli import main as cli_main
-from perfcounter.loading import fake_model, load_model, save_checkpoint
-from perfcounter.model import ModelArgs, Transformer
-from perfcounter.sweep import sweep
+from perfcounter.quant import ops as quant_ops
+from perfcounter.quant import quantize as q
+from perfcounter.cli.main import main as cli_main
+from perfcounter.models.loading import fake_model, load_model, save_checkpoint
+from perfcounter.models.model import Transformer
+from perfcounter.models.args import ModelArgs
+from perfcounter.cli.sweep import sweep
 from perfcounter.trace import ROLES
 
 REPO = Path(__file__).resolve().parents[1]

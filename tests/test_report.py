@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from perfcounter.devices import DeviceSpec
-from perfcounter.report import (Comparison, format_stats, format_table, merged_modules, percent,
-                                rate, scaled, si, to_markdown)
+from perfcounter.report.phase import Comparison, format_stats, merged_modules, to_markdown
+from perfcounter.format import format_table, percent, rate, scaled, si
 from perfcounter.stats import PerformanceStats
 from perfcounter.trace import OpRecord, Trace
 

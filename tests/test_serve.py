@@ -3,9 +3,10 @@ import numpy as np
 import pytest
 import torch
 
+from perfcounter.devices import get_device_spec
+from perfcounter.models.args import ModelArgs
 from perfcounter.serve import (ServeError, deployment, kv_bytes_per_token, memory_plan, serve,
                                synthetic)
-from perfcounter.serve.deps import ModelArgs, get_device_spec
 from perfcounter.serve.metrics import parse_slo
 from perfcounter.serve.ragged import Piece, count_step
 from perfcounter.serve.scheduler import EngineConfig, simulate_engine

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from perfcounter import get_device_spec
-from perfcounter.serve.deps import ModelArgs
+from perfcounter.models.args import ModelArgs
 from perfcounter.serve import cache_clear, cache_info, step_table
 from perfcounter.serve.pricing import RooflinePricer
 from perfcounter.serve.ragged import Piece, count_step
@@ -79,7 +79,7 @@ def test_chunked_prefill_same_linear_flops_and_reads_earlier_chunks(table):
 
 
 def test_step_price_equals_pricing_the_counted_step(spec, table):
-    from perfcounter.serve.deps import roofline
+    from perfcounter.pricing.roofline import roofline
     for shape in HELD_OUT:
         counted = count_step(TINY, [Piece(*p) for p in shape])
         assert table.price(shape) == pytest.approx(table.price_trace(counted), rel=1e-9)

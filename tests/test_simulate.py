@@ -15,10 +15,11 @@ from torch import nn
 import perfcounter
 from perfcounter import TransformerPerformanceCounter, simulate
 from perfcounter.devices import DeviceSpec
-from perfcounter.placement import Link, Mapping, MappingError, resolve_device
-from perfcounter.sim_result import COMPONENTS
-from perfcounter.sim_search import kind_keys, search_mapping
-from perfcounter.sim_trace import PREPARED, Ev, elementwise_spec, timeline
+from perfcounter.simulation.placement import Mapping, MappingError, resolve_device
+from perfcounter.simulation.links import Link
+from perfcounter.simulation.result import COMPONENTS
+from perfcounter.simulation.search import kind_keys, search_mapping
+from perfcounter.simulation.timeline import PREPARED, Ev, elementwise_spec, timeline
 
 from conftest import tiny_args
 
@@ -104,7 +105,7 @@ def two():
 @pytest.fixture(scope="module")
 def tiny_counter():
     """The tiny gpt-fast model: a 5-token prefill and 2 decode steps, no weights."""
-    from perfcounter.config_only import count_config_only
+    from perfcounter.generation.config_only import count_config_only
     counter = TransformerPerformanceCounter()
     count_config_only(tiny_args(), counter, prompt_length=5, max_new_tokens=3, dtype=F32)
     return counter
@@ -337,8 +338,8 @@ def test_tp2_mlp_all_reduce_bytes():
 @pytest.mark.parametrize("device", ["h100-sxm", "pim-ai-4chip"])
 def test_everything_on_one_device_equals_the_single_device_roofline(tiny_counter, device):
     from perfcounter.devices import get_device_spec
-    from perfcounter.energy import energy
-    from perfcounter.roofline import roofline
+    from perfcounter.pricing.energy import energy
+    from perfcounter.pricing.roofline import roofline
     spec = get_device_spec(device)
     s = simulate(tiny_counter, {"Transformer": device}, host=HOST, elementwise_model="upmem")
     for label, stats in tiny_counter.counts.items():
@@ -358,7 +359,7 @@ def test_everything_on_one_device_equals_the_single_device_roofline(tiny_counter
 
 def test_mask_and_rope_table_never_cross_a_link(tiny_counter):
     from perfcounter.devices import get_device_spec
-    from perfcounter.roofline import host_link_bytes, roofline
+    from perfcounter.pricing.roofline import host_link_bytes, roofline
     prefill = tiny_counter.counts["prefill"].trace
     # what crosses host -> device is the token ids and positions: [1, 5] + [5] int64 =
     # 40 + 40 = 80 B, not the causal mask rows or freqs_cis rows the model made
@@ -508,8 +509,8 @@ def test_to_json_is_plain_data_written_atomically(two, tmp_path):
 
 
 def test_perfcounter_simulate_is_the_function(two):
-    import perfcounter.simulation  # noqa: F401  (importing the module leaves the name alone)
-    assert perfcounter.simulate is perfcounter.simulation.simulate
+    import perfcounter.simulation.run  # noqa: F401  (importing the module leaves the name alone)
+    assert perfcounter.simulate is perfcounter.simulation.run.simulate
     assert perfcounter.simulate(two, host=HOST).phases["decode"].time_s > 0
     assert PREPARED.cache_info()["hits"] > 0
 
@@ -544,7 +545,7 @@ def _config(tmp_path):
 
 
 def test_cli_simulate_writes_json_and_exits_2_on_errors(tmp_path, capsys):
-    from perfcounter.cli import main
+    from perfcounter.cli.main import main
     config, out = _config(tmp_path), tmp_path / "sim.json"
     mapping = tmp_path / "map.yaml"
     mapping.write_text("wqkv: PIM-AI-4chip,t\nwo: PIM_AI_4chip\noutput: H100,t\n")
@@ -568,7 +569,7 @@ def test_cli_simulate_writes_json_and_exits_2_on_errors(tmp_path, capsys):
 
 def test_cli_device_figures_from_yaml_and_options_overriding_them(tmp_path, capsys,
                                                                    monkeypatch):
-    from perfcounter.cli import main
+    from perfcounter.cli.main import main
     from perfcounter.devices import registry
     monkeypatch.setattr(registry, "_user_specs", [])  # the file's entries stay in this test
     devs = tmp_path / "devs.yaml"
@@ -608,7 +609,7 @@ def test_cli_device_figures_from_yaml_and_options_overriding_them(tmp_path, caps
 
 
 def test_cli_search_prints_a_mapping_file(tmp_path, capsys):
-    from perfcounter.cli import main
+    from perfcounter.cli.main import main
     saved = tmp_path / "best.yaml"
     argv = ["simulate", "--config", str(_config(tmp_path)), "--prompt_length", "5",
             "--max_new_tokens", "2", "--precision", "float32", "--search", "latency",
@@ -626,8 +627,8 @@ def test_cli_search_prints_a_mapping_file(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def llama2_7b():
     """Llama-2-7B as transformers builds it, no weights: 8-token prefill, 2 decode steps."""
-    from perfcounter.model import ModelArgs
-    from perfcounter.config_only import count_hf_config, hf_config
+    from perfcounter.models.args import ModelArgs
+    from perfcounter.generation.config_only import count_hf_config, hf_config
     counter = TransformerPerformanceCounter()
     count_hf_config(hf_config(ModelArgs.from_name("llama-2-7b")), counter, batch_size=1, cache="static",
                          prompt_length=8, max_new_tokens=3, dtype=torch.bfloat16)
@@ -699,7 +700,7 @@ def test_generate_py_mapping_prices_the_counted_run(tmp_path, capsys):
 
 
 def test_cli_real_hf_checkpoint_keeps_transformers_names(hf_llama_dir, tmp_path, capsys):
-    from perfcounter.cli import main
+    from perfcounter.cli.main import main
     out = tmp_path / "sim.json"
     argv = ["simulate", "--checkpoint_path", str(hf_llama_dir), "--hf", "--prompt_length", "4",
             "--max_new_tokens", "2", "--precision", "float32", "--mapping",

@@ -21,12 +21,12 @@ import torch
 
 from conftest import randomize_, tiny_args
 from perfcounter import TransformerPerformanceCounter
-from perfcounter.loading import save_checkpoint
-from perfcounter.model import Transformer
-from perfcounter.speculative import (Acceptance, Sampler, SpeculativeArgumentError,
+from perfcounter.models.loading import save_checkpoint
+from perfcounter.models.model import Transformer
+from perfcounter.generation.speculative import (Acceptance, Sampler, SpeculativeArgumentError,
                                      count_speculative_config, draft_steps,
                                      speculative_generate, verify)
-from perfcounter.speculative_cost import (Cost, expected_cost, expected_tokens_per_round,
+from perfcounter.generation.speculative_cost import (Cost, expected_cost, expected_tokens_per_round,
                                           format_speculative, measured_cost, speculative_costs)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,9 +12,12 @@ import pytest
 import torch
 
 from perfcounter.devices import DeviceSpec
-from perfcounter.roofline import largest_numel, roofline
-from perfcounter.stats import (PerformanceStats, by_module_and_op, check_depth, record_scopes,
-                               spec_from_dict, sum_or_none)
+from perfcounter.pricing.roofline import largest_numel, roofline
+from perfcounter.stats import PerformanceStats
+from perfcounter._util import sum_or_none
+from perfcounter.stats_dict import spec_from_dict
+from perfcounter.counting.breakdown import by_module_and_op, record_scopes
+from perfcounter.counting.module_path import check_depth
 from perfcounter.trace import ROLES, OpRecord, Trace
 
 

@@ -5,11 +5,12 @@ import json
 import pytest
 import torch
 
-import perfcounter.derive as derive
+import perfcounter.cli.sweep as sweep_command
+import perfcounter.generation.derive as derive
 from conftest import tiny_args
 from perfcounter import TransformerPerformanceCounter
-from perfcounter.config_only import count_config_only
-from perfcounter.sweep import parse_list, sweep, to_csv, to_text
+from perfcounter.generation.config_only import count_config_only
+from perfcounter.cli.sweep import parse_list, sweep, to_csv, to_text
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def test_each_combination_counted_once_and_priced_per_device(tiny_config, monkey
         counted.append((kw["batch_size"], kw["prompt_length"], kw["max_new_tokens"]))
         return real(args, counter, **kw)
 
-    monkeypatch.setattr(derive, "count_generation", spy)
+    monkeypatch.setattr(sweep_command, "count_generation", spy)  # the name sweep calls
     rows = sweep([tiny_config], [1, 4], [8], [6], ["h100-sxm", "generic-cpu"], dtype=torch.float32)
     assert counted == [(1, 8, 6), (4, 8, 6)]  # devices re-price, they do not count again
     assert len(rows) == 2 * 2 * 2  # batches x devices x phases
@@ -59,7 +60,7 @@ def test_what_does_not_fit_is_flagged(tiny_config):
 
 
 def test_cli_writes_table_csv_and_markdown(tiny_config, tmp_path, capsys):
-    from perfcounter.cli import main
+    from perfcounter.cli.main import main
     out_csv, out_md = tmp_path / "s.csv", tmp_path / "s.md"
     assert main(argv=["sweep", "--model", tiny_config, "--batch_size", "1,2",
                       "--prompt_length", "4", "--max_new_tokens", "3",

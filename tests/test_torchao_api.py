@@ -22,7 +22,7 @@ from perfcounter import (CUDADeviceSpec, CUDAPerformanceTimer, DeviceSpec, Perfo
                          PerformanceStats, PerformanceTimer, TransformerPerformanceCounter,
                          total_model_params)
 from perfcounter.costs.attention import SDPA_SOFTMAX, attention_cost, attention_matmul_flops
-from perfcounter.stats import TORCHAO_FIELDS, TORCHAO_PROPERTIES
+from perfcounter.stats_dict import TORCHAO_FIELDS, TORCHAO_PROPERTIES
 
 M, K, N = 8, 16, 12
 MM_FLOPS = 2 * M * K * N  # 3072

@@ -17,9 +17,10 @@ import torch
 
 from conftest import make_hf_model, randomize_, tiny_args
 from perfcounter import PerformanceCounterMode, get_device_spec
-from perfcounter.model import Transformer
-from perfcounter.roofline import peak_flops
-from perfcounter.subclass_linear import executed_dtype, is_packed, packed_parts, stored_nbytes
+from perfcounter.models.model import Transformer
+from perfcounter.pricing.roofline import peak_flops
+from perfcounter.counting.subclass_linear import executed_dtype
+from perfcounter.quant.stored import is_packed, packed_parts, stored_nbytes
 
 q = pytest.importorskip("torchao.quantization")
 

@@ -1,4 +1,4 @@
-"""perfcounter.trace_events: a generation as Chrome / Perfetto trace-event JSON. The format
+"""perfcounter.report.trace_events: a generation as Chrome / Perfetto trace-event JSON. The format
 is validated as ui.perfetto.dev reads it: required keys, microseconds, timestamps that
 never go back, slices that nest properly on each thread."""
 import json
@@ -8,9 +8,9 @@ import torch
 
 from conftest import tiny_args
 from perfcounter import TransformerPerformanceCounter, get_device_spec
-from perfcounter.config_only import count_config, greedy_generate
-from perfcounter.simulation import simulate
-from perfcounter.trace_events import trace_events, write_trace
+from perfcounter.generation.config_only import count_config, greedy_generate
+from perfcounter.simulation.run import simulate
+from perfcounter.report.trace_events import trace_events, write_trace
 
 
 def check_format(doc: dict) -> list[dict]:
@@ -123,7 +123,7 @@ def test_bad_input(counted, tmp_path):
 
 
 def test_one_recorded_forward_predicted_and_measured():
-    from perfcounter.graph import record_forward
+    from perfcounter.report.graph import record_forward
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
                                 torch.nn.Linear(256, 256)).eval()

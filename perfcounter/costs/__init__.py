@@ -41,8 +41,8 @@ the registry:
 from __future__ import annotations
 
 from perfcounter.costs._core import (COSTS, OPS, PER_ELEMENT, ZERO, Cost, OpInfo, Shape, dtype_of,
-                                     first_shape, is_complex, kinds, numel, op_info,
-                                     op_info_by_name, op_name, register, shape_tree)
+                                      first_shape, is_complex, kinds, numel, op_info,
+                                      op_info_by_name, op_name, register, shape_tree)
 from perfcounter.costs.attention import (attention_cost, causal_pairs, efficient_forward_cost,
                                          flash_forward_cost, flex_attention_cost,
                                          sdpa_composite_cost, sdpa_cpu_flash_cost,

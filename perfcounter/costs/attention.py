@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from perfcounter import quant_ops  # noqa: F401  (defines torch.ops.perfcounter.quantized_kv_sdpa)
 from perfcounter.costs._core import DIV, EXP, MUL, OPS, Cost, aten, kinds, op_name, register
+from perfcounter.quant import ops as quant_ops  # noqa: F401  (defines torch.ops.perfcounter.quantized_kv_sdpa)
 
 
 def causal_pairs(s_q: int, s_k: int) -> int:

@@ -144,7 +144,7 @@ def conv_transpose_cost(x, w, bias=None, *args, out_shape=None, **kw) -> Cost:
     return _conv(x, w, bias, True, out_shape)
 
 
-# --- weight-only quantized matmuls (perfcounter/quantize.py) -------------------------------
+# --- weight-only quantized matmuls (perfcounter/quant/quantize.py) -------------------------------
 
 
 @register(aten._weight_int8pack_mm)

@@ -10,7 +10,7 @@ end-of-sequence ids) live here too.
 from __future__ import annotations
 
 from perfcounter.costs._core import (ADD, CMP, DIV, MUL, Cost, aten, first_shape, kinds, log2_ceil,
-                                     numel, register, rows)
+                                      numel, register, rows)
 from perfcounter.trace import KINDS
 
 

@@ -22,12 +22,13 @@ from pathlib import Path
 
 import torch
 
-from perfcounter.devices.op_rates import (MiB, ROW_KS, ROWS, call_overhead, check_clock,
-                                          eager_overheads, fill_operands,
-                                          last_level_cache_bytes, matmul_rows, op_curves, sync)
+from perfcounter.devices.dtypes import as_dtype, dtype_name
+from perfcounter.devices.op_rates import (ROW_KS, ROWS, MiB, call_overhead, check_clock,
+                                          eager_overheads, fill_operands, last_level_cache_bytes,
+                                          matmul_rows, op_curves, sync)
 from perfcounter.devices.registry import calibrated_spec_path
-from perfcounter.devices.schema import write_device_specs
-from perfcounter.devices.spec import DeviceSpec, as_dtype, dtype_name
+from perfcounter.devices.spec import DeviceSpec
+from perfcounter.devices.spec_file import write_device_specs
 
 TRIAD_BYTES_PER_ELEMENT = 3 * 4  # read b, read c, write a; float32
 

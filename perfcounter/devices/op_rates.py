@@ -19,7 +19,7 @@ K = 2048 and 8192 (a feed-forward's up and down projections), for M of 2 to
 a few rows about as long as many: 8 rows take as long as 16; a few hundred
 rows run below the square n×n @ n×n rate, further below in bfloat16).
 Per-op overheads (`op_overhead_s`): eager = the time of a tiny transformer's
-decode step (perfcounter.model: 4 layers of dim 64, GQA, rotary, KV cache,
+decode step (perfcounter.models.model: 4 layers of dim 64, GQA, rotary, KV cache,
 SwiGLU; under no_grad as generate.py runs; its work is next to nothing)
 divided by the op calls the counter records in it, views included: the
 dispatch and the model's Python between ops; eager_cold = the same with a
@@ -35,6 +35,7 @@ cold or warm with `clock` (CLOCKS).
 """
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from pathlib import Path
@@ -42,7 +43,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from perfcounter.devices.spec import dtype_name
+from perfcounter.counting.mode import PerformanceCounterMode
+from perfcounter.devices.dtypes import dtype_name
+from perfcounter.models.args import ModelArgs
+from perfcounter.models.model import Transformer
 
 MiB = 1 << 20
 # how op times are read: wall time, or the process's CPU time (on a machine other jobs share,
@@ -195,8 +199,6 @@ def eager_overheads(device, min_time: float = 0.1, clock: str = "wall") -> dict[
     """{"eager": s, "eager_cold": s} per recorded op call of a tiny transformer's decode
     step (see the module doc); eager_cold with a stream of 4x the L2 cache (8 MiB when
     unknown) before each linear layer, the streams' own time taken off."""
-    from perfcounter.mode import PerformanceCounterMode
-    from perfcounter.model import ModelArgs, Transformer
 
     torch.manual_seed(0)
     model = Transformer(ModelArgs(block_size=64, vocab_size=256, n_layer=4, n_head=4,
@@ -312,6 +314,19 @@ def matmul_rows(pool: torch.Tensor, dtypes, device, min_time: float,
 
 def _share(curves: dict, dt: str) -> None:
     """gemm's bandwidths from the gemv points (interpolated at each point's working set)."""
-    from perfcounter.predict import _interpolate
     gemv, gemm = curves["gemv"][dt], curves["gemm"][dt]
-    curves["gemm"][dt] = [(w, *_interpolate(gemv, w)[:2], f) for w, _, _, f in gemm]
+    curves["gemm"][dt] = [(w, *interpolate(gemv, w)[:2], f) for w, _, _, f in gemm]
+
+
+def interpolate(points, working_set: float) -> tuple[float, float, float]:
+    """(warm B/s, cold B/s, FLOP/s) at `working_set`, log-log between measured points,
+    the end points beyond them."""
+    sizes = [p[0] for p in points]
+    i = bisect.bisect_left(sizes, working_set)
+    if i == 0:
+        return points[0][1:]
+    if i == len(points):
+        return points[-1][1:]
+    (x0, *a), (x1, *b) = points[i - 1], points[i]
+    w = math.log(working_set / x0) / math.log(x1 / x0)
+    return tuple(math.exp(math.log(u) * (1 - w) + math.log(v) * w) for u, v in zip(a, b))

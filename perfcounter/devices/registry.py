@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from perfcounter._util import did_you_mean, PerfcounterWarning
+from perfcounter._util import PerfcounterWarning, did_you_mean
+from perfcounter.devices.dtypes import TF32, DeviceSpecError, UnknownDeviceError, as_dtype, rate_key
 from perfcounter.devices.schema import load_device_specs
-from perfcounter.devices.spec import (TF32, DeviceSpec, DeviceSpecError, UnknownDeviceError,
-                                      as_dtype, rate_key)
+from perfcounter.devices.spec import DeviceSpec
 
 
 def _shipped_dir() -> Path:

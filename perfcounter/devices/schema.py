@@ -46,15 +46,15 @@ entry, the field, the value and what was expected.
 """
 from __future__ import annotations
 
-import re
-import warnings
 from pathlib import Path
 from typing import NamedTuple
 
 import yaml
 
-from perfcounter._util import atomic_write, did_you_mean, PerfcounterWarning
-from perfcounter.devices.spec import DeviceSpec, DeviceSpecError, as_dtype, dtype_name, rate_key
+from perfcounter._util import did_you_mean
+from perfcounter.devices.dtypes import DeviceSpecError, as_dtype, dtype_name, rate_key
+from perfcounter.devices.spec import DeviceSpec
+from perfcounter.strict_yaml import DuplicateKey, YamlTooLarge, load_yaml
 
 
 class Figure(NamedTuple):
@@ -97,14 +97,14 @@ FIGURES = {
 }
 # nested figures (predict.py): {execution: us}, {class: fraction}, {class: {dtype: points}} with
 # a point [working set MB, warm GB/s, cold GB/s, GFLOP/s]; these are the factors to SI units
-_NESTED = {"op_overhead_us": (1e-6,), "op_efficiency": (1.0,), "op_curves": (1e6, 1e9, 1e9, 1e9),
+NESTED = {"op_overhead_us": (1e-6,), "op_efficiency": (1.0,), "op_curves": (1e6, 1e9, 1e9, 1e9),
            "matmul_rows": (1.0,)}  # {dtype: {rows: FLOP/s}}: numbers as they are
 
 
-def _nested(key: str, value, to_si: bool):
+def nested_values(key: str, value, to_si: bool):
     """A nested figure in SI units (to_si) or back in YAML units; what is not a number is
     passed on for DeviceSpec to refuse."""
-    scales = _NESTED[key]
+    scales = NESTED[key]
 
     def one(v, scale):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -129,60 +129,7 @@ UPMEM_FIELDS = UPMEM_REQUIRED + ("tflops_int4", "softmax_ns_per_element",
 _REGEX_SIGNS = ("\\", "|", ".*", ".+", ")?", ")*", ")+", "(?", "^", "$")
 
 
-# ---------------------------------------------------------------- YAML
-
-class _DuplicateKey(Exception):
-    """A mapping gives `path[-1]` twice; `lines` are both places (1-based); `upmem`
-    (set by the loader, which sees the whole file) whether the file is in UPMEM's format."""
-
-    def __init__(self, path: tuple, lines: tuple[int, int]):
-        super().__init__(path, lines)
-        self.path, self.lines, self.upmem = path, lines, False
-
-
-class _SpecLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a key given twice in one mapping (plain PyYAML keeps
-    the last one silently) and reads 1e12 as a float (YAML 1.2), not as a string."""
-
-    def construct_document(self, node):
-        try:
-            self._check_keys(node, (), set())
-        except _DuplicateKey as dup:
-            dup.upmem = not (isinstance(node, yaml.MappingNode)
-                             and any(k.value == "devices" for k, _ in node.value))
-            raise
-        return super().construct_document(node)
-
-    def _check_keys(self, node, path: tuple, done: set) -> None:
-        if id(node) in done:  # an alias met again
-            return
-        done.add(id(node))
-        if isinstance(node, yaml.SequenceNode):
-            for i, child in enumerate(node.value):
-                self._check_keys(child, (*path, i), done)
-        elif isinstance(node, yaml.MappingNode):
-            first = {}
-            for key_node, child in node.value:
-                key = key_node.value
-                if key_node.tag != "tag:yaml.org,2002:merge":  # `<<: *base` may be overridden
-                    key = self.construct_object(key_node, deep=True)
-                    try:
-                        earlier = first.setdefault(key, key_node)
-                    except TypeError:  # an unhashable key: SafeLoader refuses it later
-                        earlier = key_node
-                    if earlier is not key_node:
-                        raise _DuplicateKey((*path, key), (earlier.start_mark.line + 1,
-                                                           key_node.start_mark.line + 1))
-                self._check_keys(child, (*path, key), done)
-
-
-_SpecLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."))
-
-
-def _duplicate_error(origin: str, dup: _DuplicateKey) -> DeviceSpecError:
+def _duplicate_error(origin: str, dup: DuplicateKey) -> DeviceSpecError:
     path, (first, second) = dup.path, dup.lines
     where = (f"(line {first})" if first == second else f"(lines {first} and {second})") \
         + "; give it once"
@@ -329,7 +276,7 @@ def _build(ctx: _Entry, name: str, entry: dict, device_type: str, aliases, sourc
     kwargs = {}
     for key, (target, scale) in FIGURES.items():
         if key in entry and target not in ("flops_by_dtype", "pj_per_flop_by_dtype"):
-            kwargs[target] = (_nested(key, entry[key], True) if key in _NESTED
+            kwargs[target] = (nested_values(key, entry[key], True) if key in NESTED
                               else _scaled(entry[key], scale))
             given[(target, None)] = (key, entry[key])
     cuda_names = _patterns(ctx, entry.get("cuda_names", []))
@@ -423,9 +370,11 @@ def load_device_specs(path) -> list[DeviceSpec]:
         hint = f" (.yaml files there: {', '.join(nearby)})" if nearby else ""
         raise DeviceSpecError(f"{path}: no such device spec file{hint}")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_SpecLoader)
-    except _DuplicateKey as dup:
+        data = load_yaml(path.read_text(encoding="utf-8"))
+    except DuplicateKey as dup:
         raise _duplicate_error(str(path), dup) from None
+    except YamlTooLarge as exc:
+        raise DeviceSpecError(f"{path}: {exc}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise DeviceSpecError(f"{path}: not a valid YAML file: {exc}") from None
     except OSError as exc:
@@ -433,68 +382,3 @@ def load_device_specs(path) -> list[DeviceSpec]:
     return parse_device_specs(data, str(path))
 
 
-# ---------------------------------------------------------------- writing
-
-def spec_to_entry(spec: DeviceSpec) -> dict:
-    """A DeviceSpec as one entry of our schema (the inverse of parsing)."""
-    entry: dict = {"device_type": spec.device_type}
-    if spec.aliases:
-        entry["aliases"] = list(spec.aliases)
-    if spec.cuda_names:
-        entry["cuda_names"] = list(spec.cuda_names)
-    if spec.dtype is not None:
-        entry["dtype"] = dtype_name(spec.dtype)
-    if spec.profile is not None:
-        entry["profile"] = spec.profile
-    targets = {}
-    for key, (target, scale) in FIGURES.items():
-        if target in targets.values() or key[0].isupper():
-            continue  # one YAML name per field: ours, not UPMEM's spelling
-        targets[key] = target
-        value = getattr(spec, target)
-        if target in ("flops_by_dtype", "pj_per_flop_by_dtype"):
-            if value:
-                entry[key] = {dtype_name(d): v / scale for d, v in value.items()}
-        elif key in _NESTED:
-            if value:
-                entry[key] = _nested(key, value, False)
-        elif value is not None:
-            entry[key] = value / scale
-    back = {t: k for k, t in targets.items()}
-    entry["source"] = {back.get(f, f): text for f, text in spec.source.items() if f in back}
-    return entry
-
-
-def _spare_name(path: Path, suffix: str) -> Path:
-    """path + suffix, or + suffix.1, .2, ... : the first that does not exist."""
-    candidate, n = path.with_name(path.name + suffix), 0
-    while candidate.exists() or candidate.is_symlink():
-        n += 1
-        candidate = path.with_name(f"{path.name}{suffix}.{n}")
-    return candidate
-
-
-def write_device_specs(path, specs: list[DeviceSpec], *, header: str = "") -> Path:
-    """Write specs to `path` in our schema, atomically; other entries already there are kept.
-
-    NB: an old file that no longer loads cannot be merged: it is copied to
-    NAME.corrupt (or NAME.corrupt.N) and replaced, with a warning naming both.
-    """
-    path = Path(path).expanduser()
-    devices: dict = {}
-    broken = None
-    if path.is_file():
-        try:
-            devices = {old.name: spec_to_entry(old) for old in load_device_specs(path)}
-        except DeviceSpecError as exc:
-            broken = exc
-    for spec in specs:
-        devices[spec.name] = spec_to_entry(spec)
-    parse_device_specs({"devices": devices}, str(path))  # never write what cannot be read
-    text = yaml.safe_dump({"devices": devices}, sort_keys=False, width=100)
-    if broken is not None:
-        kept = atomic_write(_spare_name(path, ".corrupt"), path.read_bytes())
-        warnings.warn(f"replacing {path}, which does not load ({broken}); "
-                      f"the old file is kept as {kept}", PerfcounterWarning, stacklevel=2)
-    return atomic_write(path, "".join(f"# {line}\n" for line in header.splitlines()) + text,
-                        mkdir=True)

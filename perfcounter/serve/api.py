@@ -19,13 +19,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from perfcounter.serve.deps import ModelArgs, get_device_spec, model_args_from_hf, resolve_config
+from perfcounter.devices import get_device_spec
+from perfcounter.generation.config_only import resolve_config
+from perfcounter.models.args import ModelArgs
+from perfcounter.models.hf_checkpoint import model_args_from_hf
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.memory import MemoryPlan, memory_plan
 from perfcounter.serve.metrics import metrics, parse_slo
 from perfcounter.serve.pricing import RooflinePricer, step_table
 from perfcounter.serve.scheduler import EngineConfig, Run, simulate_engine
 from perfcounter.serve.workload import Workload, check_fits_model
+from perfcounter.serve.placement import PlacementPricer
 
 PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -99,7 +103,6 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
     if check_fit and not plan.fits:
         raise ServeError(_no_fit(str(model), spec, plan))
     if mapping is not None:
-        from perfcounter.serve.placement import PlacementPricer
         pricer = PlacementPricer(mapping, host=host, **mapping_options)
         name = f"{spec.name} memory, steps under mapping {mapping}"
     else:

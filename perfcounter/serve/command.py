@@ -17,8 +17,18 @@ import json
 import sys
 from pathlib import Path
 
-from perfcounter.serve.deps import check_writable_target
+from perfcounter._util import check_writable_target
 from perfcounter.serve.errors import ServeError
+from perfcounter.serve.api import qps_values
+from perfcounter.serve.metrics import parse_slo
+from perfcounter.serve.workload import check_rate, parse_lengths
+from perfcounter.serve.outputs import check_plotting
+from perfcounter.serve.api import deployment
+from perfcounter.serve.workload import read_trace, synthetic
+from perfcounter.serve.api import find_max_qps, qps_values, serve
+from perfcounter.serve.render import plan_text, result_text, table
+from perfcounter._util import atomic_write
+from perfcounter.serve.outputs import write_csv, write_plots, write_trace
 
 ROW_KEYS = ("deployment", "qps")
 
@@ -71,9 +81,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check(args) -> None:
     """Everything that can be checked before any counting or simulation."""
-    from perfcounter.serve.api import qps_values
-    from perfcounter.serve.metrics import parse_slo
-    from perfcounter.serve.workload import check_rate, parse_lengths
     if (args.model is None) == (args.config is None):
         raise ServeError("give one of --model and --config")
     if args.qps is not None:
@@ -97,12 +104,10 @@ def _check(args) -> None:
     if args.plot is not None:
         if not args.plot.is_dir():
             raise ServeError(f"--plot {args.plot}: not an existing folder")
-        from perfcounter.serve.outputs import check_plotting
         check_plotting()
 
 
 def _deployments(args) -> list:
-    from perfcounter.serve.api import deployment
     common = dict(precision=args.precision, gpu_memory_utilization=args.gpu_memory_utilization,
                   block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
                   max_num_seqs=args.max_num_seqs, step_overhead_s=args.step_overhead_ms * 1e-3,
@@ -118,7 +123,6 @@ def _deployments(args) -> list:
 
 
 def _workload_maker(args, block_size: int):
-    from perfcounter.serve.workload import read_trace, synthetic
     if args.trace_file is not None:
         trace = read_trace(args.trace_file, block_size=block_size)
         return lambda qps: trace
@@ -132,8 +136,6 @@ def _workload_maker(args, block_size: int):
 
 
 def _main(args) -> int:
-    from perfcounter.serve.api import find_max_qps, qps_values, serve
-    from perfcounter.serve.render import plan_text, result_text, table
     _check(args)
     make = _workload_maker(args, args.block_size)
     if args.qps is None and args.concurrency is None and args.trace_file is None \
@@ -178,8 +180,6 @@ def _main(args) -> int:
 
 
 def _write(args, results, rows) -> None:
-    from perfcounter.serve.deps import atomic_write
-    from perfcounter.serve.outputs import write_csv, write_plots, write_trace
     if args.save_path is not None:
         atomic_write(args.save_path, json.dumps(rows if len(rows) > 1 else rows[0], indent=2,
                                                 allow_nan=False, default=str) + "\n")

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from perfcounter.serve.deps import ModelArgs
+from perfcounter.models.args import ModelArgs
 from perfcounter.serve.errors import ServeError
 
 

@@ -18,8 +18,10 @@ import json
 
 import numpy as np
 
-from perfcounter.serve.deps import atomic_write
+from perfcounter._util import atomic_write
 from perfcounter.serve.metrics import per_request
+from perfcounter.serve.errors import ServeError
+from pathlib import Path
 
 CSV_COLUMNS = ("index", "arrival_s", "first_token_s", "finish_s", "prompt_tokens",
                "output_tokens", "ttft_ms", "tpot_ms", "e2el_ms", "preemptions")
@@ -77,14 +79,12 @@ def write_trace(path, result) -> None:
 def check_plotting() -> None:
     """matplotlib importable, else ServeError (called before any work)."""
     try:
-        import matplotlib  # noqa: F401  (optional: the plot extra; imported only when asked)
+        import matplotlib  # noqa: F401  # deferred: optional (the plot extra), only when asked
     except ImportError:
-        from perfcounter.serve.errors import ServeError
         raise ServeError("--plot needs matplotlib: pip install 'perfcounter[plot]'") from None
 
 
 def _save(fig, folder, name: str) -> list:
-    from pathlib import Path
     written = []
     for ext in ("png", "svg"):
         path = Path(folder) / f"{name}.{ext}"
@@ -95,9 +95,9 @@ def _save(fig, folder, name: str) -> list:
 
 def write_plots(folder, results: list, labels: list[str], sweep: list | None = None) -> list:
     """latency_cdf of each result, and throughput_latency of a sweep's rows."""
-    import matplotlib  # optional dependency (the plot extra), imported only for --plot
+    import matplotlib  # deferred: optional (the plot extra), only for --plot
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: optional (the plot extra)
     written = []
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for result, label in zip(results, labels):

@@ -29,9 +29,12 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from perfcounter.serve.deps import (PJ, ModelArgs, Trace, compute_energy_j, crosses_host_link,
-                                    host_link_bytes, op_costs)
-from perfcounter.serve.steps import FEATURES, StepCounts, _key, count_table, features, fit
+from perfcounter.models.args import ModelArgs
+from perfcounter.pricing.energy import PJ, compute_energy_j
+from perfcounter.pricing.roofline import crosses_host_link, host_link_bytes, op_costs
+from perfcounter.serve.steps import FEATURES, StepCounts, group_key, count_table, features, fit
+from perfcounter.trace import Trace
+from perfcounter.serve.steps import FIT
 
 ROOFLINE_LABEL = "roofline bound (no execution regime yet)"
 
@@ -96,7 +99,7 @@ class PricedTable:
             if energy is None:
                 self.has_energy = False
             for i, (r, (fixed, c, m)) in enumerate(zip(live, pricer.record_costs(sub))):
-                k, n = index[_key(r)], counts.repeats(r)
+                k, n = index[group_key(r)], counts.repeats(r)
                 comp[s, k] += c * n
                 mem[s, k] += m * n
                 base[s, 0] += fixed * n
@@ -130,7 +133,7 @@ class PricedTable:
         groups: dict = {}
         total = 0.0
         for r, (fixed, c, m) in zip(live, self.pricer.record_costs(sub)):
-            key = (_key(r), r.module)
+            key = (group_key(r), r.module)
             acc = groups.setdefault(key, [0.0, 0.0])
             acc[0] += c
             acc[1] += m
@@ -139,7 +142,6 @@ class PricedTable:
 
 
 def _fit_shapes():
-    from perfcounter.serve.steps import FIT
     return FIT
 
 

@@ -32,8 +32,11 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from perfcounter.serve.deps import (ROLES, ModelArgs, Trace, TransformerPerformanceCounter,
-                                    fake_model, precompute_freqs_cis)
+from perfcounter.counter import TransformerPerformanceCounter
+from perfcounter.models.args import ModelArgs
+from perfcounter.models.loading import fake_model
+from perfcounter.models.model import precompute_freqs_cis
+from perfcounter.trace import ROLES, Trace
 
 _INPUT = ROLES.index("input")
 _FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"

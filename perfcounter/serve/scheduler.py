@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfcounter.serve.deps import window_pairs
+from perfcounter.costs.attention import window_pairs
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.workload import Workload
 

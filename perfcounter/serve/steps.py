@@ -31,9 +31,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from perfcounter.serve.deps import ROLES, ModelArgs, OpRecord, Trace, window_pairs
+from perfcounter.costs.attention import window_pairs
+from perfcounter.models.args import ModelArgs
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.ragged import Piece, count_step
+from perfcounter.trace import ROLES, OpRecord, Trace
 
 FEATURES = ("step", "tokens", "seqs", "kv_positions", "dense_pairs", "causal_pairs")
 FIT = ([(1, 0)], [(1, 127)], [(8, 0)], [(8, 56)], [(32, 0)], [(24, 40)],
@@ -70,7 +72,7 @@ class GroupKey(NamedTuple):
     pattern: tuple  # the shape signature's text between its numbers
 
 
-def _key(r: OpRecord) -> GroupKey:
+def group_key(r: OpRecord) -> GroupKey:
     return GroupKey(r.op, _LAYER.sub(".layers.*", r.module), r.segment, r.dtype, r.has_formula,
                     tuple(_NUM.split(r.shapes)))
 
@@ -130,7 +132,7 @@ def _group_figures(trace: Trace, keys: dict) -> np.ndarray:
     for r in trace.records:
         if not (r.bytes or r.flops or r.executed_flops):
             continue  # views and metadata: no cost in a step
-        k = keys.setdefault(_key(r), len(keys))
+        k = keys.setdefault(group_key(r), len(keys))
         if k >= out.shape[0]:
             out = np.vstack([out, np.zeros((k + 1 - out.shape[0], _NFIG))])
         out[k] += _figures(r)
@@ -164,7 +166,7 @@ def count_table(args: ModelArgs, dtype=torch.bfloat16) -> StepCounts:
         traces.append(trace)
         rows.append(_group_figures(trace, keys))
         for r in trace.records:
-            sample.setdefault(_key(r), r)
+            sample.setdefault(group_key(r), r)
     g = len(keys)
     ys = np.stack([np.pad(r, ((0, g - r.shape[0]), (0, 0))) for r in rows])  # [S, G, F]
     xs = np.stack([features(s, args.sliding_window) for s in FIT])

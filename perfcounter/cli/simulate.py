@@ -1,0 +1,232 @@
+"""`perfcounter simulate`: count a generation, then price it under a layer mapping.
+
+    perfcounter simulate --model llama-2-7b --hf --mapping mapping.yaml --prompt_length 64 \\
+        --max_new_tokens 16 --batch_size 1 --precision bfloat16 --save_path sim.json
+    perfcounter simulate --model llama-2-7b --hf --default_device PIM-AI-4chip
+    perfcounter simulate --model llama-2-7b --hf --search energy \\
+        --devices Snapdragon8gen3,PIM-AI-4chip --max_latency_ms 100
+
+The model: a preset (--model) or a config.json (--config) counted with no
+weights under FakeTensorMode, a checkpoint (--checkpoint_path, a real run on
+this machine, as generate.py loads it), or a counter saved by
+`TransformerPerformanceCounter.to_json` (--counts). --hf builds transformers'
+own model class, so that module names are Hugging Face's (q_proj, lm_head,
+LlamaRMSNorm: the names UPMEM's mappings use); without it perfcounter's gpt-fast
+model runs (wqkv, wo, w1, w2, w3, output, RMSNorm). `cli.py` registers
+`add_parser`; errors are ValueErrors, which the command prints on one line
+(exit 2).
+
+Device figures: each device's spec gives its own peak_fraction, device link
+and tensor-parallel interconnect (YAML `peak_fraction`, `device_link_GBs`,
+`interconnect_GBs`, ... see devices/schema.py); --peak_fraction,
+--device_link_GBs and --interconnect_GBs (with their _pj_per_bit) override
+them when given: --peak_fraction 0.8 for every device, DEVICE=F for that
+device; --device_link_GBs for every device<->device transfer, instead of the
+specs' links; --interconnect_GBs for every tensor-parallel group, instead of
+each spec's interconnect (placement.py's doc has the full order).
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+
+from perfcounter._util import atomic_write, check_writable_target
+from perfcounter.counter import TransformerPerformanceCounter
+from perfcounter.generation.config_only import count_config_only, count_hf_config, greedy_generate
+from perfcounter.models.args import ModelArgs
+from perfcounter.models.loading import load_hf_model, load_model, read_config
+from perfcounter.models.tokenizer import cache_keyword
+from perfcounter.report.plots import check_outputs, write_outputs
+from perfcounter.simulation.links import Link
+from perfcounter.simulation.placement import MappingError
+from perfcounter.simulation.run import simulate
+from perfcounter.simulation.search import search_mapping
+
+PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class _HFAdapter:
+    """A transformers causal LM behind the (idx, input_pos) -> logits interface that
+    config_only.greedy_generate drives. Not an nn.Module, so module paths start at the
+    transformers class ("LlamaForCausalLM.model.layers.0.self_attn.q_proj")."""
+
+    def __init__(self, model):
+        self.model, self.config, self.cache = model, model.config, None
+
+    def setup_caches(self, max_batch_size: int, max_seq_length: int) -> None:
+        import transformers  # deferred: heavy (seconds to import), off the import path
+        self.cache = transformers.StaticCache(config=self.config, max_cache_len=max_seq_length)
+
+    def __call__(self, idx, input_pos):
+        positions = input_pos.unsqueeze(0).expand(idx.shape[0], -1)
+        return self.model(input_ids=idx, position_ids=positions, cache_position=input_pos,
+                          use_cache=True, **{cache_keyword(self.model): self.cache}).logits
+
+
+def count(args):
+    """A TransformerPerformanceCounter holding the phases the flags ask for."""
+    if args.counts is not None:
+        return TransformerPerformanceCounter.from_json(args.counts)
+    if args.precision not in PRECISIONS:
+        raise MappingError(f"unknown --precision {args.precision!r}; "
+                           f"valid: {', '.join(PRECISIONS)}")
+    dtype = PRECISIONS[args.precision]
+    sizes = dict(batch_size=args.batch_size, prompt_length=args.prompt_length,
+                 max_new_tokens=args.max_new_tokens)
+    if min(sizes.values()) < 1:
+        raise MappingError("--batch_size, --prompt_length and --max_new_tokens must be >= 1, "
+                           f"got {args.batch_size}, {args.prompt_length}, {args.max_new_tokens}")
+    counter = TransformerPerformanceCounter(depth=args.depth)
+    if args.checkpoint_path is None and args.model is None and args.config is None:
+        raise MappingError("give the model: --model NAME, --config config.json, "
+                           "--checkpoint_path PATH or --counts counts.json")
+    if args.checkpoint_path is not None:
+        _count_checkpoint(args, counter, dtype, sizes)
+    elif args.hf:
+        count_hf_config(args.config if args.config is not None else args.model, counter,
+                        dtype=dtype, cache="static", **sizes)
+    else:
+        model_args = read_config(args.config) if args.config else ModelArgs.from_name(args.model)
+        count_config_only(model_args, counter, dtype=dtype, **sizes)
+    return counter
+
+
+def _count_checkpoint(args, counter, dtype, sizes) -> None:
+    """A real generation of a checkpoint (synthetic prompt), as generate.py loads it."""
+    if args.hf:
+        model = _HFAdapter(load_hf_model(args.checkpoint_path, dtype=dtype).model.model)
+        vocab = model.config.vocab_size
+    else:
+        model = load_model(args.checkpoint_path, model_name=args.model, config_path=args.config,
+                           dtype=dtype).model
+        vocab = model.config.vocab_size
+    x = torch.randint(0, vocab, (sizes["batch_size"], sizes["prompt_length"]))
+    greedy_generate(model, x, sizes["max_new_tokens"], phase=counter.count)
+
+
+def _peak_fraction(text):
+    """'0.8' (every device) or 'pim-ai-4chip=0.7,host=0.5'."""
+    if text is None:
+        return None
+    try:
+        if "=" not in text:
+            return float(text)
+        return {k.strip(): float(v) for k, v in (p.split("=", 1) for p in text.split(","))}
+    except ValueError:
+        raise MappingError(f"--peak_fraction {text!r}: expected a number (0.8) or "
+                           "DEVICE=F pairs (pim-ai-4chip=0.7,host=0.5)") from None
+
+
+def _link(bw_gbs, pj, name: str):
+    if bw_gbs is None:
+        if pj is not None:
+            raise MappingError(f"--{name}_pj_per_bit needs --{name}_GBs")
+        return None
+    if not bw_gbs > 0:
+        raise MappingError(f"--{name}_GBs must be > 0, got {bw_gbs}")
+    return Link(bw_gbs * 1e9, pj)
+
+
+def run(args) -> int:
+
+    for path in (args.save_path, args.save_mapping, args.save_counts):
+        if path is not None:  # fail before a long count, not after
+            try:
+                check_writable_target(path)
+            except OSError as exc:
+                raise MappingError(str(exc)) from None
+    outputs = check_outputs(args.plot, args.trace)  # --plot DIR, --trace FILE
+    if args.search is None and args.devices:
+        raise MappingError("--devices goes with --search energy|latency")
+    if args.search is not None and args.mapping is not None:
+        raise MappingError("--search finds a mapping: leave out --mapping")
+    kwargs = dict(host=args.host, default_device=args.default_device,
+                  elementwise_model=args.elementwise_model, overlap=args.overlap,
+                  peak_fraction=_peak_fraction(args.peak_fraction),
+                  device_link=_link(args.device_link_GBs, args.device_link_pj_per_bit,
+                                    "device_link"),
+                  interconnect=_link(args.interconnect_GBs, args.interconnect_pj_per_bit,
+                                     "interconnect"))
+    try:
+        counter = count(args)
+    except (KeyError, OSError) as exc:  # an unknown preset, a missing file: one line
+        raise MappingError(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc)) from None
+    if args.save_counts is not None:  # price it again later with --counts, without counting
+        counter.to_json(args.save_counts)
+    with warnings.catch_warnings(record=True) as caught:  # shown once, under Notes
+        warnings.simplefilter("always")
+        if args.search is not None:
+            found = search_mapping(counter, (args.devices or "").split(","), args.search,
+                                   max_latency_ms=args.max_latency_ms, **kwargs)
+            sim = found.simulation
+            print(found.mapping_text())
+            if args.save_mapping is not None:
+                atomic_write(args.save_mapping, found.mapping_text())
+        else:
+            sim = simulate(counter, args.mapping, allow_unmatched=args.allow_unmatched, **kwargs)
+    sim.notes = sorted(set(sim.notes) | {str(w.message) for w in caught})
+    print(sim.report(layers=args.report_layers, functions=args.report_functions,
+                     log=args.print_log, log_summary=args.print_log_summary))
+    if args.save_path is not None:
+        sim.to_json(args.save_path)
+        print(f"\nwrote {args.save_path}")
+    write_outputs(outputs, sim)  # bars by module kind per device; a track per device
+    return 0
+
+
+def add_parser(sub) -> None:
+    """Register `perfcounter simulate` on the command's subparsers."""
+    p = sub.add_parser("simulate", help="place layers on devices (UPMEM's layer mapping) and "
+                       "price time and energy per phase", description=__doc__.split("\n\n")[0])
+    g = p.add_argument_group("model")
+    g.add_argument("--model", help="a preset name (config only, no weights)")
+    g.add_argument("--config", type=Path, help="config.json, ours or Hugging Face's")
+    g.add_argument("--checkpoint_path", type=Path, help="weights: a real run on this machine")
+    g.add_argument("--counts", type=Path, help="a counter saved with to_json or --save_counts: "
+                   "price it, don't count")
+    g.add_argument("--save_counts", type=Path, help="write the counts (JSON) for later --counts")
+    g.add_argument("--hf", action="store_true", help="transformers' model class and names")
+    g.add_argument("--prompt_length", type=int, default=64)
+    g.add_argument("--max_new_tokens", type=int, default=16)
+    g.add_argument("--batch_size", type=int, default=1)
+    g.add_argument("--precision", default="bfloat16", help=", ".join(PRECISIONS))
+    g.add_argument("--depth", type=int, default=10, help="module depth the counter tracks")
+    g = p.add_argument_group("placement")
+    g.add_argument("--mapping", help="YAML/JSON file (or inline {key: 'device[,t][,m][,tp=N]'})")
+    g.add_argument("--default_device", help="where unmapped modules run (default: where the "
+                   "previous module ran)")
+    g.add_argument("--host", help="the host's device spec (default: calibrated CPU, else "
+                   "generic-cpu)")
+    g.add_argument("--allow_unmatched", action="store_true",
+                   help="warn instead of failing for mapping keys that match no module")
+    g.add_argument("--elementwise_model", default="roofline", choices=["roofline", "upmem"],
+                   help="softmax/SiLU/RMSNorm by FLOPs and bytes, or by ns per element (UPMEM)")
+    g.add_argument("--overlap", action="store_true",
+                   help="a transfer overlaps the next layer's compute (max, not sum)")
+    g.add_argument("--peak_fraction", help="achievable/peak: 0.8, or pim-ai-4chip=0.7,host=0.5 "
+                   "(overrides the specs' peak_fraction; default: the spec's, else 1)")
+    g.add_argument("--device_link_GBs", type=float, help="device<->device link bandwidth, one "
+                   "way (overrides the specs' device_link_GBs; default: theirs, else via host)")
+    g.add_argument("--device_link_pj_per_bit", type=float)
+    g.add_argument("--interconnect_GBs", type=float, help="tensor-parallel interconnect, one way "
+                   "(overrides the specs' interconnect_GBs; default: theirs, else via host)")
+    g.add_argument("--interconnect_pj_per_bit", type=float)
+    g = p.add_argument_group("search")
+    g.add_argument("--search", choices=["energy", "latency"],
+                   help="find the mapping of module kinds to --devices that minimizes this")
+    g.add_argument("--devices", help="comma-separated devices for --search")
+    g.add_argument("--max_latency_ms", type=float, help="bound on decode ms per token")
+    g.add_argument("--save_mapping", type=Path, help="write the mapping found (YAML)")
+    g = p.add_argument_group("output")
+    g.add_argument("--report_layers", action="store_true", help="each layer: device, params, input")
+    g.add_argument("--report_functions", action="store_true", help="per aten op and device")
+    g.add_argument("--print_log", action="store_true", help="time-ordered per-layer rows")
+    g.add_argument("--print_log_summary", action="store_true", help="per phase and device")
+    g.add_argument("--save_path", type=Path, help="write the simulation as JSON (atomically)")
+    g.add_argument("--plot", type=Path, metavar="DIR", help="write time and energy by module "
+                   "kind per phase and device (PNG and SVG; needs matplotlib)")
+    g.add_argument("--trace", type=Path, metavar="FILE", help="write a Chrome / Perfetto trace, "
+                   "one track per device (JSON)")
+    p.set_defaults(run=run)

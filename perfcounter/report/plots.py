@@ -1,0 +1,357 @@
+"""Pictures of a counted generation: a roofline plot per device and stacked bars of time
+or energy by module kind. matplotlib is an optional extra (`pip install
+'perfcounter[plot]'`); it is imported only here, inside the functions, and drawn with
+its Agg canvas (no display, no global backend switch).
+
+    write_plots("plots/", counter, ["h100-sxm", "pim-ai-4chip"])   # rooflines + bars
+    write_plots("plots/", simulation)                              # bars per device used
+    sweep_plots("plots/", rows)                                    # perfcounter sweep's rows
+
+Roofline (`roofline_plot`): log-log, arithmetic intensity (executed FLOPs per byte of
+per-op IO) against FLOP/s, under the device's ridge min(peak FLOP/s, intensity x
+bandwidth). Each phase is a point at its achieved FLOP/s when it was timed (a real
+run; its label says "measured"), else at its predicted FLOP/s (executed FLOPs / the
+sum of its ops' predicted seconds, predict.op_predictions run eagerly: below the
+roofline by the per-call overhead and the achievable rates); beside it each module
+kind and the `top` aten ops (by predicted time) of that phase, at predicted FLOP/s.
+
+Bars (`kind_bars`): one panel per phase, one bar per device, stacked by module kind
+(`module_kind`): embedding, attention, mlp, norm, lm_head, other (rotary tables,
+code outside modules), transfers (the host link; a simulation's host, device links
+and all-reduces) and, for energy, static power. Time is each op's predicted seconds
+on the device (predict.op_predictions, eager) plus the host link (the roofline's, as
+predict.predict adds it); energy its FLOPs x pJ/FLOP + bytes x pJ/bit (energy.py's
+figures). A simulation's bars are its log: each module's ops on the device that ran
+them (the simulator's times, roofline-based).
+
+Every figure is written twice, NAME.png and NAME.svg, each atomically.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from perfcounter._util import atomic_write, check_writable_target
+from perfcounter.counting.breakdown import record_scopes
+from perfcounter.devices import default_device_spec, get_device_spec
+from perfcounter.pricing.energy import PJ, record_pj_per_flop
+from perfcounter.pricing.roofline import is_norm_module
+from perfcounter.report.trace_events import op_times, source_phases, write_trace
+from perfcounter.trace import op_packet
+
+KINDS = ("embedding", "attention", "mlp", "norm", "lm_head", "other", "transfers", "static")
+COLORS = dict(zip(KINDS, ("#8c564b", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#7f7f7f",
+                          "#d62728", "#bcbd22")))
+MISSING = "plots need matplotlib, an optional extra: pip install 'perfcounter[plot]'"
+
+
+class PlotError(ValueError):
+    """matplotlib is missing, or a plot folder cannot be used."""
+
+
+def _figure(width: float = 7.0, height: float = 5.0):
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # deferred: the plot extra
+        from matplotlib.figure import Figure  # deferred: optional (the plot extra)
+    except ImportError:
+        raise PlotError(MISSING) from None
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def check_plot_dir(path) -> Path:
+    """The folder --plot writes into (made when only it is missing), checked before a long
+    run, with matplotlib; a PlotError (one line) otherwise."""
+    _figure()
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise PlotError(f"--plot {path}: not a directory")
+    if not folder.exists():
+        if not folder.parent.is_dir():
+            raise PlotError(f"--plot {path}: folder {folder.parent} does not exist")
+        try:
+            folder.mkdir()
+        except OSError as e:
+            raise PlotError(f"--plot {path}: {e.strerror or e}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PlotError(f"--plot {path}: folder is not writable")
+    return folder
+
+
+def _save(fig, base: Path) -> list[Path]:
+    out = []
+    for fmt in ("png", "svg"):
+        path = Path(f"{base}.{fmt}")
+        atomic_write(path, writer=lambda tmp, f=fmt: fig.savefig(tmp, format=f, dpi=120))
+        out.append(path)
+    return out
+
+
+def _specs(specs, phases) -> list:
+    if specs is None or specs == []:
+        own = next((s.device_spec for s in phases.values() if s.device_spec is not None), None)
+        if own is None:
+            raise ValueError("no device to price on: give specs")
+        return [own]
+    return [get_device_spec(s) if isinstance(s, (str, os.PathLike)) else s
+            for s in (specs if isinstance(specs, (list, tuple)) else [specs])]
+
+
+def module_kind(path: str, classes: dict | None = None) -> str:
+    """The kind of a module path: its innermost norm, attention or MLP module by name or
+    class (classes: {path: class name}), the embedding, the lm_head, else "other"."""
+    scopes = record_scopes(path)
+    if "lm_head" in scopes:
+        return "lm_head"
+    chain = [path.rsplit(".", k)[0] for k in range(path.count(".") + 1)] if path else []
+    cls = [(classes or {}).get(p, "").lower() for p in chain]
+    if is_norm_module(path) or (cls and cls[0].endswith("norm")):
+        return "norm"
+    if "embedding" in scopes:
+        return "embedding"
+    if "attn" in scopes or any("attention" in c for c in cls):
+        return "attention"
+    if "mlp" in scopes or any(w in c for c in cls for w in ("mlp", "feedforward", "moe")):
+        return "mlp"
+    return "other"
+
+
+def kind_rows(source, specs=None) -> list[dict]:
+    """{phase, device, kind, time_s, energy_j} per phase, device and module kind; time_s
+    predicted (see the module doc)."""
+    if hasattr(source, "phases") and hasattr(source, "mapping"):
+        return _simulation_rows(source)
+    phases = source_phases(source)
+    acc: dict[tuple, list] = {}
+
+    def add(label, device, kind, t, j):
+        cell = acc.setdefault((label, device, kind), [0.0, 0.0])
+        cell[0] += t
+        cell[1] += j
+    for spec in _specs(specs, phases):
+        mem_pj = (spec.mem_pj_per_bit or 0.0) * 8 * PJ
+        for label, stats in phases.items():
+            trace = stats.trace
+            if trace is None:  # torchao's totals, read from a file: no ops to split
+                continue
+            classes = {m.path: m.cls for m in trace.modules}
+            kinds = {}
+            for r, t in zip(trace.records, op_times(trace, spec)):
+                kind = kinds.get(r.module) or kinds.setdefault(r.module,
+                                                               module_kind(r.module, classes))
+                pj = (record_pj_per_flop(spec, r.dtype) or 0.0) * PJ if r.executed_flops else 0.0
+                add(label, spec.name, kind, t.predicted_s,
+                    r.executed_flops * pj + r.bytes * mem_pj)
+            on = stats.on(spec)
+            add(label, spec.name, "transfers", on.roofline.host_link_s,
+                on.energy.host_link_j or 0.0)
+            add(label, spec.name, "static", 0.0, on.energy.static_j or 0.0)
+    return [{"phase": p, "device": d, "kind": k, "time_s": t, "energy_j": j}
+            for (p, d, k), (t, j) in acc.items()]
+
+
+def _simulation_rows(sim) -> list[dict]:
+    rows: dict[tuple, list] = {}
+    for label, phase in sim.phases.items():
+        classes = {m.path: m.cls for m in phase.modules}
+        if not phase.log:
+            raise ValueError("this simulation has no per-module log: simulate(..., detail=True)")
+        for r in phase.log:
+            kind = "transfers" if r.transfer else module_kind(r.module, classes)
+            cell = rows.setdefault((label, r.device, kind), [0.0, 0.0])
+            cell[0] += r.duration_s
+            cell[1] += r.energy_j
+        for key, d in phase.devices.items():
+            static = d.energy_by_component_j.get("static", 0.0)
+            if static:
+                rows.setdefault((label, key, "static"), [0.0, 0.0])[1] += static
+    return [{"phase": p, "device": d, "kind": k, "time_s": t, "energy_j": j}
+            for (p, d, k), (t, j) in rows.items()]
+
+
+def kind_bars(rows: list[dict], base, metric: str = "time") -> list[Path]:
+    """Stacked bars of `metric` ("time" or "energy") by module kind: a panel per phase, a
+    bar per device. Writes base.png and base.svg."""
+    key, unit = {"time": ("time_s", "s"), "energy": ("energy_j", "J")}[metric]
+    name = "predicted time" if metric == "time" else metric
+    phases = list(dict.fromkeys(r["phase"] for r in rows))
+    devices = list(dict.fromkeys(r["device"] for r in rows))
+    fig = _figure(max(4.0, 2.2 * len(phases) + 0.6 * len(devices) * len(phases)), 4.5)
+    axes = fig.subplots(1, max(len(phases), 1), squeeze=False)[0]
+    for ax, phase in zip(axes, phases):
+        values = {(r["device"], r["kind"]): r[key] for r in rows if r["phase"] == phase}
+        top = max((sum(values.get((d, k), 0.0) for k in KINDS) for d in devices), default=0.0)
+        scale, prefix = _prefix(top, unit)
+        bottom = [0.0] * len(devices)
+        for kind in KINDS:
+            heights = [values.get((d, kind), 0.0) / scale for d in devices]
+            if any(heights):
+                ax.bar(range(len(devices)), heights, bottom=bottom, label=kind,
+                       color=COLORS[kind])
+                bottom = [b + h for b, h in zip(bottom, heights)]
+        ax.set_xticks(range(len(devices)), devices, rotation=30, ha="right", fontsize=8)
+        ax.set_title(phase)
+        ax.set_ylabel(f"{name} ({prefix})")
+    handles, labels = axes[0].get_legend_handles_labels()
+    for ax in axes[1:]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(h)
+                labels.append(label)
+    fig.legend(handles, labels, loc="outside right upper", fontsize=8)
+    fig.suptitle(f"{name} by module kind")
+    return _save(fig, Path(base))
+
+
+def _prefix(value: float, unit: str) -> tuple[float, str]:
+    for scale, p in ((1.0, ""), (1e-3, "m"), (1e-6, "µ"), (1e-9, "n"), (1e-12, "p")):
+        if value >= scale:
+            return scale, p + unit
+    return 1.0, unit
+
+
+def _points(stats, spec, measured, top: int) -> list[tuple[str, str, float, float]]:
+    """(label, marker group, FLOPs per byte, FLOP/s) of a phase, its kinds and top ops: the
+    phase at measured FLOP/s when timed, else predicted; kinds and ops at predicted."""
+    trace = stats.trace
+    times = op_times(trace, spec)
+    classes = {m.path: m.cls for m in trace.modules}
+    groups: dict[tuple, list] = {}
+    for r, t in zip(trace.records, times):
+        for key in (("kind", module_kind(r.module, classes)), ("op", op_packet(r.op))):
+            cell = groups.setdefault(key, [0.0, 0.0, 0.0])
+            cell[0] += r.executed_flops
+            cell[1] += r.bytes
+            cell[2] += t.predicted_s
+    flops, nbytes = trace.executed_flops, trace.per_op_bytes
+    predicted = sum(t.predicted_s for t in times)
+    real = measured.get(stats.label, stats.latency)
+    seconds, how = (real, "measured") if real else (predicted, "predicted")
+    out = [(f"{stats.label} ({how})", "phase", flops, nbytes, seconds)]
+    out += [(k, "kind", *v) for (g, k), v in groups.items() if g == "kind"]
+    ops = sorted(((k, v) for (g, k), v in groups.items() if g == "op"), key=lambda kv: -kv[1][2])
+    out += [(k.removeprefix("aten."), "op", *v) for k, v in ops[:top]]
+    return [(label, group, f / b, f / s) for label, group, f, b, s in out if f and b and s]
+
+
+def roofline_plot(source, spec, base, *, measured: dict | None = None, top: int = 6) -> list[Path]:
+    """The roofline of a counted generation on one device (see the module doc)."""
+    phases = source_phases(source)
+    spec = _specs(spec, phases)[0]
+    fig = _figure(8.0, 5.5)
+    ax = fig.add_subplot()
+    markers = {"phase": ("*", 180), "kind": ("o", 50), "op": ("^", 30)}
+    colors = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd")
+    xs = []
+    for n, (label, stats) in enumerate(phases.items()):
+        if stats.trace is None:  # torchao's totals, read from a file
+            continue
+        for k, (text, group, x, y) in enumerate(_points(stats, spec, measured or {}, top)):
+            m, size = markers[group]
+            color = colors[n % len(colors)]
+            ax.scatter([x], [y], marker=m, s=size, color=color,
+                       label=label if group == "phase" else None, zorder=3)
+            # labels fan out below and to the right, so that close points stay readable
+            ax.annotate(text, (x, y), fontsize=8 if group == "phase" else 6, color=color,
+                        xytext=(6, -10 * (k % 6) - 4 * n), textcoords="offset points",
+                        weight="bold" if group == "phase" else "normal",
+                        arrowprops={"arrowstyle": "-", "lw": 0.3, "color": color})
+            xs.append(x)
+    peak, bw = float(spec.flops_per_s), float(spec.bandwidth)
+    ridge = peak / bw
+    lo, hi = min(xs + [ridge]) / 10, max(xs + [ridge]) * 10
+    grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    ax.plot(grid, [min(peak, x * bw) for x in grid], color="black", lw=1.5,
+            label=f"roofline (ridge {ridge:.3g} FLOP/B)")
+    ax.axvline(ridge, color="gray", ls=":", lw=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte, per-op IO)")
+    ax.set_ylabel("FLOP/s")
+    ax.set_title(f"{spec.name}: {peak / 1e12:.3g} TFLOP/s peak, {bw / 1e9:.4g} GB/s "
+                 "(★ phase, ● module kind, ▲ op)", fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return _save(fig, Path(base))
+
+
+def write_plots(folder, source, specs=None, *, measured: dict | None = None) -> list[Path]:
+    """Every picture of a counted generation (rooflines per device, time and energy by
+    module kind) or of a Simulation (its bars) into `folder`; returns the files written."""
+    folder = Path(folder)
+    written: list[Path] = []
+    if not (hasattr(source, "phases") and hasattr(source, "mapping")):
+        phases = source_phases(source)
+        specs = _specs(specs, phases)
+        for spec in specs:
+            written += roofline_plot(phases, spec, folder / f"roofline_{_safe(spec.name)}",
+                                     measured=measured)
+    rows = kind_rows(source, specs)
+    for metric in ("time", "energy"):
+        written += kind_bars(rows, folder / f"{metric}_by_kind", metric)
+    return written
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def sweep_plots(folder, rows: list[dict]) -> list[Path]:
+    """perfcounter sweep's rows compared across devices: latency and J/token per phase,
+    a group of bars (one per device) per model and size."""
+    written = []
+    combos = list(dict.fromkeys((r["model"], r["batch"], r["prompt"], r["new"]) for r in rows))
+    devices = list(dict.fromkeys(r["device"] for r in rows))
+    phases = list(dict.fromkeys(r["phase"] for r in rows))
+    width = 0.8 / max(len(devices), 1)
+    for key, name, unit in (("latency_s", "latency", "s"), ("j_per_token", "energy", "J/token")):
+        fig = _figure(max(5.0, 1.2 * len(combos) * len(phases)), 4.5)
+        axes = fig.subplots(1, max(len(phases), 1), squeeze=False)[0]
+        for ax, phase in zip(axes, phases):
+            for i, device in enumerate(devices):
+                values = {(r["model"], r["batch"], r["prompt"], r["new"]): r[key] for r in rows
+                          if r["device"] == device and r["phase"] == phase}
+                ax.bar([c + i * width for c in range(len(combos))],
+                       [values.get(c) or 0.0 for c in combos], width, label=device)
+            ax.set_xticks([c + 0.4 - width / 2 for c in range(len(combos))],
+                          [f"{m}\nb{b} p{p} n{n}" for m, b, p, n in combos], fontsize=7)
+            ax.set_yscale("log")
+            ax.set_title(phase)
+            ax.set_ylabel(f"{name} ({unit})")
+        axes[0].legend(fontsize=8)
+        fig.suptitle(f"sweep: {name} per device")
+        written += _save(fig, Path(folder) / f"sweep_{name}")
+    return written
+
+
+# -- the --plot DIR / --trace FILE flags of generate.py and the CLIs -------------------------
+def check_outputs(plot=None, trace=None) -> tuple[Path | None, Path | None]:
+    """(plot folder, trace file), both checked before a long run: a ValueError (one line,
+    exit 2 on the command line) for a bad path or a missing matplotlib."""
+    folder = None if plot is None else check_plot_dir(plot)
+    if trace is not None:
+        try:
+            check_writable_target(trace)
+        except OSError as e:
+            raise PlotError(f"--trace {trace}: {e}") from None
+    return folder, None if trace is None else Path(trace)
+
+
+def write_outputs(outputs: tuple, source, specs=None, *, measured: dict | None = None,
+                  log=print) -> list[Path]:
+    """The pictures and the trace that check_outputs allowed, of a counter or a Simulation;
+    priced on `specs` (default: the counter's device, else this machine's)."""
+    folder, trace = outputs
+    simulation = hasattr(source, "phases") and hasattr(source, "mapping")
+    if not simulation and not specs and all(s.device_spec is None
+                                           for s in source_phases(source).values()):
+        specs = [default_device_spec()]
+    written = [] if folder is None else write_plots(folder, source, specs, measured=measured)
+    if trace is not None:
+        one = None if simulation else _specs(specs, source_phases(source))[0]
+        write_trace(trace, source, one, measured=measured)
+        written.append(trace)
+    for path in written:
+        log(f"wrote {path}")
+    return written

@@ -1,0 +1,361 @@
+"""Simulate: price a counted inference with its layers placed on several devices.
+
+    sim = perfcounter.simulate(counter, {"q_proj": "PIM-AI-4chip,t", "lm_head": "H100"})
+    print(sim.report(log_summary=True)); sim.to_json("sim.json")
+
+UPMEM's LLM framework asks "what if this layer ran on that accelerator?" by
+swapping nn classes; here the answer is built on the counted trace, op by op.
+Each phase's one forward is replayed in time order (a module's own ops placed
+between its children by segment, `ModuleInfo.children`; traces without them
+fall back to the order ops first ran), each module runs where placement.py
+says, and:
+- an op costs its roofline on its device (executed FLOPs / peak at the op's
+  dtype against bytes / bandwidth, roofline.op_costs), divided by the device's
+  peak_fraction and its tensor-parallel degree; with elementwise_model="upmem"
+  softmax / SiLU / RMSNorm cost the spec's ns per element (UPMEM's defaults,
+  0.4 / 0.6 / 1.1 ns, for UPMEM profiles without them);
+- execution starts on the host, which holds the phase's input (role "input":
+  token ids, positions); a module entered on another device receives its input
+  (ModuleInfo.input_bytes per call; the model's root: the phase's input), a
+  parent resumed after a child on another device receives the child's output:
+  over a device<->device link when one is known (both specs' figures, or
+  device_link=), else device->host->device at each host link's bandwidth and
+  pJ/bit; a transfer point (`t`) always goes through the host, a MoE point (`m`)
+  once per sibling group; the phase's last output goes back to the host.
+  Nothing else moves: weights, KV caches, causal masks and RoPE tables live on
+  the device that made or holds them;
+- with tp=N, one ring all-reduce of the block's output (2(N-1)/N of its bytes
+  per device) ends each attention and each MLP block, over the interconnect
+  (else through the host);
+- time is the sum of ops and transfers (with overlap=True a transfer and the
+  compute after it take the longer of the two); energy is compute + memory +
+  host link + device link + static W x phase time per device used.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import astuple
+
+from perfcounter._util import PerfcounterWarning
+from perfcounter.simulation.links import Link, Links
+from perfcounter.simulation.placement import (HOST, Device, Mapping, MappingError, Plan,
+                                              default_host, resolve_device)
+from perfcounter.simulation.result import (DeviceResult, FunctionResult, LogRow, ModuleResult,
+                                           PhaseResult, Simulation)
+from perfcounter.simulation.timeline import PREPARED, Ev
+from perfcounter.trace import op_packet
+
+ELEMENTWISE_MODELS = ("roofline", "upmem")
+
+
+# -- one phase, replayed -------------------------------------------------------------------
+class _Replay:
+    """A phase's forward replayed under a plan: the clock, each device's account, the log."""
+
+    def __init__(self, prep, plan: Plan, links: Links, elementwise: str, overlap: bool,
+                 notes: set, detail: bool):
+        self.prep, self.plan, self.links, self.notes = prep, plan, links, notes
+        self.elementwise, self.overlap, self.detail = elementwise, overlap, detail
+        self.acc: dict[str, DeviceResult] = {}
+        self.clock = self.wt = self.wc = 0.0  # finished windows; this window's transfer, compute
+        self.log: list[LogRow] = []
+        self.mods: dict[str, ModuleResult] = {}
+        self.funcs: dict[tuple[str, str], FunctionResult] = {}
+        self.moe_sent: set[tuple] = set()
+
+    def account(self, dev: Device) -> DeviceResult:
+        a = self.acc.get(dev.key)
+        if a is None:
+            a = self.acc[dev.key] = DeviceResult(dev.key, dev.spec.name, dev.spec.device_type,
+                                                 dev.tp, dev.fraction)
+        return a
+
+    def module(self, path: str, dev: Device) -> ModuleResult | None:
+        """The module's result row (detail only; None outside any listed module)."""
+        info = self.prep.infos.get(path)
+        if not self.detail or info is None:
+            return None
+        m = self.mods.get(path)
+        if m is None:
+            m = self.mods[path] = ModuleResult(path, info.cls, [], info.calls, info.params,
+                                               info.input_shapes)
+        if dev.key not in m.devices:
+            m.devices.append(dev.key)
+        return m
+
+    # -- time ----------------------------------------------------------------------------
+    def _window(self, transfer_s: float) -> float:
+        """Close the window (a transfer and the compute after it) and open one; its start."""
+        self.clock += max(self.wt, self.wc) if self.overlap else self.wt + self.wc
+        self.wt, self.wc = transfer_s, 0.0
+        return self.clock
+
+    def _leg(self, dev: Device, direction: str, nbytes: float) -> tuple[float, float]:
+        bw = getattr(dev.spec, f"{direction}_bw", None)
+        pj = getattr(dev.spec, f"{direction}_pj_per_bit", None)
+        if not bw or pj is None:
+            self.notes.add(f"{dev.key} has no {direction.replace('_', '-')} "
+                           f"{'bandwidth' if not bw else 'pJ/bit'}: those transfers cost 0")
+        t, e = (nbytes / bw if bw else 0.0), nbytes * 8 * (pj or 0.0) * 1e-12
+        a = self.account(dev)
+        a.transfer_s += t
+        a.energy_by_component_j["host_link"] += e
+        if direction == "host_to_device":
+            a.host_to_device_bytes += nbytes
+        else:
+            a.device_to_host_bytes += nbytes
+        return t, e
+
+    def transfer(self, src: Device, dst: Device, nbytes: float, path: str, via_host: bool) -> None:
+        """Move `nbytes` from src to dst: over their link, or device->host->device."""
+        if nbytes <= 0 or (src is dst and not via_host) or (src.is_host and dst.is_host):
+            return
+        link = None if via_host or src.is_host or dst.is_host else self.links.between(src, dst)
+        if link is not None:
+            t, e = nbytes / link.bw, nbytes * 8 * (link.pj_per_bit or 0.0) * 1e-12
+            for d in {src.key: src, dst.key: dst}.values():
+                self.account(d).transfer_s += t
+            a = self.account(dst)
+            a.device_link_bytes += nbytes
+            a.energy_by_component_j["device_link"] += e
+            route = f"{src.key}->{dst.key}"
+        else:
+            t = e = 0.0
+            if not src.is_host:
+                t, e = self._leg(src, "device_to_host", nbytes)
+            if not dst.is_host:
+                t2, e2 = self._leg(dst, "host_to_device", nbytes)
+                t, e = t + t2, e + e2
+            hops = [src.key] + ([] if src.is_host or dst.is_host else [HOST]) + [dst.key]
+            route = "->".join(hops)
+        start = self._window(t)
+        m = self.module(path, dst)
+        if m is not None:
+            m.transfer_s += t
+            m.transfer_bytes += nbytes
+            m.energy_j += e
+        if self.detail:
+            self.log.append(LogRow(path, dst.key, start, t, nbytes, 0.0, e, route))
+
+    def allreduce(self, dev: Device, nbytes: float, path: str) -> None:
+        """A ring all-reduce of nbytes over dev's tensor-parallel group."""
+        n = dev.tp
+        ring = 2 * (n - 1) / n * nbytes  # what each device sends
+        link = self.links.within(dev)
+        a = self.account(dev)
+        if link is not None:
+            t, e = ring / link.bw, n * ring * 8 * (link.pj_per_bit or 0.0) * 1e-12
+            a.energy_by_component_j["device_link"] += e
+        else:  # through the host: each device's share out and back
+            self.notes.add(f"{dev.key}: no interconnect given; its all-reduces go through "
+                           "the host link")
+            d2h, h2d = (getattr(dev.spec, f"{d}_bw", None) for d in ("device_to_host",
+                                                                     "host_to_device"))
+            pjs = [getattr(dev.spec, f"{d}_pj_per_bit", None) or 0.0
+                   for d in ("device_to_host", "host_to_device")]
+            t = (ring / d2h if d2h else 0.0) + (ring / h2d if h2d else 0.0)
+            e = n * ring * 8 * sum(pjs) * 1e-12
+            a.energy_by_component_j["host_link"] += e
+        a.allreduce_bytes += ring
+        a.transfer_s += t
+        start = self._window(t)
+        m = self.module(path, dev)
+        if m is not None:
+            m.transfer_s += t
+            m.energy_j += e
+            self.log.append(LogRow(path, dev.key, start, t, ring, 0.0, e, f"all-reduce x{n}"))
+
+    def run(self, step, j: int, dev: Device, costs) -> None:
+        c = costs[dev.key][j]
+        scale = 1.0 / (dev.fraction * dev.tp)
+        t = c.latency_s * scale
+        a = self.account(dev)
+        a.compute_s += c.compute_s * scale
+        a.memory_s += c.memory_s * scale
+        a.busy_s += t
+        a.flops += c.flops
+        a.bytes += c.bytes
+        a.energy_by_component_j["compute"] += c.compute_j
+        a.energy_by_component_j["memory"] += c.memory_j
+        start = self.clock + (0.0 if self.overlap else self.wt) + self.wc
+        self.wc += t
+        if not self.detail:
+            return
+        m = self.module(step.module, dev)
+        if m is not None:
+            m.time_s += t
+            m.compute_s += c.compute_s * scale
+            m.memory_s += c.memory_s * scale
+            m.flops += c.flops
+            m.bytes += c.bytes
+            m.energy_j += c.compute_j + c.memory_j
+        self.log.append(LogRow(step.module, dev.key, start, t, c.bytes, c.flops,
+                               c.compute_j + c.memory_j, ""))
+        per = self.prep.record_costs(dev.spec, self.elementwise)
+        for i in step.records:
+            r, rc = self.prep.trace.records[i], per[i]
+            op = op_packet(r.op)
+            f = self.funcs.get((dev.key, op))
+            if f is None:
+                f = self.funcs[(dev.key, op)] = FunctionResult(dev.key, op)
+            f.calls += r.calls * step.share
+            f.flops += rc.flops * step.share
+            f.bytes += rc.bytes * step.share
+            f.time_s += rc.latency_s * step.share * scale
+            f.energy_j += (rc.compute_j + rc.memory_j) * step.share
+
+    # -- the replay ---------------------------------------------------------------------------
+    def replay(self, label: str, num_tokens: int) -> PhaseResult:
+        plan, prep = self.plan, self.prep
+        costs = {}
+        cur = plan.host  # execution starts on the host
+        for j, step in enumerate(prep.steps):
+            path = step.module
+            dev = plan.where.get(path) or plan.default or cur
+            if step.kind == Ev.ENTER:
+                info, key = prep.infos.get(path), plan.own.get(path)
+                value = plan.value.get(path) if key else None
+                via_host = bool(value and value.transfer)
+                if value is not None and value.moe:  # once per sibling group and device
+                    group = (key, dev.key, path.rsplit(".", 1)[0])
+                    via_host = via_host or group not in self.moe_sent
+                    self.moe_sent.add(group)
+                if info is not None and (via_host or dev is not cur):
+                    nbytes = prep.input_bytes if path == prep.root else \
+                        info.input_bytes * step.count
+                    self.transfer(cur, dev, nbytes, path, via_host)
+                cur = dev
+                self.module(path, dev)
+            elif step.kind == Ev.RUN:
+                if dev is not cur:  # a parent resumed after a child elsewhere gets its output
+                    source = prep.infos.get(step.after or path)
+                    if source is None:  # ops outside any module: the phase's input
+                        nbytes = prep.input_bytes
+                    else:
+                        nbytes = step.count * (source.output_bytes if step.after
+                                               else source.input_bytes)
+                    self.transfer(cur, dev, nbytes, path, False)
+                    cur = dev
+                if dev.key not in costs:
+                    costs[dev.key] = prep.step_costs(dev.spec, self.elementwise)
+                self.run(step, j, cur, costs)
+            elif cur.tp > 1 and path in prep.blocks:
+                self.allreduce(cur, prep.infos[path].output_bytes * step.count, path)
+        self.transfer(cur, plan.host, prep.output_bytes, "(output)", False)
+        self._window(0.0)
+        for key, a in self.acc.items():
+            static_w = getattr(plan.devices[key].spec, "static_w", None)
+            a.energy_by_component_j["static"] += (static_w or 0.0) * a.tp * self.clock
+        return PhaseResult(label, num_tokens, prep.trace.steps, self.clock, self.acc,
+                           list(self.mods.values()), list(self.funcs.values()), self.log)
+
+
+# -- the API ---------------------------------------------------------------------------------
+def phases_of(source, labels=None) -> dict[str, tuple]:
+    """{label: (trace, num_tokens)} from a counter, stats, a trace, or a dict of them."""
+    def one(x, label):
+        if hasattr(x, "trace") and hasattr(x, "num_tokens"):  # PerformanceStats
+            return x.trace, x.num_tokens
+        if hasattr(x, "records") and hasattr(x, "modules"):  # Trace
+            return x, 0
+        raise TypeError(f"simulate(): phase {label!r} is a {type(x).__name__}; expected "
+                        "PerformanceStats or Trace")
+    if hasattr(source, "counts") and hasattr(source, "count"):  # TransformerPerformanceCounter
+        phases = {k: one(v, k) for k, v in source.counts.items()}
+    elif isinstance(source, dict):
+        phases = {k: one(v, k) for k, v in source.items()}
+    elif hasattr(source, "label") and hasattr(source, "trace"):
+        phases = {source.label: one(source, source.label)}
+    elif hasattr(source, "records"):
+        phases = {"phase": one(source, "phase")}
+    else:
+        raise TypeError("simulate() takes a TransformerPerformanceCounter, PerformanceStats, "
+                        f"Trace or a dict of them, got {type(source).__name__}")
+    if labels is not None:
+        missing = [k for k in labels if k not in phases]
+        if missing:
+            raise MappingError(f"unknown phase {missing[0]!r}; phases: {', '.join(phases)}")
+        phases = {k: phases[k] for k in labels}
+    if not phases:
+        raise MappingError("nothing to simulate: no phase was counted")
+    return phases
+
+
+def modules_of(phases) -> list:
+    seen = {}
+    for trace, _ in phases.values():
+        for m in trace.modules:
+            seen.setdefault(m.path, m)
+    return list(seen.values())
+
+
+def _device_figures(dev: Device) -> dict:
+    s = dev.spec
+    return {"spec": s.name, "device_type": s.device_type, "tp": dev.tp,
+            "peak_fraction": dev.fraction, "bandwidth": s.bandwidth, "flops_per_s": s.flops_per_s,
+            **{f: getattr(s, f, None) for f in (
+                "mem_pj_per_bit", "host_to_device_bw", "device_to_host_bw",
+                "host_to_device_pj_per_bit", "device_to_host_pj_per_bit", "static_w")}}
+
+
+def _link(value, name: str) -> Link | None:
+    if value is None or isinstance(value, Link):
+        return value
+    if isinstance(value, (tuple, list)) and len(value) == 2 and value[0] and value[0] > 0:
+        return Link(float(value[0]), None if value[1] is None else float(value[1]))
+    raise MappingError(f"{name}: expected Link(bw B/s > 0, pJ/bit) or (bw, pJ/bit), "
+                       f"got {value!r}")
+
+
+def simulate(source, mapping=None, *, host=None, default_device: str | None = None,
+             devices: dict | None = None, allow_unmatched: bool = False,
+             elementwise_model: str = "roofline", overlap: bool = False, peak_fraction=None,
+             device_link=None, interconnect=None, labels=None, detail: bool = True) -> Simulation:
+    """Price every counted phase of `source` (a TransformerPerformanceCounter,
+    PerformanceStats, Trace, or {label: either}) with its modules placed by `mapping`
+    (a dict, a YAML / JSON file or inline text in UPMEM's notation; see placement.py).
+
+    host: the host's DeviceSpec or name (default: the calibrated CPU, else generic-cpu).
+    default_device: where modules no key places run (default: where the previous one ran).
+    devices: {name: DeviceSpec} that mapping values may name, before the registry.
+    allow_unmatched: warn, instead of failing, for keys that match no module.
+    elementwise_model: "roofline" (softmax / SiLU / RMSNorm priced by FLOPs and bytes) or
+      "upmem" (by the spec's ns per element, UPMEM's defaults for its profiles).
+    overlap: a transfer overlaps the compute after it (max instead of sum).
+    peak_fraction: achievable / peak for every device (a number) or per device
+      ({"pim-ai-4chip": 0.7, "host": 0.5}); applied to FLOP/s and bandwidth.
+    device_link, interconnect: Link(bw B/s, pJ/bit) between any two non-host devices, and
+      within a tensor-parallel group; without them transfers go through the host.
+    labels: the phases to price (default all); detail=False skips modules, ops and log.
+    """
+    phases = phases_of(source, labels)
+    mapping = Mapping.load(mapping)
+    if elementwise_model not in ELEMENTWISE_MODELS:
+        raise MappingError(f"unknown elementwise_model {elementwise_model!r}; valid: "
+                           f"{', '.join(ELEMENTWISE_MODELS)}")
+    if host is None:
+        host = default_host()
+    elif isinstance(host, str):
+        host = resolve_device(host, None, where="host", extra=devices)
+    modules = modules_of(phases)
+    plan = Plan(mapping, modules, host, default_device=default_device,
+                peak_fraction=peak_fraction, extra=devices)
+    notes: set[str] = set()
+    unmatched = mapping.unmatched(plan.used, modules)
+    if unmatched and not allow_unmatched:
+        raise MappingError("; ".join(unmatched) + " (allow_unmatched=True, or --allow_unmatched, "
+                           "warns and goes on)")
+    for line in unmatched:
+        warnings.warn(line, PerfcounterWarning, stacklevel=2)
+        notes.add(line)
+    links = Links(_link(device_link, "device_link"), _link(interconnect, "interconnect"))
+    results = {label: _Replay(PREPARED.get(trace), plan, links, elementwise_model, bool(overlap),
+                              notes, detail).replay(label, tokens)
+               for label, (trace, tokens) in phases.items()}
+    options = {"elementwise_model": elementwise_model, "overlap": bool(overlap),
+               "default_device": None if plan.default is None else plan.default.key,
+               **{name: None if link is None else list(astuple(link))
+                  for name, link in (("device_link", links.device_link),
+                                     ("interconnect", links.interconnect))}}
+    return Simulation(results, mapping.to_dict(), host.name, options,
+                      {k: _device_figures(d) for k, d in plan.devices.items()}, sorted(notes))
