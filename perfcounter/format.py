@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-_PREFIXES = {-12: "p", -9: "n", -6: "µ", -3: "m", 0: "", 3: "K", 6: "M", 9: "G", 12: "T", 15: "P"}
+_PREFIXES = {-12: "p", -9: "n", -6: "µ", -3: "m", 0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P"}
 _POWERS = {prefix: power for power, prefix in _PREFIXES.items()}
 NA = "n/a"
 

@@ -33,7 +33,7 @@ def test_si_prefixes():
     assert si(13.25e9, "B") == "13.25 GB"
     assert si(79.31e9, "FLOPs") == "79.31 GFLOPs"
     assert si(148, "B") == "148 B"
-    assert si(1000, "B") == "1.00 KB"
+    assert si(1000, "B") == "1.00 kB"  # SI: lower-case k
     assert si(1.26, "s") == "1.26 s"
     # below one, the nearest prefix, as torchao: 0.16 s stays s, 0.37 ms, 14.15 ms
     assert si(0.16, "s") == "0.16 s"
@@ -47,7 +47,7 @@ def test_si_prefixes():
     assert si(123e6, "B", nearest=True) == "0.12 GB"
     assert si(1.23e9, "B/s", nearest=True) == "1.23 GB/s"
     assert si(13.25e9, "B", nearest=True) == "13.25 GB"
-    assert si(148, "B", nearest=True) == "0.15 KB"
+    assert si(148, "B", nearest=True) == "0.15 kB"
     assert si(0.00037, "s", nearest=True) == "0.37 ms"
 
 

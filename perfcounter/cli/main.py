@@ -35,6 +35,7 @@ from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.devices import (DeviceSpec, DeviceSpecError, calibrated_spec_path, dtype_name,
                                  get_device_spec, list_device_specs, register_device_specs)
 from perfcounter.devices.calibrate import calibrate, describe, measurable_device, save_calibrated
+from perfcounter.devices.spec_file import spec_to_entry
 from perfcounter.format import format_table, scaled, si
 from perfcounter.generation.config_only import count_config
 from perfcounter.models.args import UnknownModelError
@@ -63,15 +64,30 @@ def device_row(spec: DeviceSpec, source_width: int = 48) -> tuple[str, ...]:
             si(spec.roofline_balancepoint, "FLOP/B", 1, prefix="", na="-"), source)
 
 
+def _figure(value) -> str:
+    """A figure of a spec entry as a reader wants it: 3,350 not 3350.0; tables inline."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {_figure(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_figure(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:,.6g}" if abs(value) < 1e15 else f"{value:.4g}"
+    return str(value)
+
+
 def _describe(spec: DeviceSpec) -> str:
-    data = spec.to_dict()
-    lines = [f"{spec.name} ({spec.device_type})"]
-    for key, value in data.items():
-        if key in ("name", "device_type", "source") or value in (None, [], {}):
-            continue
-        lines.append(f"  {key}: {value}")
+    """Every figure of a spec in the units its file names (bandwidth_GBs: 3,350), and sources."""
+    entry = spec_to_entry(spec)
+    lines = [f"{spec.name} ({entry.pop('device_type')})"]
+    sources = entry.pop("source", {})
+    for key, value in entry.items():
+        if value not in (None, [], {}):
+            lines.append(f"  {key}: {_figure(value)}")
+    if spec.roofline_balancepoint:
+        lines.append(f"  balance: {spec.roofline_balancepoint:,.1f} FLOP/B (peak FLOP/s at "
+                     f"{dtype_name(spec.dtype)} / bandwidth)")
     by_text: dict[str, list[str]] = {}
-    for key, text in spec.source.items():
+    for key, text in (sources.items() if isinstance(sources, dict) else []):
         by_text.setdefault(text, []).append(key)
     lines.append("  source:")
     lines += [f"    {', '.join(keys)}: {text}" for text, keys in by_text.items()]
