@@ -178,6 +178,16 @@ class TransformerPerformanceCounter:
         self._add(label, num_tokens.__index__(), trace, raw_latency, timing, latency)
         return self._built[label]
 
+    def set_measured(self, label: str, seconds: float, *, timing: str,
+                     execution: str = "eager") -> PerformanceStats:
+        """Make `seconds`, measured apart from the counting (uncounted runs of the same phase,
+        `timing` says how), the phase's one measured latency, run as `execution` (the program
+        predictions beside it price); every report and document then shows that figure."""
+        stats = self._lookup(label)
+        self._built[label] = dataclasses.replace(stats, latency=seconds, raw_latency=None,
+                                                 timing=timing, execution=execution)
+        return self._built[label]
+
     def _add(self, label: str, num_tokens: int, trace: Trace, raw: float | None, timing: str,
              net: float | None = None):
         if net is None and raw is not None:
@@ -264,8 +274,10 @@ class TransformerPerformanceCounter:
             net = sum_or_none(net, s.latency)
             raw = sum_or_none(raw, s.raw_latency)
         timing = ", ".join(sorted({s.timing for s in phases}))
+        runs = {s.execution for s in phases}  # one program measured: predicted as such
         return PerformanceStats(SUMMARY_LABEL, tokens, net, trace, self.device_spec,
-                                self.io_model, raw, timing)
+                                self.io_model, raw, timing, None,
+                                runs.pop() if len(runs) == 1 else "eager")
 
     @property
     def stats_summary(self) -> PerformanceStats:

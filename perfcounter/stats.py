@@ -38,7 +38,7 @@ from perfcounter.counting.breakdown import (SCOPES, add_row, empty_row, flop_cou
 from perfcounter.counting.module_path import check_depth
 from perfcounter.devices import get_device_spec
 from perfcounter.pricing.energy import Energy, energy
-from perfcounter.pricing.predict import predict
+from perfcounter.pricing.predict import check_execution, predict
 from perfcounter.pricing.roofline import Roofline, op_costs, peak_flops, roofline
 from perfcounter.report.phase import format_stats
 from perfcounter.report.profile import profile
@@ -68,11 +68,13 @@ class PerformanceStats:
     raw_latency: float | None = None  # measured seconds including the counter's own work
     timing: str = ""  # how latency was measured
     totals: Totals | None = field(default=None, repr=False)  # torchao's figures, when given
+    execution: str = "eager"  # the program latency measured (and predictions price by default)
 
     def __init__(self, label: str, num_tokens: int, latency: float | None = None,
                  trace: Trace | None = None, device_spec=None, io_model: str = "per_op",
                  raw_latency: float | None = None, timing: str = "",
-                 totals: Totals | None = None, *, total_flops=None, total_io=None,
+                 totals: Totals | None = None, execution: str = "eager", *, total_flops=None,
+                 total_io=None,
                  flops_summary=None, io_summary=None, flop_counts=None, io_counts=None,
                  device_bandwidth=None, device_flops_per_s=None):
         given = {k: v for k, v in (("total_flops", total_flops), ("total_io", total_io),
@@ -107,7 +109,8 @@ class PerformanceStats:
         check_number(latency, "latency")
         values = dict(label=label, num_tokens=num_tokens, latency=latency, trace=trace,
                       device_spec=device_spec, io_model=check_io_model(io_model),
-                      raw_latency=raw_latency, timing=timing, totals=totals)
+                      raw_latency=raw_latency, timing=timing, totals=totals,
+                      execution=check_execution(execution))
         for name, value in values.items():
             object.__setattr__(self, name, value)
 
@@ -298,23 +301,23 @@ class PerformanceStats:
     def roofline_token_throughput(self) -> float | None:
         return _div(self.num_tokens, self.roofline_latency)
 
-    def prediction(self, execution: str = "eager"):
+    def prediction(self, execution: str | None = None):
         """The predicted latency (predict.py: per-op overhead + achievable rates; a
-        prediction, where the roofline is a bound) run `execution` ("eager" or
-        "compiled"), or None when the phase is not priced."""
+        prediction, where the roofline is a bound) run `execution` (EXECUTIONS; None: the
+        phase's own, the program its latency measured), or None when the phase is not priced."""
         if not self.priced:
             return None
-        return predict(self.trace, self.device_spec, execution)
+        return predict(self.trace, self.device_spec, execution or self.execution)
 
     @cached_property
     def predicted_latency(self) -> float | None:
-        """Seconds the eager run is predicted to take (see prediction())."""
-        p = self.prediction("eager")
+        """Seconds the phase's program (`execution`) is predicted to take (see prediction())."""
+        p = self.prediction()
         return None if p is None else p.latency_s
 
     @property
     def measured_over_predicted(self) -> float | None:
-        """Measured latency ÷ predicted (eager); None when either is missing."""
+        """Measured latency ÷ predicted (its execution); None when either is missing."""
         return _div(self.latency, self.predicted_latency)
 
     @cached_property

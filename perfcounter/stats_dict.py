@@ -88,7 +88,8 @@ def stats_to_dict(self) -> dict:
         "roofline_latency": self.roofline_latency, "bound": self.bound,
         "roofline_latency_s": self.roofline_latency,
         "predicted_latency_s": self.predicted_latency, "measured_latency_s": self.latency,
-        "prediction": None if not self.priced else self.prediction("eager").to_dict(),
+        "execution": self.execution,
+        "prediction": None if not self.priced else self.prediction().to_dict(),
         "roofline": None if self.roofline is None else self.roofline.to_dict(),
         "energy_j": self.energy_j, "energy_per_token_j": self.energy_per_token_j,
         "energy": None if self.energy is None else self.energy.to_dict(),
@@ -123,7 +124,7 @@ def stats_from_dict(cls, d: dict, source: str = "stats"):
             raise ValueError(f"field 'trace' must be an object, got {type(trace).__name__}")
         return cls(**common, trace=Trace.from_dict(trace), device_spec=spec,
                    io_model=d.get("io_model", "per_op"), raw_latency=d.get("raw_latency"),
-                   timing=d.get("timing", ""))
+                   timing=d.get("timing", ""), execution=d.get("execution", "eager"))
     except KeyError as e:
         raise ValueError(f"{source}: field {e} is missing") from None
     except (TypeError, ValueError, AttributeError) as e:

@@ -14,8 +14,12 @@ SEED_004_REPR = ("ModelArgs(block_size=2048, vocab_size=32000, n_layer=32, n_hea
                  "norm_eps=1e-05)")
 
 
-def test_llama_2_7b_preset_prints_as_in_seed_004():
-    assert repr(ModelArgs.from_name("llama-2-7b")) == SEED_004_REPR
+def test_llama_2_7b_preset_prints_as_in_seed_004_with_its_real_context():
+    # seed 004 printed gpt-fast's default block of 2,048; Llama-2's context (its config's
+    # max_position_embeddings) is 4,096, which the preset carries so that a 2,048-token
+    # prompt plus new tokens fits
+    assert repr(ModelArgs.from_name("llama-2-7b")) == SEED_004_REPR.replace("block_size=2048",
+                                                                             "block_size=4096")
 
 
 def test_llama_2_7b_parameter_counts():
@@ -44,6 +48,19 @@ def test_tiny_parameter_counts_dense_tied_and_moe():
     # total = 2048 + 2*21696 + 32 + 2048 = 47520
     # active = 47520 - 2048 (embedding) - 2 layers * 18432/2 (two idle experts) = 27040
     assert count_params(moe) == (27040, 47520)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4-32"])
+def test_parameter_counts_do_not_change_with_how_weights_are_stored(scheme):
+    from perfcounter.quant.quantize import parse_scheme, quantize_model
+    model = Transformer(tiny_args(intermediate_size=64)).to(torch.bfloat16)
+    before = count_params(model)
+    # int8 keeps [N, K] int8 plus N scales, int4 [N, K/2] bytes plus [K/G, N, 2] scales and
+    # zeros: the layers still have N·K parameters, and their scales are not the model's.
+    # layer: wqkv 2048 + wo 1024 + ffn 3*32*64 = 6144 + norms 64 = 9280;
+    # total = 2048 + 2*9280 + 32 + 2048 = 22688; active = 22688 - 2048 = 20640
+    quantize_model(model, parse_scheme(scheme), tile=False)
+    assert count_params(model) == before == (20640, 22688)
 
 
 @pytest.mark.parametrize("name, preset", [

@@ -75,7 +75,8 @@ def print_report(o: Options, out: Outcome, counter, s: Summary, spec, log) -> No
     hf_class = type(out.net.model if isinstance(out.net, HFCausalLM) else out.net).__name__
     log(f"Model Config: {out.args if out.args is not None else hf_class}")
     log(f"Active params, Total Params: {s.active}, {s.total}")
-    log(f"Model size: {s.size / 1e9:.2f} GB ({o.scheme.name if o.scheme else 'float'} weights, "
+    stored = o.scheme or quantization.quantized_scheme(out.net)  # a checkpoint saved quantized
+    log(f"Model size: {s.size / 1e9:.2f} GB ({stored.name if stored else 'float'} weights, "
         f"{o.kv or 'float'} KV cache; gpt-fast's _get_model_size)")
     if not o.quiet:
         for label in s.labels:

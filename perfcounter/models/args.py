@@ -134,9 +134,11 @@ _LLAMA31_ROPE = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
 
 # Numbers from each model's published config.json on the Hugging Face Hub.
 PRESETS: dict[str, dict] = {
-    "llama-2-7b": dict(n_layer=32, n_head=32, dim=4096),
-    "llama-2-13b": dict(n_layer=40, n_head=40, dim=5120),
-    "llama-2-70b": dict(n_layer=80, n_head=64, dim=8192, n_local_heads=8, intermediate_size=28672),
+    # block_size: each model's own context length (its config's max_position_embeddings)
+    "llama-2-7b": dict(block_size=4096, n_layer=32, n_head=32, dim=4096),
+    "llama-2-13b": dict(block_size=4096, n_layer=40, n_head=40, dim=5120),
+    "llama-2-70b": dict(block_size=4096, n_layer=80, n_head=64, dim=8192, n_local_heads=8,
+                        intermediate_size=28672),
     "llama-3-8b": dict(block_size=8192, n_layer=32, n_head=32, n_local_heads=8, dim=4096,
                        intermediate_size=14336, vocab_size=128256, rope_base=500000),
     "llama-3-70b": dict(block_size=8192, n_layer=80, n_head=64, n_local_heads=8, dim=8192,

@@ -240,11 +240,31 @@ def apply_rotary_emb(x: Tensor, freqs_cis: Tensor) -> Tensor:
     return torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1).flatten(3)
 
 
+QUANT_METADATA = ("scales", "scales_and_zeros", "zeros")  # a quantized layer's own, not the model's
+
+
+def _params(module: nn.Module, seen: set) -> int:
+    """Parameters of `module` and its children as the model has them, however they are stored:
+    a linear's weight is in_features x out_features whether it is kept as float, int8 or two
+    int4 a byte; a quantized layer's scales and zero points are not parameters of the model;
+    a tensor shared by two modules counts once (`seen`)."""
+    n = 0
+    for sub in module.modules():
+        for name, p in sub.named_parameters(recurse=False):
+            if id(p) in seen or name in QUANT_METADATA:
+                continue
+            seen.add(id(p))
+            linear = name == "weight" and hasattr(sub, "in_features") and hasattr(sub, "out_features")
+            n += sub.in_features * sub.out_features if linear else p.numel()
+    return n
+
+
 def count_params(model: nn.Module) -> tuple[int, int]:
-    """(active, total) parameters: total counts shared tensors once; active leaves out
-    the embedding table (a row lookup) unless the output head shares it, and the
-    experts a token does not route to."""
-    total = sum(p.numel() for p in model.parameters())
+    """(active, total) parameters, as the model has them whatever their storage (see
+    `_params`; the bytes they are stored in are quantize.model_size_bytes' figure): total
+    counts shared tensors once; active leaves out the embedding table (a row lookup) unless
+    the output head shares it, and the experts a token does not route to."""
+    total = _params(model, set())
     active = total
     config = getattr(model, "config", None)
     embed, output = getattr(model, "tok_embeddings", None), getattr(model, "output", None)
@@ -252,6 +272,6 @@ def count_params(model: nn.Module) -> tuple[int, int]:
         active -= embed.weight.numel()
     for module in model.modules():
         if isinstance(module, ConditionalFeedForward):
-            experts = sum(p.numel() for p in module.parameters())
+            experts = _params(module, set())
             active -= experts - experts * config.num_activated_experts // config.num_experts
     return active, total

@@ -45,8 +45,8 @@ def format_stats(stats, module_depth: int | None = 4) -> str:
     if s.latency is not None and s.raw_latency is not None:
         latency += (f" (raw {si(s.raw_latency, 's')}, "
                     f"counting overhead {si(s.overhead_s, 's')} excluded)")
-    elif s.latency is None:
-        latency += f" ({s.timing})" if s.timing else ""
+    elif s.timing:  # not measured, or measured apart from the counting (set_measured)
+        latency += f" ({s.timing})"
     lines = [
         f"{s.label}:",
         f"  Latency = {latency}",
@@ -107,8 +107,8 @@ def format_stats(stats, module_depth: int | None = 4) -> str:
 
 def _prediction_lines(s) -> list[str]:
     """The prediction beside the roofline (the roofline is a bound, this is a prediction)."""
-    p = s.prediction("eager")
-    line = (f"    Latency: {si(p.latency_s, 's')} (eager: overhead {si(p.overhead_s, 's')} for "
+    p = s.prediction()
+    line = (f"    Latency: {si(p.latency_s, 's')} ({p.execution}: overhead {si(p.overhead_s, 's')} for "
             f"{p.op_calls:,} op calls + work {si(p.work_s, 's')}; {describe_basis(s.device_spec, p)})")
     lines = ["  Prediction (the roofline above is a bound)", line]
     if s.latency is not None:
