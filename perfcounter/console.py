@@ -6,7 +6,8 @@ perfcounter keeps every filter and logger as they set them.
 - `quiet_third_party()` silences, narrowly, what the libraries we run print to a user
   who did nothing wrong: transformers' FutureWarnings and DeprecationWarnings about its
   own API and its log lines below ERROR (`TRANSFORMERS_VERBOSITY`, unless the user set
-  it), torchao's "Failed to load ..." lines for kernels of other platforms, and torch's
+  it) and progress bars (`HF_HUB_DISABLE_PROGRESS_BARS`, `TQDM_DISABLE`: ours pass
+  disable=False), torchao's "Failed to load ..." lines for kernels of other platforms, and torch's
   pytree registration notices that importing torchao triggers. Each by category and
   module (or by the library's own logger), never globally.
 - `collected_warnings()` holds every warning raised while a command works and prints
@@ -35,6 +36,9 @@ QUIET_WARNINGS = ((FutureWarning, r"transformers(\.|$)"), (DeprecationWarning, r
 def quiet_third_party() -> None:
     """Silence third-party notices for this process (an entry point's first call)."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' loading bars
+    os.environ.setdefault("TQDM_DISABLE", "1")  # a library's own tqdm (GGUF dequantizing);
+    # ours pass disable=False explicitly, which the variable does not override
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
     for category, module in QUIET_WARNINGS:

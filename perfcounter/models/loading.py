@@ -15,9 +15,13 @@ asked (trust_remote_code=True; generate.py's --trust_remote_code).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import importlib
 import importlib.util
 import json
+import sys
 import tempfile
 from pathlib import Path
 from typing import NamedTuple, Optional
@@ -178,12 +182,31 @@ def _weights_file(path: Path, kind: str) -> Path:
     return path / ("model.pth" if kind == "pth" else "model.safetensors")
 
 
+@contextlib.contextmanager
+def _gguf_progress_as_transformers_says(transformers):
+    """transformers' GGUF reader draws its own tqdm bar, which ignores transformers' progress
+    bar switch (HF_HUB_DISABLE_PROGRESS_BARS, logging.disable_progress_bar()): while it
+    reads, that bar follows the switch too."""
+    reader = sys.modules.get("transformers.modeling_gguf_pytorch_utils")
+    bar = getattr(reader, "tqdm", None)
+    if bar is None or transformers.utils.logging.is_progress_bar_enabled():
+        yield
+        return
+    reader.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        reader.tqdm = bar
+
+
 def _hf_from_gguf(path: Path, dtype=None, trust_remote_code: bool = False):
     transformers = offline_transformers()
     try:
-        return transformers.AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=dtype or torch.float32,
-            local_files_only=True, trust_remote_code=trust_remote_code).eval()
+        importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+        with _gguf_progress_as_transformers_says(transformers):
+            return transformers.AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, dtype=dtype or torch.float32,
+                local_files_only=True, trust_remote_code=trust_remote_code).eval()
     except ImportError as e:
         raise CheckpointError(f"{path}: reading GGUF needs `pip install gguf accelerate` ({e})") from e
     except Exception as e:
