@@ -352,6 +352,11 @@ class TransformerPerformanceCounter:
             raise ValueError(f"{path}: not valid JSON ({e})") from None
         except IsADirectoryError:
             raise ValueError(f"{path}: is a directory, not a JSON file") from None
+        except FileNotFoundError:
+            raise ValueError(f"{path}: no such counts file (--save_path of `perfcounter count` "
+                             "or generate.py writes one)") from None
+        except OSError as e:
+            raise ValueError(f"{path}: cannot be read ({e.strerror or e})") from None
         return cls.from_dict(doc, source=path)
 
 

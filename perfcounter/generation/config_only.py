@@ -112,17 +112,49 @@ def resolve_config(config):
             raise CheckpointError(f"{path}: not readable JSON ({e})") from None
         source = str(path)
     if not isinstance(config, dict):
+        if source != "config":
+            raise CheckpointError(f"{source}: expected a JSON object of config fields, got "
+                                  f"{type(config).__name__}")
         raise TypeError(f"count_config takes a transformers config, a config.json path or "
                         f"folder, a preset name or ModelArgs; got {type(config).__name__}")
     if "model_type" not in config:
         return model_args_from_dict(config, source)
     data = dict(config)
     model_type = data.pop("model_type")
+    if model_type not in transformers.CONFIG_MAPPING:
+        raise CheckpointError(f"{source}: model_type {model_type!r} is not a transformers "
+                              f"{transformers.__version__} architecture")
+    check_sizes(data, source)
     try:
         return transformers.AutoConfig.for_model(model_type, **data)
-    except (ValueError, KeyError) as e:
-        raise CheckpointError(f"{source}: model_type {model_type!r} is not a transformers "
-                              f"{transformers.__version__} architecture ({e})") from None
+    except Exception as e:  # transformers' own validation: one line of it, with the file
+        first = str(e).strip().splitlines()
+        raise CheckpointError(f"{source}: transformers refuses this {model_type} config "
+                              f"({first[-1].strip() if first else type(e).__name__})") from None
+
+
+SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+         "num_key_value_heads", "intermediate_size", "head_dim")  # each a positive int, if given
+
+
+def check_sizes(data: dict, source: str) -> None:
+    """The sizes a causal LM is built from: positive ints (a bool, a string, NaN or 0 named
+    in one line), heads that divide the hidden size (unless head_dim is given) and KV heads
+    that divide the heads."""
+    for key in SIZES:
+        value = data.get(key)
+        if value is None:  # not given: the architecture's default applies
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"{source}: {key} must be an int >= 1, got {value!r:.40}")
+    heads, kv, hidden = (data.get(k) for k in ("num_attention_heads", "num_key_value_heads",
+                                                "hidden_size"))
+    if heads and hidden and data.get("head_dim") is None and hidden % heads:
+        raise CheckpointError(f"{source}: hidden_size {hidden} is not a multiple of "
+                              f"num_attention_heads {heads} (give head_dim, or heads that divide it)")
+    if heads and kv and heads % kv:
+        raise CheckpointError(f"{source}: num_attention_heads {heads} is not a multiple of "
+                              f"num_key_value_heads {kv} (valid: a divisor of {heads})")
 
 
 def fake_hf_model(config, *, dtype=torch.bfloat16):
@@ -277,7 +309,9 @@ def count_config(config, *, batch_size: int = 1, prompt_length: int = 128, new_t
     quantize.WeightScheme: --weight_dtype/--group_size); kv_dtype: its KV cache "int8" or
     "fp8" — bytes from the stated layout, FLOPs at `dtype` (perfcounter/quant/quantize.py).
     A .gguf file is counted from its metadata, its weights priced as `price_as` says:
-    "stored" (the default) or "executed" (perfcounter/quant/gguf_stored.py)."""
+    "stored" (the default) or "executed" (perfcounter/quant/gguf_stored.py). One layer of
+    each kind and the first decode steps are counted, the rest derived exactly
+    (derive.count_generation)."""
     if min(batch_size, prompt_length, new_tokens) < 1:
         raise ValueError(f"batch_size, prompt_length and new_tokens must be >= 1, got "
                          f"{batch_size}, {prompt_length}, {new_tokens}")
@@ -303,8 +337,8 @@ def count_config(config, *, batch_size: int = 1, prompt_length: int = 128, new_t
         kv = quantization.parse_kv_dtype(kv_dtype)
         fake_model(resolved, weights=scheme, kv=kv, dtype=dtype)  # a bad group size fails first
         sizes["make_model"] = lambda a: fake_model(a, weights=scheme, kv=kv, dtype=dtype)
-    if isinstance(resolved, ModelArgs) and not hf:
-        count_config_only(resolved, counter, **sizes)
+    if isinstance(resolved, ModelArgs) and not hf:  # one layer per kind, three decode steps
+        count_generation(resolved, counter, generate=greedy_generate, **sizes)  # the rest derived
     else:
-        count_hf_config(resolved, counter, cache=cache, **sizes)
+        count_hf_config(resolved, counter, cache=cache, derive=True, **sizes)
     return counter

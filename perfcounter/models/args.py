@@ -17,8 +17,9 @@ def find_multiple(n: int, k: int) -> int:
     return n if n % k == 0 else n + k - (n % k)
 
 
-class UnknownModelError(KeyError):
-    """A model name that is neither a preset nor one of its aliases."""
+class UnknownModelError(KeyError, ValueError):
+    """A model name that is neither a preset nor one of its aliases (a bad value: the
+    commands answer it in one line, as any ValueError)."""
 
     def __str__(self) -> str:
         return str(self.args[0])
