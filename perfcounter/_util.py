@@ -3,15 +3,17 @@ one "did you mean" hint, and `settle_objects` for the command-line entry points.
 
 `atomic_write(path, text_or_bytes)` (or `atomic_write(path, writer=fn)`, where
 fn(tmp_path) writes the file, for libraries that write to a path themselves)
-writes beside the target and renames over it, so a reader never sees half a
-file and a failed write leaves the old one. It refuses a target that is not a
-regular file (a device node, a FIFO, a directory): renaming over those would
-replace them. A symlink is written through to its target. An existing file
+writes beside the target (`.NAME.perfcounter-PID-XXXX.tmp`) and renames over it, so a
+reader never sees half a file and a failed write leaves the old one; a temporary that a
+killed writer left behind is removed by the next write to the same target. It refuses a
+target that is not a regular file (a device node, a FIFO, a directory): renaming over
+those would replace them. A symlink is written through to its target. An existing file
 keeps its permission bits; a new one gets the usual 0666 & ~umask.
 """
 from __future__ import annotations
 
 import difflib
+import glob
 import gc
 import os
 import stat
@@ -65,7 +67,9 @@ def atomic_write(path, data: str | bytes | None = None, *,
     target = check_writable_target(path)
     mode = (stat.S_IMODE(target.stat().st_mode) if target.exists()
             else 0o666 & ~_umask())
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    remove_stale_temporaries(target)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.{TMP_TAG}-{os.getpid()}-",
+                               suffix=".tmp")
     try:
         if writer is None:
             with os.fdopen(fd, "wb") as f:
@@ -86,6 +90,31 @@ def atomic_write(path, data: str | bytes | None = None, *,
             pass
         raise
     return target
+
+
+TMP_TAG = "perfcounter"  # .NAME.perfcounter-PID-XXXX.tmp: a write to NAME under way, by PID
+
+
+def remove_stale_temporaries(target: Path) -> list[Path]:
+    """Remove the temporaries that writes to `target` left behind when their process was
+    killed (SIGKILL, power loss): those whose writer's PID no longer runs. A write under way
+    in a live process keeps its file. Returns what was removed."""
+    removed = []
+    for tmp in target.parent.glob(f".{glob.escape(target.name)}.{TMP_TAG}-*-*.tmp"):
+        pid = tmp.name[len(f".{target.name}.{TMP_TAG}-"):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # its writer is gone
+            try:
+                tmp.unlink()
+                removed.append(tmp)
+            except OSError:
+                pass
+        except (PermissionError, OverflowError):  # another user's live process, or no pid
+            pass
+    return removed
 
 
 def did_you_mean(value, choices: Iterable[str], n: int = 3, cutoff: float = 0.6,
