@@ -172,7 +172,9 @@ def test_missing_dtype_falls_back_to_the_compute_dtype_with_a_warning():
 @pytest.mark.parametrize("kwargs, match", [
     ({"bandwidth": -1.0}, "bandwidth must be a positive"),
     ({"bandwidth": True}, "bandwidth must be a number"),
-    ({"mem_pj_per_bit": -0.5}, "mem_pj_per_bit must be a non-negative"),
+    ({"mem_pj_per_bit": -0.5}, "mem_pj_per_bit must be a positive finite number, got -0.5"),
+    ({"mem_pj_per_bit": 0}, "mem_pj_per_bit must be a positive finite number, got 0"),
+    ({"host_to_device_pj_per_bit": -1}, "host_to_device_pj_per_bit must be a non-negative"),
     ({"dtype": "float33"}, "unknown dtype 'float33'; did you mean float32"),
 ])
 def test_constructor_rejects_bad_values(kwargs, match):
@@ -208,7 +210,8 @@ devices:
 @pytest.mark.parametrize("entry, expect", [
     ("    bandwith_GBs: 1000\n", ["unknown field 'bandwith_GBs'", "did you mean 'bandwidth_GBs'"]),
     ("    tdp_W: fast\n", ["field 'tdp_W'", "got 'fast'", "expected a positive number"]),
-    ("    mem_pj_per_bit: -3\n", ["field 'mem_pj_per_bit'", "got -3", "non-negative"]),
+    ("    mem_pj_per_bit: -3\n", ["field 'mem_pj_per_bit'", "got -3", "positive number"]),
+    ("    mem_pj_per_bit: 0\n", ["field 'mem_pj_per_bit'", "got 0", "positive number"]),
     ("    tflops: {bfloat16: 0}\n", ["field 'tflops.bfloat16'", "got 0", "positive number"]),
     ("    aliases: 7\n", ["field 'aliases'", "got 7", "list of non-empty strings"]),
     ("    dtype: int8\n", ["field 'dtype'", "got 'int8'", "one of the tflops dtypes"]),
@@ -520,7 +523,10 @@ def test_the_constructor_is_the_one_number_check_and_names_the_field():
     assert (info.value.field, info.value.dtype) == ("flops_by_dtype", torch.bfloat16)
     assert info.value.expected == "a positive number"
     assert "flops_by_dtype[bfloat16] must be a positive finite number, got 0" in str(info.value)
-    DeviceSpec(name="x", pj_per_flop_by_dtype={"bf16": 0})  # 0 pJ/FLOP is allowed
+    with pytest.raises(DeviceSpecError, match=r"pj_per_flop_by_dtype\[bfloat16\] must be a "
+                                              "positive finite number, got 0"):
+        DeviceSpec(name="x", pj_per_flop_by_dtype={"bf16": 0})  # no FLOP is free: "0 J" unsaid
+    DeviceSpec(name="x", host_to_device_pj_per_bit=0)  # a link on the same package may be
 
 
 def test_from_dict_beside_to_dict(monkeypatch):

@@ -105,3 +105,19 @@ def test_integer_ops_use_the_compute_dtype_silently(pim, recwarn):
     assert s.energy.compute_j == pytest.approx(6 * 0.4e-12)
     assert s.roofline.compute_s == pytest.approx(6 / 20e12)
     assert not [w for w in recwarn if "int64" in str(w.message)]
+
+
+def test_one_fallback_rule_for_a_missing_pj_per_flop(monkeypatch):
+    import perfcounter.devices.spec as spec_module
+    monkeypatch.setattr(spec_module, "_warned", set())
+    # the compute dtype is bfloat16, the table has float32 only: every dtype without its own
+    # figure uses the compute dtype's, else the first listed (here float32's 84.6 pJ)
+    spec = DeviceSpec(name="cpu-by-hand", bandwidth=50e9, flops_per_s=1e12, dtype=torch.bfloat16,
+                      mem_pj_per_bit=20.0, pj_per_flop_by_dtype={"float32": 84.6})
+    with pytest.warns(UserWarning, match="no pJ/FLOP figure for bfloat16; using its float32"):
+        assert spec.pj_per_flop(torch.bfloat16) == 84.6
+    assert spec.pj_per_flop("int8") == 84.6
+    stats = PerformanceStats("decode", 1, trace=decode_trace(), device_spec=spec)
+    # 16,384 FLOPs * 84.6 pJ = 1.386 µJ, + 16,768 B * 8 * 20 pJ = 2.683 µJ -> 4.069 µJ
+    assert stats.energy.compute_j == pytest.approx(16_384 * 84.6e-12)
+    assert stats.energy_j == pytest.approx(16_384 * 84.6e-12 + 16_768 * 8 * 20e-12)

@@ -44,10 +44,11 @@ def _warn_once(kind: str, spec: "DeviceSpec", dtype, used) -> None:
 _POSITIVE = ("bandwidth", "flops_per_s", "vram", "roofline_balancepoint", "cache_bytes",
              "host_to_device_bw", "device_to_host_bw", "device_link_bw", "interconnect_bw",
              "softmax_ns_per_element", "silu_ns_per_element", "rmsnorm_ns_per_element", "tdp_w",
-             "flops_by_dtype")
-_NON_NEGATIVE = ("mem_pj_per_bit", "host_to_device_pj_per_bit", "device_to_host_pj_per_bit",
-                 "device_link_pj_per_bit", "interconnect_pj_per_bit", "static_w",
-                 "pj_per_flop_by_dtype")
+             "flops_by_dtype",
+             # energy of memory traffic and of a FLOP: never free (0 would print "0 J" silently)
+             "mem_pj_per_bit", "pj_per_flop_by_dtype")
+_NON_NEGATIVE = ("host_to_device_pj_per_bit", "device_to_host_pj_per_bit",
+                 "device_link_pj_per_bit", "interconnect_pj_per_bit", "static_w")
 _FRACTIONS = ("peak_fraction",)
 _TABLES = ("flops_by_dtype", "pj_per_flop_by_dtype")
 _EXPECTED = {"positive": "a positive number", "non-negative": "a non-negative number",
@@ -56,11 +57,13 @@ _EXPECTED = {"positive": "a positive number", "non-negative": "a non-negative nu
 PROFILES = {"upmem": "a simulator profile of the UPMEM LLM framework (its defaults apply)"}
 # the op classes a prediction prices apart (predict.py), and the two ways a program runs
 OP_CLASSES = ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing")
-EXECUTIONS = ("eager", "compiled")
+EXECUTIONS = ("eager", "compiled", "cudagraphs")
 # op_overhead_s keys: an execution, or "eager_cold": eager when each layer's weights have just
 # streamed through the caches (a model larger than the cache), which evicts the Python and
 # dispatcher state the next op needs
-OVERHEADS = (*EXECUTIONS, "eager_cold")
+# or "gemv_row_<dtype>": seconds per weight row of a GEMV (op_rates.gemv_row_seconds)
+OVERHEADS = (*EXECUTIONS, "eager_cold", "gemv_row_float32", "gemv_row_bfloat16",
+             "gemv_row_float16")
 CURVE_POINT = ("working_set_bytes", "warm_bytes_per_s", "cold_bytes_per_s", "flops_per_s")
 
 
@@ -116,6 +119,7 @@ class DeviceSpec:
     op_curves: dict = field(default_factory=dict)  # {op class: {dtype name: (CURVE_POINT, ...)}}
     cache_bytes: float | None = None  # last-level cache; a phase that fits runs warm
     matmul_rows: dict = field(default_factory=dict)  # {dtype name: {rows: FLOP/s}}
+    calibration_check: dict = field(default_factory=dict)  # calibrate's checks (calibrate.py)
     source: dict = field(default_factory=dict)  # field name -> citation
     aliases: tuple = ()
     cuda_names: tuple = ()  # names or globs matched against torch.cuda.get_device_name()
@@ -312,20 +316,21 @@ class DeviceSpec:
     def pj_per_flop(self, dtype=None) -> float | None:
         """Energy per FLOP in pJ at `dtype`; None when the spec gives none.
 
-        NB: a dtype without its own figure uses the compute dtype's figure
-        (with a warning once per device and dtype), as the UPMEM profiles price
-        every FLOP alike.
+        NB: the one fallback rule, everywhere energy is priced: a dtype without
+        its own figure uses the compute dtype's, else the first the spec lists
+        (one warning line per device and dtype), as the UPMEM profiles price
+        every FLOP alike; None only when the spec has no pJ/FLOP at all.
         """
-        if dtype is None and self.dtype is None:
+        table = self.pj_per_flop_by_dtype
+        if (dtype is None and self.dtype is None) or not table:
             return None
         key = rate_key(self.dtype if dtype is None else dtype)
-        if key in self.pj_per_flop_by_dtype:
-            return self.pj_per_flop_by_dtype[key]
+        if key in table:
+            return table[key]
         own = None if self.dtype is None else rate_key(self.dtype)
-        if own in self.pj_per_flop_by_dtype:
-            _warn_once("pJ/FLOP", self, key, self.dtype)
-            return self.pj_per_flop_by_dtype[own]
-        return None
+        used = own if own in table else next(iter(table))
+        _warn_once("pJ/FLOP", self, key, used)
+        return table[used]
 
     def with_dtype(self, dtype) -> "DeviceSpec":
         """This device computing in `dtype`: flops_per_s and the balance point follow."""
