@@ -436,7 +436,8 @@ def test_device_names_resolve_as_upmem_writes_them():
 @pytest.mark.parametrize("mapping, match", [
     ({"a": "dev-c"}, r"mapping entry 'a': unknown device 'dev-c'; did you mean .*dev-a"),
     ({"a": "dev-a,x"}, r"mapping entry 'a': unknown option 'x' in 'dev-a,x'; valid options: t"),
-    ({"a": "dev-a,tp=0"}, r"mapping entry 'a': 'tp=0' needs a whole number >= 1"),
+    ({"a": "dev-a,tp=0"}, r"mapping entry 'a': 'tp=0' needs a whole number from 1 to 4,096"),
+    ({"a": "dev-a,tp=1000000000"}, r"'tp=1000000000' needs a whole number from 1 to 4,096"),
     ({"a": "dev-a,tp=two"}, r"'tp=two' needs a whole number"),
     ({"a": ""}, r"mapping entry 'a': expected 'device\[,options\]' as a string, got ''"),
     ({"a": 3}, r"mapping entry 'a': expected 'device\[,options\]' as a string, got 3"),
@@ -474,8 +475,17 @@ def test_bad_files_and_options(two, tmp_path):
         sim(two, {"a": "dev-a"}, peak_fraction={"dev-a": 1.5})
     with pytest.raises(MappingError, match=r"unknown phase 'prefill'; phases: decode"):
         sim(two, {"a": "dev-a"}, labels=["prefill"])
-    with pytest.raises(MappingError, match=r"device_link: expected Link"):
+    with pytest.raises(MappingError, match=r"device_link: a link's bandwidth must be a finite "
+                                           r"number of B/s > 0, got 0"):
         sim(two, {"a": "dev-a"}, device_link=(0, 1))
+    with pytest.raises(MappingError, match=r"interconnect: a link's bandwidth must be a finite "
+                                           r"number of B/s > 0, got inf"):
+        sim(two, {"a": "dev-a"}, interconnect=(float("inf"), 1))
+    with pytest.raises(MappingError, match=r"device_link: a link's energy must be a finite number "
+                                           r"of pJ/bit >= 0 \(or unknown\), got -1"):
+        sim(two, {"a": "dev-a"}, device_link=(1e9, -1))
+    with pytest.raises(MappingError, match=r"device_link: expected Link"):
+        sim(two, {"a": "dev-a"}, device_link=(1e9,))
     with pytest.raises(TypeError, match=r"simulate\(\) takes a TransformerPerformanceCounter"):
         simulate(42)
     with pytest.raises(MappingError, match=r"^--default_device: unknown device 'dev-z'"):
@@ -549,7 +559,7 @@ def test_cli_simulate_writes_json_and_exits_2_on_errors(tmp_path, capsys):
     config, out = _config(tmp_path), tmp_path / "sim.json"
     mapping = tmp_path / "map.yaml"
     mapping.write_text("wqkv: PIM-AI-4chip,t\nwo: PIM_AI_4chip\noutput: H100,t\n")
-    argv = ["simulate", "--config", str(config), "--mapping", str(mapping), "--prompt_length",
+    argv = ["simulate", "--model", str(config), "--mapping", str(mapping), "--prompt_length",
             "5", "--max_new_tokens", "3", "--precision", "float32", "--save_path", str(out),
             "--print_log_summary", "--report_layers", "--print_log", "--report_functions"]
     assert main(argv=argv) == 0
@@ -582,7 +592,7 @@ def test_cli_device_figures_from_yaml_and_options_overriding_them(tmp_path, caps
     mapping = tmp_path / "map.yaml"
     mapping.write_text(f"Attention: '{devs}:link-a'\nFeedForward: '{devs}:link-b'\n")
     out = tmp_path / "sim.json"
-    argv = ["simulate", "--config", str(_config(tmp_path)), "--mapping", str(mapping),
+    argv = ["simulate", "--model", str(_config(tmp_path)), "--mapping", str(mapping),
             "--prompt_length", "5", "--max_new_tokens", "2", "--precision", "float32",
             "--save_path", str(out)]
 
@@ -611,7 +621,7 @@ def test_cli_device_figures_from_yaml_and_options_overriding_them(tmp_path, caps
 def test_cli_search_prints_a_mapping_file(tmp_path, capsys):
     from perfcounter.cli.main import main
     saved = tmp_path / "best.yaml"
-    argv = ["simulate", "--config", str(_config(tmp_path)), "--prompt_length", "5",
+    argv = ["simulate", "--model", str(_config(tmp_path)), "--prompt_length", "5",
             "--max_new_tokens", "2", "--precision", "float32", "--search", "latency",
             "--devices", "PIM-AI-4chip,H100", "--save_mapping", str(saved)]
     with warnings.catch_warnings():

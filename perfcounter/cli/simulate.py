@@ -6,10 +6,12 @@
     perfcounter simulate --model llama-2-7b --hf --search energy \\
         --devices Snapdragon8gen3,PIM-AI-4chip --max_latency_ms 100
 
-The model: a preset (--model) or a config.json (--config) counted with no
-weights under FakeTensorMode, a checkpoint (--checkpoint_path, a real run on
-this machine, as generate.py loads it), or a counter saved by
-`TransformerPerformanceCounter.to_json` (--counts). --hf builds transformers'
+The model (--model, the shared flags of cli/flags.py): a preset or a config.json
+counted with no weights under FakeTensorMode (one layer per kind and three decode
+steps counted, the rest derived), a checkpoint (a real run on this machine, as
+generate.py loads it), or a counter saved by `TransformerPerformanceCounter.to_json`
+(--counts). --device_spec runs the modules the mapping does not place (as
+--default_device). --hf builds transformers'
 own model class, so that module names are Hugging Face's (q_proj, lm_head,
 LlamaRMSNorm: the names UPMEM's mappings use); without it perfcounter's gpt-fast
 model runs (wqkv, wo, w1, w2, w3, output, RMSNorm). `cli.py` registers
@@ -27,24 +29,27 @@ each spec's interconnect (placement.py's doc has the full order).
 """
 from __future__ import annotations
 
+import math
 import warnings
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from perfcounter._util import atomic_write, check_writable_target
+from perfcounter._util import atomic_write
+from perfcounter.cli.flags import PRECISIONS, add_model_flags, add_output, model_source
 from perfcounter.counter import TransformerPerformanceCounter
-from perfcounter.generation.config_only import count_config_only, count_hf_config, greedy_generate
+from perfcounter.generation.config_only import count_hf_config, greedy_generate
+from perfcounter.generation.derive import count_generation
 from perfcounter.models.args import ModelArgs
-from perfcounter.models.loading import load_hf_model, load_model, read_config
+from perfcounter.models.loading import fake_model, load_hf_model, load_model, read_config
 from perfcounter.models.tokenizer import cache_keyword
-from perfcounter.report.plots import check_outputs, write_outputs
+from perfcounter.quant import quantize as quantization
+from perfcounter.report.plots import check_outputs, source_name, write_outputs
 from perfcounter.simulation.links import Link
 from perfcounter.simulation.placement import MappingError
 from perfcounter.simulation.run import simulate
 from perfcounter.simulation.search import search_mapping
-
-PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 class _HFAdapter:
@@ -69,10 +74,12 @@ def count(args):
     """A TransformerPerformanceCounter holding the phases the flags ask for."""
     if args.counts is not None:
         return TransformerPerformanceCounter.from_json(args.counts)
-    if args.precision not in PRECISIONS:
-        raise MappingError(f"unknown --precision {args.precision!r}; "
-                           f"valid: {', '.join(PRECISIONS)}")
     dtype = PRECISIONS[args.precision]
+    if args.model is not None and args.checkpoint_path is None and args.config is None:
+        kind = model_source(args.model)  # --model names a preset, a config or a checkpoint
+        if kind != "preset":
+            setattr(args, "config" if kind == "config" else "checkpoint_path", args.model)
+            args.model = None
     sizes = dict(batch_size=args.batch_size, prompt_length=args.prompt_length,
                  max_new_tokens=args.max_new_tokens)
     if min(sizes.values()) < 1:
@@ -80,16 +87,24 @@ def count(args):
                            f"got {args.batch_size}, {args.prompt_length}, {args.max_new_tokens}")
     counter = TransformerPerformanceCounter(depth=args.depth)
     if args.checkpoint_path is None and args.model is None and args.config is None:
-        raise MappingError("give the model: --model NAME, --config config.json, "
-                           "--checkpoint_path PATH or --counts counts.json")
+        raise MappingError("give the model: --model PRESET|config.json|CHECKPOINT, or a "
+                           "saved count: --counts counts.json")
+    scheme = quantization.resolve_scheme(args.quantize, args.weight_dtype, args.group_size)
+    kv = quantization.parse_kv_dtype(args.kv_dtype)
+    if (scheme is not None or kv is not None) and (args.hf or args.checkpoint_path is not None):
+        raise MappingError("--quantize, --weight_dtype and --kv_dtype price perfcounter's model "
+                           "counted from a config: leave out --hf and checkpoints")
     if args.checkpoint_path is not None:
         _count_checkpoint(args, counter, dtype, sizes)
     elif args.hf:
         count_hf_config(args.config if args.config is not None else args.model, counter,
-                        dtype=dtype, cache="static", **sizes)
+                        dtype=dtype, cache="static", derive=True, **sizes)
     else:
         model_args = read_config(args.config) if args.config else ModelArgs.from_name(args.model)
-        count_config_only(model_args, counter, dtype=dtype, **sizes)
+        make = None if scheme is None and kv is None else partial(fake_model, weights=scheme,
+                                                                     kv=kv, dtype=dtype)
+        count_generation(model_args, counter, dtype=dtype, generate=greedy_generate,
+                         make_model=make, **sizes)  # one layer per kind, three decode steps
     return counter
 
 
@@ -124,25 +139,22 @@ def _link(bw_gbs, pj, name: str):
         if pj is not None:
             raise MappingError(f"--{name}_pj_per_bit needs --{name}_GBs")
         return None
-    if not bw_gbs > 0:
-        raise MappingError(f"--{name}_GBs must be > 0, got {bw_gbs}")
-    return Link(bw_gbs * 1e9, pj)
+    if not math.isfinite(bw_gbs) or not bw_gbs > 0:
+        raise MappingError(f"--{name}_GBs must be a finite number > 0, got {bw_gbs}")
+    try:
+        return Link(bw_gbs * 1e9, pj)
+    except MappingError as e:
+        raise MappingError(f"--{name}_pj_per_bit: {e}") from None
 
 
 def run(args) -> int:
 
-    for path in (args.save_path, args.save_mapping, args.save_counts):
-        if path is not None:  # fail before a long count, not after
-            try:
-                check_writable_target(path)
-            except OSError as exc:
-                raise MappingError(str(exc)) from None
-    outputs = check_outputs(args.plot, args.trace)  # --plot DIR, --trace FILE
+    outputs = check_outputs(args.plot, args.trace)  # paths checked while parsing; matplotlib
     if args.search is None and args.devices:
         raise MappingError("--devices goes with --search energy|latency")
     if args.search is not None and args.mapping is not None:
         raise MappingError("--search finds a mapping: leave out --mapping")
-    kwargs = dict(host=args.host, default_device=args.default_device,
+    kwargs = dict(host=args.host, default_device=args.default_device or args.device_spec,
                   elementwise_model=args.elementwise_model, overlap=args.overlap,
                   peak_fraction=_peak_fraction(args.peak_fraction),
                   device_link=_link(args.device_link_GBs, args.device_link_pj_per_bit,
@@ -172,7 +184,8 @@ def run(args) -> int:
     if args.save_path is not None:
         sim.to_json(args.save_path)
         print(f"\nwrote {args.save_path}")
-    write_outputs(outputs, sim)  # bars by module kind per device; a track per device
+    write_outputs(outputs, sim, name=source_name("simulate", args.model or args.config or
+                                                 args.checkpoint_path or args.counts))
     return 0
 
 
@@ -180,18 +193,12 @@ def add_parser(sub) -> None:
     """Register `perfcounter simulate` on the command's subparsers."""
     p = sub.add_parser("simulate", help="place layers on devices (UPMEM's layer mapping) and "
                        "price time and energy per phase", description=__doc__.split("\n\n")[0])
+    add_model_flags(p, legacy_paths=True)
     g = p.add_argument_group("model")
-    g.add_argument("--model", help="a preset name (config only, no weights)")
-    g.add_argument("--config", type=Path, help="config.json, ours or Hugging Face's")
-    g.add_argument("--checkpoint_path", type=Path, help="weights: a real run on this machine")
     g.add_argument("--counts", type=Path, help="a counter saved with to_json or --save_counts: "
                    "price it, don't count")
-    g.add_argument("--save_counts", type=Path, help="write the counts (JSON) for later --counts")
+    add_output(g, "--save_counts", help="write the counts (JSON) for later --counts")
     g.add_argument("--hf", action="store_true", help="transformers' model class and names")
-    g.add_argument("--prompt_length", type=int, default=64)
-    g.add_argument("--max_new_tokens", type=int, default=16)
-    g.add_argument("--batch_size", type=int, default=1)
-    g.add_argument("--precision", default="bfloat16", help=", ".join(PRECISIONS))
     g.add_argument("--depth", type=int, default=10, help="module depth the counter tracks")
     g = p.add_argument_group("placement")
     g.add_argument("--mapping", help="YAML/JSON file (or inline {key: 'device[,t][,m][,tp=N]'})")
@@ -218,15 +225,13 @@ def add_parser(sub) -> None:
                    help="find the mapping of module kinds to --devices that minimizes this")
     g.add_argument("--devices", help="comma-separated devices for --search")
     g.add_argument("--max_latency_ms", type=float, help="bound on decode ms per token")
-    g.add_argument("--save_mapping", type=Path, help="write the mapping found (YAML)")
+    add_output(g, "--save_mapping", help="write the mapping found (YAML)")
     g = p.add_argument_group("output")
     g.add_argument("--report_layers", action="store_true", help="each layer: device, params, input")
     g.add_argument("--report_functions", action="store_true", help="per aten op and device")
     g.add_argument("--print_log", action="store_true", help="time-ordered per-layer rows")
     g.add_argument("--print_log_summary", action="store_true", help="per phase and device")
-    g.add_argument("--save_path", type=Path, help="write the simulation as JSON (atomically)")
-    g.add_argument("--plot", type=Path, metavar="DIR", help="write time and energy by module "
-                   "kind per phase and device (PNG and SVG; needs matplotlib)")
-    g.add_argument("--trace", type=Path, metavar="FILE", help="write a Chrome / Perfetto trace, "
-                   "one track per device (JSON)")
+    add_output(g, "--plot", folder=True, help="write time and energy by module kind per phase "
+               "and device (PNG and SVG; needs matplotlib)")
+    add_output(g, "--trace", help="write a Chrome / Perfetto trace, one track per device (JSON)")
     p.set_defaults(run=run)

@@ -6,11 +6,12 @@ the devices' own figures, and answers which link two devices, or one group, use.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 
 from perfcounter._util import PerfcounterWarning
-from perfcounter.simulation.placement import Device
+from perfcounter.simulation.placement import Device, MappingError
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +20,17 @@ class Link:
 
     bw: float
     pj_per_bit: float | None = None
+
+    def __post_init__(self):
+        if isinstance(self.bw, bool) or not isinstance(self.bw, (int, float)) \
+                or not math.isfinite(self.bw) or self.bw <= 0:
+            raise MappingError(f"a link's bandwidth must be a finite number of B/s > 0, "
+                               f"got {self.bw!r:.40}")
+        if self.pj_per_bit is not None and (
+                isinstance(self.pj_per_bit, bool) or not isinstance(self.pj_per_bit, (int, float))
+                or not math.isfinite(self.pj_per_bit) or self.pj_per_bit < 0):
+            raise MappingError(f"a link's energy must be a finite number of pJ/bit >= 0 (or "
+                               f"unknown), got {self.pj_per_bit!r:.40}")
 
 
 @dataclass(frozen=True, slots=True)

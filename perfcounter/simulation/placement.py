@@ -60,6 +60,7 @@ from perfcounter.strict_yaml import DuplicateKey, load_yaml
 
 HOST = "host"
 OPTION_HELP = "t (transfer point), m (MoE transfer point), tp=N (tensor parallel degree)"
+MAX_TP = 4096  # devices in one tensor-parallel group: beyond any machine a mapping prices
 
 
 class MappingError(ValueError):
@@ -119,9 +120,9 @@ def parse_value(key: str, value) -> Assignment:
     for opt in opts:
         if opt.lower().startswith("tp="):
             text = opt[3:].strip()
-            if not text.isdigit() or int(text) < 1:
-                raise MappingError(f"mapping entry {key!r}: {opt!r} needs a whole number >= 1 "
-                                   f"(tp=2); valid options: {OPTION_HELP}")
+            if not text.isdigit() or not 1 <= int(text) <= MAX_TP:
+                raise MappingError(f"mapping entry {key!r}: {opt!r} needs a whole number from 1 "
+                                   f"to {MAX_TP:,} (tp=2); valid options: {OPTION_HELP}")
             tp = int(text)
         elif opt and set(opt.lower()) <= {"t", "m"}:
             transfer |= "t" in opt.lower()

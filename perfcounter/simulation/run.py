@@ -301,8 +301,11 @@ def _device_figures(dev: Device) -> dict:
 def _link(value, name: str) -> Link | None:
     if value is None or isinstance(value, Link):
         return value
-    if isinstance(value, (tuple, list)) and len(value) == 2 and value[0] and value[0] > 0:
-        return Link(float(value[0]), None if value[1] is None else float(value[1]))
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        try:
+            return Link(*value)
+        except MappingError as e:
+            raise MappingError(f"{name}: {e}") from None
     raise MappingError(f"{name}: expected Link(bw B/s > 0, pJ/bit) or (bw, pJ/bit), "
                        f"got {value!r}")
 
