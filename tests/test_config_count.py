@@ -226,7 +226,7 @@ def test_cli_count_and_profile(llama_dir, capsys, tmp_path):
                      "--attr", "params", "--phase", "prefill"]) == 0
     assert "    PARAMS:   6144" in capsys.readouterr().out  # the saved count keeps its modules
     assert cli(argv=["profile", "--scope", "attn"]) == 2
-    assert "give the model to count, --config, or a saved count" in capsys.readouterr().err
+    assert "give the model to count, --model, or a saved count" in capsys.readouterr().err
     assert cli(argv=["count", "--config", "llama-2-7x"]) == 2
     assert "did you mean llama-2-7b" in capsys.readouterr().err
 

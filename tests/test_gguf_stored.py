@@ -144,7 +144,7 @@ def test_price_as_bad_input(tiny_gguf, capsys):
     with pytest.raises(ValueError, match="price_as 'float' is not valid"):
         load_model(tiny_gguf, price_as="float")
     from perfcounter.cli.main import main  # the `perfcounter` command
-    assert main(argv=["count", "--config", str(tiny_gguf), "--price_as", "bogus"]) == 2
+    assert main(argv=["count", "--model", str(tiny_gguf), "--price_as", "bogus"]) == 2
     assert capsys.readouterr().err.strip() == ("perfcounter count: error: price_as 'bogus' is "
                                                "not valid; valid: stored, executed")
 

@@ -179,7 +179,7 @@ def test_cli_graph_writes_every_format(tmp_path, capsys):
     assert (doc["stats"]["nodes"], doc["stats"]["edges"]) == (34, 44)  # as counted above
     assert doc["stats"]["measured_s"] is None  # fake tensors: nothing measured
     assert "module graph: 34 nodes, 44 edges" in capsys.readouterr().out
-    assert main(argv=["graph", "--config", str(config), "--phase", "decode", "--level",
+    assert main(argv=["graph", "--model", str(config), "--phase", "decode", "--level",
                       "module", "--device_spec", "h100-sxm"]) == 0
     assert "## Edges" in capsys.readouterr().out
 
@@ -189,6 +189,6 @@ def test_cli_graph_writes_every_format(tmp_path, capsys):
     (["--format", "png"], "--format 'png'"),
 ])
 def test_cli_graph_bad_input(flags, message, capsys):
-    assert main(argv=["graph", "--config", "llama-2-7b", *flags]) == 2
+    assert main(argv=["graph", "--model", "llama-2-7b", *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1

@@ -96,7 +96,7 @@ def test_a_device_that_does_not_exist_is_one_line(monkeypatch, device, expect):
 
 def test_the_command_refuses_a_missing_gpu_before_counting(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert main(argv=["op-bench", "--config", "smollm2-135m", "--device", "cuda"]) == 2
+    assert main(argv=["op-bench", "--model", "smollm2-135m", "--device", "cuda"]) == 2
     assert capsys.readouterr().err == ("perfcounter op-bench: error: cannot benchmark ops on "
                                        "device 'cuda': no CUDA GPU is available here "
                                        "(valid: cpu)\n")

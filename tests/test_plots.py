@@ -72,14 +72,15 @@ def test_kind_rows_add_up_to_the_prediction_and_the_energy(counted):
 def test_write_plots_writes_png_and_svg(counted, tmp_path):
     files = write_plots(tmp_path, counted, ["h100-sxm", "pim-ai-4chip"])
     names = sorted(p.name for p in files)
-    # 2 rooflines + time + energy, each twice = 8
-    assert names == sorted(f"{n}.{ext}" for n in ("roofline_h100-sxm", "roofline_pim-ai-4chip",
-                                                  "time_by_kind", "energy_by_kind")
-                           for ext in ("png", "svg"))
+    # 2 rooflines + time + energy, each twice = 8; the names say the source and the devices
+    assert names == sorted(f"{n}.{ext}" for n in (
+        "count_h100-sxm_roofline", "count_pim-ai-4chip_roofline",
+        "count_h100-sxm+pim-ai-4chip_time_by_kind", "count_h100-sxm+pim-ai-4chip_energy_by_kind")
+        for ext in ("png", "svg"))
     for p in files:
         data = p.read_bytes()
         assert data.startswith(PNG) if p.suffix == ".png" else b"<svg" in data[:2000]
-    svg = (tmp_path / "roofline_h100-sxm.svg").read_text()
+    svg = (tmp_path / "count_h100-sxm_roofline.svg").read_text()
     assert "h100-sxm" in svg and "prefill (predicted)" in svg  # fonts as text: labels readable
     assert not list(tmp_path.glob(".*.tmp"))  # written atomically, nothing left over
 
@@ -98,9 +99,9 @@ def test_roofline_points_at_predicted_or_measured_flops(counted, tmp_path):
     assert phase[3] < flops / stats.on(spec).roofline.ops_s  # below the roofline's point
     label, _, _, y = _points(stats, spec, {"prefill": 1e-3}, top=3)[0]
     assert (label, y) == ("prefill (measured)", pytest.approx(flops / 1e-3))  # 1 ms given
-    write_plots(tmp_path, counted, ["h100-sxm"])
-    assert "predicted time" in (tmp_path / "time_by_kind.svg").read_text()  # the axis says so
-    assert "predicted time" not in (tmp_path / "energy_by_kind.svg").read_text()
+    write_plots(tmp_path, counted, ["h100-sxm"], name="tiny")
+    assert "predicted time" in (tmp_path / "tiny_h100-sxm_time_by_kind.svg").read_text()  # axis
+    assert "predicted time" not in (tmp_path / "tiny_h100-sxm_energy_by_kind.svg").read_text()
 
 
 def test_simulation_bars(counted, tmp_path):
@@ -113,7 +114,10 @@ def test_simulation_bars(counted, tmp_path):
     for label, phase in sim.phases.items():  # the log rows are the phase's time, no overlap
         total = sum(r["time_s"] for r in rows if r["phase"] == label)
         assert total == pytest.approx(phase.time_s)
-    assert len(write_plots(tmp_path, sim)) == 4  # time and energy bars, PNG and SVG
+    files = write_plots(tmp_path, sim)  # time and energy bars, PNG and SVG
+    assert sorted(p.name for p in files) == sorted(
+        f"simulate_host+pim-ai-4chip_{m}_by_kind.{ext}" for m in ("time", "energy")
+        for ext in ("png", "svg"))
 
 
 def test_sweep_plots(tmp_path):
@@ -121,7 +125,7 @@ def test_sweep_plots(tmp_path):
                  j_per_token=t * 10) for b in (1, 8) for d, t in (("a", 1e-3), ("b", 2e-3))
             for p in ("prefill", "decode")]
     assert sorted(p.name for p in sweep_plots(tmp_path, rows)) == [
-        "sweep_energy.png", "sweep_energy.svg", "sweep_latency.png", "sweep_latency.svg"]
+        f"sweep_m_a+b_{m}.{ext}" for m in ("energy", "latency") for ext in ("png", "svg")]
 
 
 def test_cli_count_plot_and_trace(tmp_path, capsys):
@@ -134,7 +138,9 @@ def test_cli_count_plot_and_trace(tmp_path, capsys):
     assert main(argv=["count", "--config", str(config), "--prompt_length", "4", "--new_tokens",
                       "2", "--device_spec", "h100-sxm", "--plot", str(out), "--trace",
                       str(tmp_path / "t.json")]) == 0
-    assert (out / "roofline_h100-sxm.png").is_file() and (out / "time_by_kind.svg").is_file()
+    stem = f"count_{tmp_path.name}_h100-sxm"  # the command, the config's folder, the device
+    assert (out / f"{stem}_roofline.png").is_file()  # plots/ made when written
+    assert (out / f"{stem}_time_by_kind.svg").is_file()
     doc = json.loads((tmp_path / "t.json").read_text())
     assert [e["name"] for e in doc["traceEvents"] if e.get("cat") == "phase"] == ["prefill",
                                                                                  "decode"]
@@ -144,12 +150,13 @@ def test_cli_count_plot_and_trace(tmp_path, capsys):
 @pytest.mark.parametrize("flags, message", [
     (["--plot", "/nonexistent/dir/plots"], "--plot /nonexistent/dir/plots: folder "),
     (["--plot", "/etc/hostname"], "not a directory"),
-    (["--trace", "/nonexistent/t.json"], "--trace /nonexistent/t.json: cannot write"),
+    (["--trace", "/nonexistent/t.json"], "--trace /nonexistent/t.json: folder /nonexistent "
+                                         "does not exist"),
     (["--trace", "/dev/null"], "not a regular file"),
 ])
 @pytest.mark.parametrize("command", ["count", "simulate"])
 def test_bad_paths_fail_in_one_line(command, flags, message, capsys, tmp_path):
-    model = ["--config", "llama-2-7b"] if command == "count" else ["--model", "llama-2-7b"]
+    model = ["--model", "llama-2-7b"] if command == "count" else ["--model", "llama-2-7b"]
     assert main(argv=[command, *model, *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
@@ -167,7 +174,7 @@ def test_without_matplotlib(monkeypatch, tmp_path, capsys):
     with pytest.raises(PlotError, match=r"pip install 'perfcounter\[plot\]'"):
         check_outputs(tmp_path)
     assert check_outputs(None, tmp_path / "t.json") == (None, tmp_path / "t.json")  # no plot
-    assert main(argv=["count", "--config", "llama-2-7b", "--plot", str(tmp_path)]) == 2
+    assert main(argv=["count", "--model", "llama-2-7b", "--plot", str(tmp_path)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
 
 
@@ -179,5 +186,5 @@ def test_generate_flags(tmp_path):
         gen.main(model="llama-2-7b", quiet=True, plot=tmp_path / "no" / "such")
     gen.main(config=None, model="llama-2-7b", prompt_length=4, max_new_tokens=2, quiet=True,
              device_spec="h100-sxm", plot=tmp_path / "p", trace=tmp_path / "t.json")
-    assert (tmp_path / "p" / "roofline_h100-sxm.svg").is_file()
+    assert (tmp_path / "p" / "generate_llama-2-7b_h100-sxm_roofline.svg").is_file()
     assert json.loads((tmp_path / "t.json").read_text())["otherData"]["device"] == "h100-sxm"

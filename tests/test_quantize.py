@@ -284,7 +284,7 @@ def test_generate_quantization_arguments(kwargs, message):
 
 
 def test_cli_errors_are_one_line_exit_2(capsys):
-    assert cli_main(argv=["count", "--config", "smollm2-135m", "--quantize", "int4-256"]) == 2
+    assert cli_main(argv=["count", "--model", "smollm2-135m", "--quantize", "int4-256"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["perfcounter count: error: --quantize int4-256: group size 256 does not divide "
                    "in_features=576 of output; valid group sizes for this model: 32, 64"]

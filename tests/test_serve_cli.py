@@ -1,10 +1,10 @@
 """`perfcounter serve` (command.run): bad input in one line with exit code 2, outputs, views."""
-import argparse
 import csv
 import json
 
 import pytest
 
+from perfcounter.cli.main import build_parser
 from perfcounter.serve import command
 
 TINY = {"block_size": 1024, "vocab_size": 64, "n_layer": 2, "n_head": 4, "n_local_heads": 2,
@@ -19,9 +19,13 @@ def config(tmp_path_factory):
 
 
 def run(*argv):
-    parser = argparse.ArgumentParser()
-    command.add_arguments(parser)
-    return command.run(parser.parse_args([str(a) for a in argv]))
+    """`perfcounter serve` on an H100 unless the test names the device."""
+    device = [] if "--device_spec" in argv else ["--device_spec", "h100-sxm"]
+    try:  # a bad flag or output path is refused while parsing: one line, exit code 2
+        args = build_parser().parse_args(["serve", *device, *(str(a) for a in argv)])
+    except SystemExit as exc:
+        return exc.code
+    return command.run(args)
 
 
 def one_line_error(capsys, code):
@@ -47,7 +51,7 @@ def write(tmp_path, name, text):
 ])
 def test_bad_trace_files(tmp_path, capsys, config, rows, expected):
     trace = write(tmp_path, "t.csv", rows)
-    err = one_line_error(capsys, run("--config", config, "--trace_file", trace))
+    err = one_line_error(capsys, run("--model", config, "--trace_file", trace))
     assert expected in err
 
 
@@ -55,7 +59,7 @@ def test_bad_jsonl_trace(tmp_path, capsys, config):
     trace = write(tmp_path, "t.jsonl", '{"arrival_time": 0, "prompt_tokens": 4, '
                                        '"output_tokens": 2}\nnot json\n')
     assert "t.jsonl:2: not a JSON object" in one_line_error(
-        capsys, run("--config", config, "--trace_file", trace))
+        capsys, run("--model", config, "--trace_file", trace))
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -77,12 +81,12 @@ def test_bad_jsonl_trace(tmp_path, capsys, config):
     ((), "give a workload"),
 ])
 def test_bad_options(capsys, config, argv, expected):
-    assert expected in one_line_error(capsys, run("--config", config, *argv))
+    assert expected in one_line_error(capsys, run("--model", config, *argv))
 
 
 def test_a_workload_that_can_never_fit(capsys, config):
     # utilisation 1e-9 of 80 GB = 80 B holds no block at all
-    err = one_line_error(capsys, run("--config", config, "--qps", "5",
+    err = one_line_error(capsys, run("--model", config, "--qps", "5",
                                      "--gpu_memory_utilization", "1e-9"))
     assert "does not fit" in err
     # Llama-3-8B: 8,030,261,248 parameters x 2 B = 16.06 GB > 80 GB x 0.2 = 16 GB
@@ -92,16 +96,17 @@ def test_a_workload_that_can_never_fit(capsys, config):
 
 
 def test_bad_output_paths_before_the_work(capsys, config, tmp_path):
-    err = one_line_error(capsys, run("--config", config, "--qps", "5",
+    err = one_line_error(capsys, run("--model", config, "--qps", "5",
                                      "--save_path", tmp_path / "no" / "r.json"))
     assert "--save_path" in err
-    err = one_line_error(capsys, run("--config", config, "--qps", "5", "--plot", tmp_path / "x"))
-    assert "not an existing folder" in err
+    err = one_line_error(capsys, run("--model", config, "--qps", "5",
+                                     "--plot", tmp_path / "no" / "x"))
+    assert f"--plot {tmp_path / 'no' / 'x'}: folder {tmp_path / 'no'} does not exist" in err
 
 
 def test_one_result_and_its_files(capsys, config, tmp_path):
     out = {k: tmp_path / f"r.{k}" for k in ("json", "csv", "trace")}
-    code = run("--config", config, "--qps", "20", "--num_requests", "40", "--prompt_length", "64",
+    code = run("--model", config, "--qps", "20", "--num_requests", "40", "--prompt_length", "64",
                "--max_new_tokens", "8", "--slo", "ttft=1s,tpot=100ms", "--usd_per_hour", "2",
                "--save_path", out["json"], "--csv", out["csv"], "--trace", out["trace"])
     text = capsys.readouterr().out
@@ -125,19 +130,19 @@ def test_one_result_and_its_files(capsys, config, tmp_path):
 
 
 def test_sweep_compare_and_find_max_qps(capsys, config):
-    code = run("--config", config, "--qps", "10:40:3", "--num_requests", "30",
+    code = run("--model", config, "--qps", "10:40:3", "--num_requests", "30",
                "--device_spec", "h100-sxm,a100-sxm4-80gb", "--prompt_length", "32",
                "--max_new_tokens", "4")
     text = capsys.readouterr().out
     assert code == 0 and text.count("h100-sxm") >= 3 and text.count("a100-sxm4-80gb") >= 3
-    code = run("--config", config, "--find_max_qps", "--slo", "ttft=50ms,tpot=5ms",
+    code = run("--model", config, "--find_max_qps", "--slo", "ttft=50ms,tpot=5ms",
                "--num_requests", "60", "--prompt_length", "32", "--max_new_tokens", "4")
     text = capsys.readouterr().out
     assert code == 0 and "highest QPS meeting ttft=50ms,tpot=5ms" in text
 
 
 def test_plan_view(capsys, config):
-    assert run("--config", config, "--plan", "--prompt_length", "100", "--max_new_tokens",
+    assert run("--model", config, "--plan", "--prompt_length", "100", "--max_new_tokens",
                "28") == 0
     text = capsys.readouterr().out
     # 128 tokens of context = 8 blocks; KV 128 B a token (2 x 2 x 2 x 8 x 2 B)
@@ -146,10 +151,11 @@ def test_plan_view(capsys, config):
 
 def test_plots(capsys, config, tmp_path):
     pytest.importorskip("matplotlib")
-    code = run("--config", config, "--qps", "10,20", "--num_requests", "20", "--prompt_length",
+    code = run("--model", config, "--qps", "10,20", "--num_requests", "20", "--prompt_length",
                "32", "--max_new_tokens", "4", "--plot", tmp_path)
     capsys.readouterr()
     assert code == 0
     names = {p.name for p in tmp_path.iterdir()}
-    assert {"latency_cdf.png", "latency_cdf.svg", "throughput_latency.png",
-            "throughput_latency.svg"} <= names
+    stem = "serve_tiny_h100-sxm"  # what they show: the command, the model, the device
+    assert {f"{stem}_latency_cdf.png", f"{stem}_latency_cdf.svg",
+            f"{stem}_throughput_latency.png", f"{stem}_throughput_latency.svg"} <= names

@@ -1,9 +1,9 @@
 """`perfcounter graph`: the module graph and the op graph of one forward of a model known
 by its config (no weights, FakeTensorMode), exported as text, JSON and Graphviz DOT.
 
-    perfcounter graph --config llama-2-7b --hf --prompt_length 8 --out llama2
+    perfcounter graph --model llama-2-7b --hf --prompt_length 8 --out llama2
         # llama2_module.txt / .json / .dot and llama2_op.txt / .json / .dot
-    perfcounter graph --config path/to/config.json --phase decode --level module
+    perfcounter graph --model path/to/config.json --phase decode --level module
 
 `record_config` builds the model as `perfcounter count` does (config_only.py:
 transformers' class for a transformers config or with --hf, else perfcounter's
@@ -16,27 +16,30 @@ tensors: call graph.record_forward on a loaded model. `cli.py` registers
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 
-from perfcounter._util import atomic_write, check_writable_target
+from perfcounter._util import atomic_write
+from perfcounter.cli.flags import PRECISIONS, add_model_flags, add_output, check_output, config_of
 from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.generation.config_only import fake_hf_model, hf_config, resolve_config
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import fake_model
 from perfcounter.models.tokenizer import cache_keyword
+from perfcounter.quant import quantize as quantization
 from perfcounter.report.graph import Recording, module_graph, op_graph, record_forward
 
-PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 FORMATS = ("txt", "json", "dot")
 LEVELS = ("module", "op", "both")
 
 
 def record_config(config, *, batch_size: int = 1, prompt_length: int = 8,
                   phase: str = "prefill", dtype=torch.bfloat16, hf: bool = False,
-                  depth: int = 10) -> Recording:
-    """One recorded forward of the model for `config` (what count_config takes), no weights."""
+                  depth: int = 10, weights=None, kv=None) -> Recording:
+    """One recorded forward of the model for `config` (what count_config takes), no weights;
+    weights, kv: our model's linears and KV cache quantized (quantize.WeightScheme, "int8")."""
     if phase not in ("prefill", "decode"):
         raise ValueError(f"phase {phase!r}; expected prefill or decode")
     if min(batch_size, prompt_length) < 1:
@@ -46,7 +49,10 @@ def record_config(config, *, batch_size: int = 1, prompt_length: int = 8,
     ours = isinstance(resolved, ModelArgs) and not hf
     if isinstance(resolved, ModelArgs) and hf:
         resolved = hf_config(resolved)
-    model, fake_mode = fake_model(resolved, dtype=dtype) if ours else \
+    if (weights is not None or kv is not None) and not ours:
+        raise ValueError("--quantize, --weight_dtype and --kv_dtype price perfcounter's model: "
+                         "give a preset or our config.json, without --hf")
+    model, fake_mode = fake_model(resolved, dtype=dtype, weights=weights, kv=kv) if ours else \
         fake_hf_model(resolved, dtype=dtype)
     with fake_mode, torch.no_grad():
         prompt = torch.zeros(batch_size, prompt_length, dtype=torch.int64)
@@ -77,23 +83,23 @@ def run(args) -> int:
                          f"{', '.join(FORMATS)}")
     levels = ["module", "op"] if args.level == "both" else [args.level]
     files = _files(args.out, levels, formats) if args.out else []
-    for _, _, path in files:  # fail before counting, not after
-        try:
-            check_writable_target(path)
-        except OSError as exc:
-            raise ValueError(f"--out {args.out}: {exc}") from None
+    for _, _, path in files:  # fail before counting, not after (--out BASE itself was checked)
+        check_output(path, "--out")
     dtype = PRECISIONS[args.precision]
     spec = get_device_spec(args.device_spec, dtype=dtype) if args.device_spec \
         else default_device_spec(dtype)
     try:
-        rec = record_config(args.config, batch_size=args.batch_size,
+        rec = record_config(config_of(args.model), batch_size=args.batch_size,
                             prompt_length=args.prompt_length, phase=args.phase, dtype=dtype,
-                            hf=args.hf, depth=args.depth)
+                            hf=args.hf, depth=args.depth,
+                            weights=quantization.resolve_scheme(args.quantize, args.weight_dtype,
+                                                                args.group_size),
+                            kv=quantization.parse_kv_dtype(args.kv_dtype))
     except (KeyError, OSError) as exc:  # an unknown preset, a missing file: one line
         raise ValueError(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc)) from None
     graphs = {level: (module_graph if level == "module" else op_graph)(rec, spec)
               for level in levels}
-    print(f"{args.config}: one {args.phase} forward, batch {args.batch_size}, prompt "
+    print(f"{args.model}: one {args.phase} forward, batch {args.batch_size}, prompt "
           f"{args.prompt_length} tokens, {args.precision}, no weights (FakeTensorMode)")
     if not files:
         for level in levels:
@@ -106,6 +112,10 @@ def run(args) -> int:
         else:
             atomic_write(path, text())
         print(f"wrote {path}")
+    if args.save_path is not None:  # both graphs in one JSON document
+        atomic_write(args.save_path, json.dumps({level: g.to_dict() for level, g in graphs.items()},
+                                                indent=2) + "\n")
+        print(f"wrote {args.save_path}")
     for level in levels:
         s = graphs[level].stats()
         print(f"{level} graph: {s['nodes']} nodes, {s['edges']} edges")
@@ -116,23 +126,17 @@ def add_parser(sub) -> None:
     """Register `perfcounter graph` on the command's subparsers."""
     p = sub.add_parser("graph", help="module and op graphs of one forward (EdgeShard style): "
                        "text, JSON, DOT", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", required=True,
-                   help="a transformers config.json or folder, our ModelArgs config.json, "
-                        "or a preset name")
+    add_model_flags(p)
     p.add_argument("--hf", action="store_true", help="transformers' model for a preset too")
-    p.add_argument("--batch_size", type=int, default=1)
-    p.add_argument("--prompt_length", type=int, default=8)
     p.add_argument("--phase", default="prefill", choices=["prefill", "decode"],
-                   help="the forward recorded: the prefill, or one decode step after it")
-    p.add_argument("--precision", default="bfloat16", choices=list(PRECISIONS))
-    p.add_argument("--device_spec", default=None,
-                   help="predict times on this device (default: this machine's)")
+                   help="the forward recorded: the prefill, or one decode step after it "
+                        "(--max_new_tokens plays no part: one forward is recorded)")
     p.add_argument("--depth", type=int, default=10, help="module depth the counter tracks")
     p.add_argument("--level", default="both", choices=list(LEVELS),
-                   help="module graph, op graph, or both (default)")
+                   help="module graph, op graph, or both")
     p.add_argument("--format", default="txt,json,dot",
-                   help="comma-separated: txt (EdgeShard's text), json, dot (default: all)")
-    p.add_argument("--out", default=None,
-                   help="base path: writes BASE_module.txt, BASE_op.json, ... (default: print "
-                        "the text to stdout)")
+                   help="comma-separated: txt (EdgeShard's text), json, dot")
+    add_output(p, "--out", metavar="BASE",
+               help="base path: writes BASE_module.txt, BASE_op.json, ... (default: print "
+                    "the text to stdout)")
     p.set_defaults(run=run)

@@ -23,15 +23,18 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import json
 import sys
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import torch
 
 from perfcounter._util import atomic_write
+from perfcounter.cli.flags import PRECISIONS, add_model_flags, add_output, config_of
 from perfcounter.counter import TransformerPerformanceCounter
-from perfcounter.devices import get_device_spec
+from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.format import format_table, rate, scaled, si
 from perfcounter.generation.config_only import greedy_generate
 from perfcounter.generation.derive import count_generation
@@ -44,7 +47,6 @@ from perfcounter.simulation.placement import Mapping
 from perfcounter.simulation.run import simulate
 from perfcounter.trace import ROLES
 
-PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 HEAD = ["model", "batch", "prompt", "new", "device", "phase", "tokens", "GFLOPs", "per_op GB",
         "compulsory GB", "latency", "bound", "tokens/s", "J/token", "KV GB", "footprint GB",
         "memory GB", "fits"]
@@ -78,6 +80,8 @@ def parse_list(text: str, name: str, convert=str) -> list:
 
 
 def _model_args(name: str):
+    if Path(name).is_dir():  # a model folder: its config.json
+        return read_config(Path(name) / "config.json")
     return read_config(name) if name.endswith(".json") else ModelArgs.from_name(name)
 
 
@@ -106,7 +110,7 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
     combos = list(itertools.product(models, batch_sizes, prompt_lengths, new_tokens, schemes, kvs))
     if progress:
         from tqdm import tqdm  # deferred: optional (the progress extra)
-        combos = tqdm(combos, desc="sweep", unit="config", leave=False)
+        combos = tqdm(combos, desc="sweep", unit="config", leave=False, disable=False)
     itemsize = torch.tensor([], dtype=dtype).element_size()
     rows = []
     for name, batch, prompt, new, scheme, kv in combos:
@@ -175,25 +179,15 @@ def to_csv(rows: list[dict]) -> str:
 def add_parser(sub) -> None:
     p = sub.add_parser("sweep", help="count models config-only and price every combination "
                        "of batch, lengths and devices", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="presets or config.json files, comma-separated")
-    p.add_argument("--batch_size", default="1", help="comma-separated (default 1)")
-    p.add_argument("--prompt_length", default="128", help="comma-separated (default 128)")
-    p.add_argument("--max_new_tokens", default="128", help="comma-separated (default 128)")
-    p.add_argument("--device_spec", default="h100-sxm", help="registry names or YAML paths, "
-                   "comma-separated (default h100-sxm)")
+    add_model_flags(p, lists=True)
     p.add_argument("--mapping", default=None, help="layer -> device mapping (YAML/JSON): price "
                    "the placement, each --device_spec running the modules it does not place")
-    p.add_argument("--precision", default="bfloat16", choices=list(PRECISIONS))
-    p.add_argument("--quantize", default="none", help="weight schemes, comma-separated: none, "
-                   "int8, int4, int4-32, ... (perfcounter/quant/quantize.py; default none)")
-    p.add_argument("--kv_dtype", default="none", help="KV caches, comma-separated: none "
-                   "(the precision), int8, fp8")
     p.add_argument("--io_model", default="per_op", choices=["per_op", "compulsory"],
                    help="the bytes the roofline prices (both are listed)")
-    p.add_argument("--csv", default=None, help="write the rows as CSV (base units)")
-    p.add_argument("--markdown", default=None, help="write the table as markdown")
-    p.add_argument("--plot", default=None, metavar="DIR", help="write latency and J/token "
-                   "per device, phase and combination (PNG and SVG; needs matplotlib)")
+    add_output(p, "--csv", help="write the rows as CSV (base units)")
+    add_output(p, "--markdown", help="write the table as markdown")
+    add_output(p, "--plot", folder=True, help="write latency and J/token per device, phase "
+               "and combination (PNG and SVG; needs matplotlib)")
     p.set_defaults(run=run)
 
 
@@ -209,17 +203,27 @@ def run(args) -> int:
         mapping = Mapping.load(args.mapping)
     if args.plot is not None:  # checked before the sweep (and matplotlib with it)
         plot_dir = check_plot_dir(args.plot)
-    rows = sweep(parse_list(args.model, "model"),
-                 devices=parse_list(args.device_spec, "device_spec"),
-                 mapping=mapping, dtype=PRECISIONS[args.precision], io_model=args.io_model,
-                 progress=sys.stderr.isatty(), quantize=parse_list(args.quantize, "quantize"),
-                 kv_dtypes=[None if k == "none" else k for k in parse_list(args.kv_dtype,
+    if args.model is None:
+        raise ValueError("give the models: --model PRESET|config.json[,...]")
+    dtype = PRECISIONS[args.precision]
+    schemes = parse_list(args.quantize or "none", "quantize")
+    if args.weight_dtype is not None:  # one what-if layout beside --quantize's
+        schemes = [quantization.resolve_scheme(None, args.weight_dtype, args.group_size)]
+    rows = sweep([str(config_of(m)) for m in parse_list(args.model, "model")],
+                 devices=parse_list(args.device_spec or default_device_spec(dtype).name,
+                                    "device_spec"),
+                 mapping=mapping, dtype=dtype, io_model=args.io_model,
+                 progress=sys.stderr.isatty(),
+                 quantize=[None if q == "none" else q for q in schemes],
+                 kv_dtypes=[None if k == "none" else k for k in parse_list(args.kv_dtype or "none",
                                                                              "kv_dtype")], **pos)
     print(to_text(rows))
     if args.csv:
         atomic_write(args.csv, to_csv(rows))
     if args.markdown:
         atomic_write(args.markdown, to_text(rows, markdown=True) + "\n")
+    if args.save_path:
+        atomic_write(args.save_path, json.dumps(rows, indent=2, default=str) + "\n")
     if args.plot is not None:  # latency and J/token compared across devices
         for path in sweep_plots(plot_dir, rows):
             print(f"wrote {path}")

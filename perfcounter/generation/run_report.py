@@ -16,12 +16,15 @@ import torch
 
 from perfcounter.format import format_table, ratio, scaled, si
 from perfcounter.generation import speculative_cost
+from perfcounter.devices.calibration_check import describe_check
+from perfcounter.devices.registry import default_spec_and_why
+from perfcounter.generation.config_only import count_gguf
 from perfcounter.generation.run import Options
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import HFCausalLM
 from perfcounter.models.model import count_params
 from perfcounter.quant import quantize as quantization
-from perfcounter.report.plots import write_outputs
+from perfcounter.report.plots import source_name, write_outputs
 from perfcounter.simulation.run import simulate
 
 RULE = "\n" + "=" * 30 + "\n"
@@ -41,6 +44,7 @@ class Outcome:
     measured: dict = dataclasses.field(default_factory=dict)
     acceptance: object = None
     baseline: object = None
+    gguf: object = None  # the GGUF file a real run loaded (dequantized: it runs float weights)
 
 
 @dataclasses.dataclass(slots=True)
@@ -65,6 +69,11 @@ def summarize(o: Options, out: Outcome, counter) -> Summary:
         counter, speculate_k=o.speculate_k, acceptance=out.acceptance,
         acceptance_rate=o.acceptance_rate, baseline=out.baseline) if o.speculative else []
     measured = {label: out.measured.get(label) for label in labels}
+    how = (f"mean of {len(out.seconds)} uncounted {o.execution} run(s), {o.clock} clock, "
+           f"{torch.get_num_threads()} threads")
+    for label, seconds in measured.items():  # the one measured figure of each phase
+        if seconds is not None:
+            counter.set_measured(label, seconds, timing=how, execution=o.execution)
     return Summary(active, total, size, labels, measured, spec_costs)
 
 
@@ -94,7 +103,9 @@ def print_report(o: Options, out: Outcome, counter, s: Summary, spec, log) -> No
         log(RULE + "\nGPTFast Aggregate Stats")
         log(f"  Average tokens/sec: {sum(tokens / t for t in out.seconds) / len(out.seconds):.2f}")
         log(f"  Memory used: {si(memory_used(o.device), 'B', prefix='G')}")
-    print_predicted_vs_measured(counter, s.labels, s.measured, compiled=o.compiled)
+    print_predicted_vs_measured(counter, s.labels, execution=o.execution)
+    if out.gguf is not None and o.price_as == "stored":
+        print(as_stored_line(as_stored(o, out, spec), o.execution))
     if o.speculative:  # cost per accepted token, expected tokens/s from the roofline
         print(RULE + "\n" + speculative_cost.format_speculative(s.spec_costs, out.acceptance,
                                                                spec.name))
@@ -105,21 +116,22 @@ def print_report(o: Options, out: Outcome, counter, s: Summary, spec, log) -> No
         print(RULE + "\nTransformerPerfCounter")
         counter.print_summary(show=True)
     write_outputs(o.pictures, counter, [spec], log=log,  # roofline, bars by module kind, trace
-                  measured={k: v for k, v in s.measured.items() if v})
+                  measured={k: v for k, v in s.measured.items() if v},
+                  name=source_name("generate", o.checkpoint_path or o.config or o.model))
 
 
-def print_predicted_vs_measured(counter, labels: list[str], measured: dict, compiled: bool) -> None:
+def print_predicted_vs_measured(counter, labels: list[str], execution: str = "eager") -> None:
     """Per phase: counts, the roofline latency on the counter's device (a bound), the
-    predicted latency (perfcounter/pricing/predict.py; compiled: fused), energy, and the measured
-    latency of the uncounted runs with its ratio to the prediction and to the roofline."""
-    print(RULE + f"\nPredicted vs measured on {counter.device_spec.name}"
-          + (" (compiled run)" if compiled else ""))
+    predicted latency of the program that ran (perfcounter/pricing/predict.py, `execution`),
+    energy, and the phase's measured latency (the uncounted runs, counter.set_measured) with
+    its ratio to the prediction and to the roofline."""
+    print(RULE + f"\nPredicted vs measured on {counter.device_spec.name} ({execution} run)")
     head = ["phase", "tokens", "GFLOPs", "GB", "roofline", "bound", "predicted", "energy",
             "measured", "meas/pred", "meas/roof"]
     rows = []
     for label in labels:
         s = counter.counts[label]
-        roof, real, pred = s.roofline_latency, measured.get(label), predicted_latency(s, compiled)
+        roof, real, pred = s.roofline_latency, s.latency, predicted_latency(s, execution)
         rows.append([label, s.num_tokens, scaled(s.total_flops, "G", 2), scaled(s.total_io, "G", 3),
                      si(roof, "s", 3, prefix="m"), s.bound or "n/a", si(pred, "s", 3, prefix="m"),
                      si(s.energy_j, "J"), si(real, "s", 3, prefix="m"), ratio(real, pred),
@@ -130,10 +142,37 @@ def print_predicted_vs_measured(counter, labels: list[str], measured: dict, comp
           "achievable rates (README, Predictions)")
 
 
-def predicted_latency(stats, compiled: bool) -> float | None:
-    """A phase's predicted seconds, run eagerly or compiled (fused), or None unpriced."""
-    p = stats.prediction("compiled" if compiled else "eager")
+def predicted_latency(stats, execution: str = "eager") -> float | None:
+    """A phase's predicted seconds run as `execution` (EXECUTIONS), or None unpriced."""
+    p = stats.prediction(execution)
     return None if p is None else p.latency_s
+
+
+def as_stored(o: Options, out: Outcome, spec) -> dict:
+    """{phase: predicted seconds} of the same generation with the GGUF's weights as stored
+    (its quant blocks' bytes; a what-if: a runtime whose kernels read the blocks, not the
+    dequantized float weights this run executed), counted from the file's metadata."""
+    counter = count_gguf(out.gguf, price_as="stored", hf=o.hf, batch_size=o.batch_size,
+                         prompt_length=out.length, new_tokens=o.max_new_tokens, dtype=o.dtype,
+                         device_spec=spec)
+    return {label: predicted_latency(stats, o.execution)
+            for label, stats in counter.counts.items()}
+
+
+def as_stored_line(predicted: dict, execution: str) -> str:
+    """The as-stored what-if, labelled as such: never compared with the measurement."""
+    cells = ", ".join(f"{label} {si(t, 's', 3, prefix='m')}" for label, t in predicted.items())
+    return (f"  what-if, GGUF weights priced as stored (not the program that ran, which "
+            f"executed them dequantized): predicted {cells} ({execution}; --price_as executed "
+            "drops this line)")
+
+def spec_reason(spec, named, dtype) -> str:
+    """Why a run uses `spec`, one line: named by --device_spec, or the default and why
+    (registry.default_spec_and_why); a calibration says whether it passed its checks."""
+    why = "named by --device_spec" if named else default_spec_and_why(dtype)[1]
+    if named and spec.calibration_check:
+        why += f"; its calibration {describe_check(spec.calibration_check)}"
+    return why
 
 
 def memory_used(device) -> float:
@@ -147,7 +186,7 @@ def results_doc(o: Options, out: Outcome, counter, s: Summary) -> dict:
     measured and predicted seconds beside the two models."""
     run = {"config_only": o.config_only, "model": repr(out.args), "prompt_tokens": out.length,
            "batch_size": o.batch_size, "max_new_tokens": o.max_new_tokens,
-           "compiled": o.compiled, "measured_latency_s": s.measured,
+           "compiled": o.compiled, "execution": o.execution, "measured_latency_s": s.measured,
            "sample_seconds": out.seconds, "active_params": s.active, "total_params": s.total,
            "model_size_bytes": s.size, "quantize": o.scheme and o.scheme.name, "kv_dtype": o.kv,
            "bandwidth_achieved_Bps": [s.size * o.max_new_tokens * o.batch_size / t
@@ -157,9 +196,6 @@ def results_doc(o: Options, out: Outcome, counter, s: Summary) -> dict:
                               "draft": str(o.draft_checkpoint_path or o.draft_model),
                               "accept_counts": out.acceptance and list(out.acceptance.counts),
                               "costs": [c.to_dict() for c in s.spec_costs]}
-    doc = counter.to_json(run=run)
-    for label, phase in doc.items():  # the uncounted runs' time beside the two models
-        if label in counter.counts:
-            phase["measured_latency_s"] = s.measured.get(label)
-            phase["predicted_latency_s"] = predicted_latency(counter.counts[label], o.compiled)
-    return doc
+    if out.gguf is not None and o.price_as == "stored":
+        run["as_stored_predicted_latency_s"] = as_stored(o, out, counter.device_spec)
+    return counter.to_json(run=run)  # each phase: its one measured latency, its prediction

@@ -61,26 +61,32 @@ def _figure(width: float = 7.0, height: float = 5.0):
 
 
 def check_plot_dir(path) -> Path:
-    """The folder --plot writes into (made when only it is missing), checked before a long
-    run, with matplotlib; a PlotError (one line) otherwise."""
+    """The folder --plot writes into, checked before a long run, with matplotlib; a PlotError
+    (one line) otherwise. Nothing is made: a missing folder whose parent exists is made by
+    the writers, once there is something to write."""
     _figure()
     folder = Path(path).expanduser()
     if folder.exists() and not folder.is_dir():
         raise PlotError(f"--plot {path}: not a directory")
-    if not folder.exists():
-        if not folder.parent.is_dir():
-            raise PlotError(f"--plot {path}: folder {folder.parent} does not exist")
-        try:
-            folder.mkdir()
-        except OSError as e:
-            raise PlotError(f"--plot {path}: {e.strerror or e}") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise PlotError(f"--plot {path}: folder is not writable")
+    parent = folder if folder.exists() else folder.parent
+    if not parent.is_dir():
+        raise PlotError(f"--plot {path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PlotError(f"--plot {path}: folder {parent} is not writable")
     return folder
+
+
+def source_name(*parts) -> str:
+    """A file-name stem saying what a picture shows: its source (the command, the model)
+    and, where the caller adds it, the device; `None` parts are left out."""
+    words = [_stem(Path(str(p))) if "/" in str(p) or Path(str(p)).suffix in _FILES else str(p)
+             for p in parts if p is not None]
+    return _safe("_".join(words))
 
 
 def _save(fig, base: Path) -> list[Path]:
     out = []
+    Path(base).parent.mkdir(exist_ok=True)  # a --plot folder check_plot_dir allowed
     for fmt in ("png", "svg"):
         path = Path(f"{base}.{fmt}")
         atomic_write(path, writer=lambda tmp, f=fmt: fig.savefig(tmp, format=f, dpi=120))
@@ -276,31 +282,49 @@ def roofline_plot(source, spec, base, *, measured: dict | None = None, top: int 
     return _save(fig, Path(base))
 
 
-def write_plots(folder, source, specs=None, *, measured: dict | None = None) -> list[Path]:
+def write_plots(folder, source, specs=None, *, measured: dict | None = None,
+                name: str | None = None) -> list[Path]:
     """Every picture of a counted generation (rooflines per device, time and energy by
-    module kind) or of a Simulation (its bars) into `folder`; returns the files written."""
+    module kind) or of a Simulation (its bars) into `folder`; returns the files written.
+    File names carry what they show: NAME_DEVICE_roofline, NAME_DEVICES_time_by_kind, ...
+    (name: the source, e.g. source_name("count", "llama-2-7b"); default "simulate" for a
+    Simulation, else "count")."""
     folder = Path(folder)
+    simulation = hasattr(source, "phases") and hasattr(source, "mapping")
+    name = name or ("simulate" if simulation else "count")
     written: list[Path] = []
-    if not (hasattr(source, "phases") and hasattr(source, "mapping")):
+    if not simulation:
         phases = source_phases(source)
         specs = _specs(specs, phases)
         for spec in specs:
-            written += roofline_plot(phases, spec, folder / f"roofline_{_safe(spec.name)}",
+            written += roofline_plot(phases, spec, folder / f"{name}_{_safe(spec.name)}_roofline",
                                      measured=measured)
     rows = kind_rows(source, specs)
+    devices = _safe("+".join(dict.fromkeys(r["device"] for r in rows)))
     for metric in ("time", "energy"):
-        written += kind_bars(rows, folder / f"{metric}_by_kind", metric)
+        written += kind_bars(rows, folder / f"{name}_{devices}_{metric}_by_kind", metric)
     return written
 
 
+_FILES = (".json", ".gguf", ".pth", ".pt", ".safetensors", ".bin", ".yaml")
+
+
+def _stem(path: Path) -> str:
+    """A model file's name without its suffix; a config.json's folder's name."""
+    return path.parent.name or path.stem if path.name == "config.json" else path.stem
+
+
 def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return "".join(c if c.isalnum() or c in "-_.+" else "_" for c in name)
 
 
 def sweep_plots(folder, rows: list[dict]) -> list[Path]:
     """perfcounter sweep's rows compared across devices: latency and J/token per phase,
-    a group of bars (one per device) per model and size."""
+    a group of bars (one per device) per model and size, in sweep_MODELS_DEVICES_latency
+    and sweep_MODELS_DEVICES_energy."""
     written = []
+    stem = source_name("sweep", "+".join(dict.fromkeys(source_name(r["model"]) for r in rows)),
+                       "+".join(dict.fromkeys(r["device"] for r in rows)))[:120]
     combos = list(dict.fromkeys((r["model"], r["batch"], r["prompt"], r["new"]) for r in rows))
     devices = list(dict.fromkeys(r["device"] for r in rows))
     phases = list(dict.fromkeys(r["phase"] for r in rows))
@@ -321,7 +345,7 @@ def sweep_plots(folder, rows: list[dict]) -> list[Path]:
             ax.set_ylabel(f"{name} ({unit})")
         axes[0].legend(fontsize=8)
         fig.suptitle(f"sweep: {name} per device")
-        written += _save(fig, Path(folder) / f"sweep_{name}")
+        written += _save(fig, Path(folder) / f"{stem}_{name}")
     return written
 
 
@@ -339,7 +363,7 @@ def check_outputs(plot=None, trace=None) -> tuple[Path | None, Path | None]:
 
 
 def write_outputs(outputs: tuple, source, specs=None, *, measured: dict | None = None,
-                  log=print) -> list[Path]:
+                  log=print, name: str | None = None) -> list[Path]:
     """The pictures and the trace that check_outputs allowed, of a counter or a Simulation;
     priced on `specs` (default: the counter's device, else this machine's)."""
     folder, trace = outputs
@@ -347,7 +371,8 @@ def write_outputs(outputs: tuple, source, specs=None, *, measured: dict | None =
     if not simulation and not specs and all(s.device_spec is None
                                            for s in source_phases(source).values()):
         specs = [default_device_spec()]
-    written = [] if folder is None else write_plots(folder, source, specs, measured=measured)
+    written = [] if folder is None else write_plots(folder, source, specs, measured=measured,
+                                                    name=name)
     if trace is not None:
         one = None if simulation else _specs(specs, source_phases(source))[0]
         write_trace(trace, source, one, measured=measured)

@@ -6,9 +6,9 @@
     perfcounter serve --model llama-3-8b --device_spec h100-sxm,a100-sxm4-80gb --qps 1:40:8
     perfcounter serve --model llama-3-8b --device_spec h100-sxm --find_max_qps --slo ttft=200ms,tpot=50ms
 
-`add_arguments(parser)` adds the flags, `run(args)` runs (exit code 0; 2 and one line on
-stderr for bad input, every input checked before the work). `python -m perfcounter.serve`
-runs it alone.
+`add_arguments(parser)` adds serve's own flags (perfcounter/cli/serve.py adds the shared
+model and run flags and the output files), `run(args)` runs (exit code 0; 2 and one line on
+stderr for bad input, every input checked before the work).
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-from perfcounter._util import check_writable_target
+from perfcounter.devices import default_device_spec
 from perfcounter.serve.errors import ServeError
-from perfcounter.serve.api import qps_values
+from perfcounter.serve.api import qps_values, resolve_precision
 from perfcounter.serve.metrics import parse_slo
 from perfcounter.serve.workload import check_rate, parse_lengths
 from perfcounter.serve.outputs import check_plotting
@@ -34,13 +34,9 @@ ROW_KEYS = ("deployment", "qps")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model")
-    g.add_argument("--model", help="a preset name (config only, no weights)")
-    g.add_argument("--config", type=Path, help="config.json, ours or a Llama-like Hugging Face one")
-    g.add_argument("--precision", default="bfloat16", help="bfloat16, float16, float32")
+    """serve's own flags; the model and run flags (--model, --prompt_length, ...) and the
+    output files are the command line's (perfcounter/cli/serve.py)."""
     g = p.add_argument_group("deployment")
-    g.add_argument("--device_spec", default="h100-sxm",
-                   help="device(s) by name or YAML path, comma-separated to compare")
     g.add_argument("--mapping", action="append", default=None,
                    help="a placement (as `perfcounter simulate --mapping`) pricing the steps; "
                         "repeat to compare; the memory is --device_spec's")
@@ -56,8 +52,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps (1: Poisson)")
     g.add_argument("--concurrency", type=int, help="closed loop: N requests always in flight")
     g.add_argument("--num_requests", type=int, default=1000)
-    g.add_argument("--prompt_length", default="512", help="N, uniform:LO-HI or normal:MEAN,STD")
-    g.add_argument("--max_new_tokens", default="128", help="N, uniform:LO-HI or normal:MEAN,STD")
     g.add_argument("--trace_file", type=Path, help="JSONL or CSV: arrival_time, prompt_tokens, "
                                                    "output_tokens[, cached_tokens]")
     g.add_argument("--prefix_hit_rate", type=float, default=0.0, help="prompt share a prefix cache holds")
@@ -72,17 +66,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--plan", action="store_true", help="the memory fit only, no simulation")
     g.add_argument("--plan_context", type=int, help="--plan: the largest batch at this context")
     g.add_argument("--plan_batch", type=int, help="--plan: the longest context at this batch")
-    g = p.add_argument_group("output")
-    g.add_argument("--save_path", type=Path, help="results JSON")
-    g.add_argument("--csv", type=Path, help="per-request times (the first result)")
-    g.add_argument("--trace", type=Path, help="Perfetto trace of the steps (the first result)")
-    g.add_argument("--plot", type=Path, help="folder for latency CDF and throughput-latency plots")
 
 
 def _check(args) -> None:
     """Everything that can be checked before any counting or simulation."""
-    if (args.model is None) == (args.config is None):
-        raise ServeError("give one of --model and --config")
+    if args.model is None:
+        raise ServeError("give the model: --model PRESET or config.json")
+    for flag in ("quantize", "weight_dtype", "group_size", "kv_dtype"):
+        if getattr(args, flag, None) is not None:
+            raise ServeError(f"--{flag}: serve prices float weights and KV caches only")
+    if str(getattr(args, "batch_size", "1")) != "1":
+        raise ServeError("--batch_size: serve's scheduler forms the batches (--max_num_seqs)")
     if args.qps is not None:
         for q in qps_values(args.qps):
             check_rate(q)
@@ -94,16 +88,7 @@ def _check(args) -> None:
         parse_slo(args.slo)
     parse_lengths(args.prompt_length, "--prompt_length")
     parse_lengths(args.max_new_tokens, "--max_new_tokens")
-    for name in ("save_path", "csv", "trace"):
-        path = getattr(args, name)
-        if path is not None:
-            try:
-                check_writable_target(path)
-            except OSError as e:
-                raise ServeError(f"--{name}: {e}") from None
-    if args.plot is not None:
-        if not args.plot.is_dir():
-            raise ServeError(f"--plot {args.plot}: not an existing folder")
+    if args.plot is not None:  # the paths were checked as the flags were read
         check_plotting()
 
 
@@ -112,8 +97,9 @@ def _deployments(args) -> list:
                   block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
                   max_num_seqs=args.max_num_seqs, step_overhead_s=args.step_overhead_ms * 1e-3,
                   usd_per_hour=args.usd_per_hour, check_fit=not args.plan)
-    model = args.model if args.model is not None else args.config
-    specs = [s.strip() for s in args.device_spec.split(",") if s.strip()]
+    model = args.model
+    specs = [default_device_spec(resolve_precision(args.precision))] \
+        if args.device_spec is None else [s.strip() for s in args.device_spec.split(",") if s.strip()]
     if not specs:
         raise ServeError("--device_spec: expected a device name or YAML path")
     if args.mapping:
@@ -188,8 +174,11 @@ def _write(args, results, rows) -> None:
     if args.trace is not None:
         write_trace(args.trace, results[0])
     if args.plot is not None:
+        stem = "_".join(["serve", Path(str(args.model)).stem if str(args.model).endswith(".json")
+                         else str(args.model), *dict.fromkeys(r["deployment"] for r in rows)])
         write_plots(args.plot, results, [f"{r['deployment']} qps {r['qps']}" for r in rows],
-                    sweep=rows if len(rows) > 1 else None)
+                    sweep=rows if len(rows) > 1 else None,
+                    stem="".join(c if c.isalnum() or c in "-_." else "_" for c in stem)[:120])
 
 
 def run(args) -> int:
@@ -200,9 +189,3 @@ def run(args) -> int:
         message = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
         print(f"perfcounter serve: error: {message}", file=sys.stderr)
         return 2
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="perfcounter serve", description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))

@@ -7,9 +7,9 @@
   tokens, KV blocks held, joules); counter tracks of the batch size and KV blocks; one
   slice per request from arrival to finish on a "requests" track (its first token as an
   instant). Times in microseconds.
-- Plots (`--plot DIR`, the plot extra): `latency_cdf` (TTFT, TPOT and E2EL CDFs of each
-  result) and, for a sweep, `throughput_latency` (output tokens/s against mean and P99
-  TPOT and TTFT), PNG and SVG.
+- Plots (`--plot DIR`, the plot extra): `serve_MODEL_DEVICES_latency_cdf` (TTFT, TPOT and
+  E2EL CDFs of each result) and, for a sweep, `..._throughput_latency` (output tokens/s
+  against mean and P99 TPOT and TTFT), PNG and SVG.
 """
 from __future__ import annotations
 
@@ -86,6 +86,7 @@ def check_plotting() -> None:
 
 def _save(fig, folder, name: str) -> list:
     written = []
+    Path(folder).mkdir(exist_ok=True)  # a --plot folder whose parent the command checked
     for ext in ("png", "svg"):
         path = Path(folder) / f"{name}.{ext}"
         atomic_write(path, writer=lambda tmp, e=ext: fig.savefig(tmp, format=e, dpi=120))
@@ -93,8 +94,10 @@ def _save(fig, folder, name: str) -> list:
     return written
 
 
-def write_plots(folder, results: list, labels: list[str], sweep: list | None = None) -> list:
-    """latency_cdf of each result, and throughput_latency of a sweep's rows."""
+def write_plots(folder, results: list, labels: list[str], sweep: list | None = None,
+                stem: str = "serve") -> list:
+    """STEM_latency_cdf of each result, and STEM_throughput_latency of a sweep's rows (stem:
+    what they show, e.g. serve_llama-3-8b_h100-sxm)."""
     import matplotlib  # deferred: optional (the plot extra), only for --plot
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # deferred: optional (the plot extra)
@@ -112,7 +115,7 @@ def write_plots(folder, results: list, labels: list[str], sweep: list | None = N
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    written += _save(fig, folder, "latency_cdf")
+    written += _save(fig, folder, f"{stem}_latency_cdf")
     plt.close(fig)
     if sweep:
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -127,6 +130,6 @@ def write_plots(folder, results: list, labels: list[str], sweep: list | None = N
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize=7)
         fig.tight_layout()
-        written += _save(fig, folder, "throughput_latency")
+        written += _save(fig, folder, f"{stem}_throughput_latency")
         plt.close(fig)
     return written

@@ -1,0 +1,173 @@
+"""`perfcounter count`, `profile` and `op-bench`: a model known by its config counted with no
+weights (FakeTensorMode), then reported, queried as llm-profiler does, or timed op by op.
+
+    perfcounter count --model smollm2-135m --prompt_length 128 --max_new_tokens 128
+    perfcounter profile --model llama-2-7b --scope attn --attr FLOPS --attr MULT
+    perfcounter op-bench --model smollm2-135m --prompt_length 16 --max_new_tokens 2
+
+The three share the model and run flags (flags.py) and the flags of count_config below;
+`main.py` registers `add_parsers`. Errors are ValueErrors (one line, exit code 2).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+from perfcounter.cli.flags import PRECISIONS, add_model_flags, add_output, config_of
+from perfcounter.counter import TransformerPerformanceCounter
+from perfcounter.devices import default_device_spec, get_device_spec
+from perfcounter.devices.calibrate import measurable_device
+from perfcounter.format import si
+from perfcounter.generation.config_only import count_config
+from perfcounter.models.args import UnknownModelError
+from perfcounter.pricing.op_bench import op_bench
+from perfcounter.quant import quantize as quantization
+from perfcounter.report.plots import check_outputs, source_name, write_outputs
+from perfcounter.report.profile import ATTRS, format_profile
+
+
+def count_from_flags(args):
+    """The counter `count`, `profile` and `op-bench` share: count_config with the flags."""
+    quant = {"quantize": quantization.resolve_scheme(args.quantize, args.weight_dtype,
+                                                     args.group_size),
+             "kv_dtype": quantization.parse_kv_dtype(args.kv_dtype)}
+    dtype = PRECISIONS[args.precision]
+    spec = get_device_spec(args.device_spec, dtype=dtype) if args.device_spec else None
+    model = config_of(args.model)
+    try:
+        counter = count_config(model, batch_size=args.batch_size,
+                               prompt_length=args.prompt_length, new_tokens=args.max_new_tokens,
+                               dtype=dtype, hf=args.hf, cache=args.cache,
+                               expert_load=args.expert_load, device_spec=spec,
+                               io_model=args.io_model, depth=args.depth, **quant,
+                               price_as=getattr(args, "price_as", None))
+    except UnknownModelError as e:  # not a file either
+        raise ValueError(f"--model {args.model!r} is no config file or folder, nor a preset: "
+                         f"{e}") from None
+    if spec is None:  # this machine's, once the model has counted (its warning after errors)
+        counter.device_spec = default_device_spec(dtype)
+    routing = counter.mode.expert_load
+    # what was counted: on stderr when stdout carries JSON, so that stdout parses as JSON
+    say = functools.partial(print, file=sys.stderr if getattr(args, "json", False) else sys.stdout)
+    say(f"{args.model}: counted with no weights (FakeTensorMode), batch {args.batch_size}, "
+          f"prompt {args.prompt_length} tokens, {args.max_new_tokens} new tokens, "
+          f"{args.precision}; attention masks as the attention modules say (causal, sliding "
+          f"window); MoE routing {routing}")
+    if quant["quantize"] is not None or quant["kv_dtype"] is not None:
+        say(f"weights {quant['quantize'].name if quant['quantize'] else args.precision}, KV "
+              f"cache {quant['kv_dtype'] or args.precision}: bytes as stored, FLOPs at "
+              f"{args.precision}")
+    return counter
+
+
+def _save(args, counter, log=print) -> None:
+    if args.save_path:
+        counter.to_json(args.save_path)
+        log(f"wrote {args.save_path}")
+
+
+def _op_bench(args) -> int:
+    measurable_device(args.device, "benchmark ops on")  # a bad device fails before counting
+    counter = count_from_flags(args)
+    for label in ("prefill", "decode"):
+        if label in counter.counts:
+            s = counter.counts[label]
+            result = op_bench(s.trace, args.device)
+            per_step = result.latency_s / s.steps
+            print(f"{label}: {si(per_step, 's')} per step on {result.device}, op by op "
+                  f"({result.signatures} signatures, {result.proxies} timed as a copy); "
+                  f"predicted {si(s.predicted_latency and s.predicted_latency / s.steps, 's')}, "
+                  f"roofline {si(s.roofline_latency and s.roofline_latency / s.steps, 's')}")
+    _save(args, counter)
+    return 0
+
+
+def _count(args) -> int:
+    outputs = check_outputs(args.plot, args.trace)  # --plot DIR, --trace FILE: before counting
+    counter = count_from_flags(args)
+    labels = [label for label in ("prefill", "decode") if label in counter.counts]
+    log = (lambda *a: None) if args.json else print
+    if args.json:
+        print(json.dumps(counter.to_dict(), indent=2))
+    else:
+        print(counter.print_summary(labels=labels))
+    _save(args, counter, log)
+    write_outputs(outputs, counter, log=log, name=source_name("count", args.model))
+    return 0
+
+
+def _profile(args) -> int:
+    attrs = args.attr or ["FLOPS"]
+    if attrs == ["ALL"]:
+        attrs = list(ATTRS)
+    if (args.model is None) == (args.counts is None):
+        raise ValueError("give the model to count, --model, or a saved count, --counts (one)")
+    if args.counts is not None:
+        counter = TransformerPerformanceCounter.from_json(args.counts)
+    else:
+        counter = count_from_flags(args)
+        _save(args, counter)
+    phases = [args.phase] if args.phase else [
+        label for label in ("prefill", "decode") if label in counter.counts]
+    for phase in phases:
+        if phase not in counter.counts:
+            raise ValueError(f"no phase {phase!r}: counted {', '.join(counter.counts)}")
+        for scope in args.scope or ["transformer"]:
+            print(format_profile(counter.counts[phase], scope, attrs))
+    return 0
+
+
+def add_count_flags(p) -> None:
+    """The model and run flags, and count_config's own."""
+    add_model_flags(p)
+    g = p.add_argument_group("counting")
+    g.add_argument("--hf", action="store_true",
+                   help="transformers' model for a preset too (Llama, Mistral, Qwen2, Mixtral)")
+    g.add_argument("--cache", default="dynamic", choices=["dynamic", "static"],
+                   help="transformers' KV cache (dynamic, as model.generate)")
+    g.add_argument("--expert_load", default=None,
+                   help="MoE routing with no weights: 'balanced' (default) or weights per "
+                        "expert, '4,2,1,1'")
+    g.add_argument("--io_model", default="per_op", choices=["per_op", "compulsory"],
+                   help="the bytes the roofline prices")
+    g.add_argument("--depth", type=int, default=10, help="module depth the counter tracks")
+    g.add_argument("--price_as", default=None, help="a .gguf --model's weights: stored (its "
+                   "quant types' bytes, the default) or executed (dequantized, at --precision)")
+
+
+def add_parsers(sub) -> None:
+    """Register `op-bench`, `count` and `profile` on the command's subparsers."""
+    p = sub.add_parser("op-bench", help="time each op signature of a config's count here",
+                       description="Count a config (as `count` does), then time every distinct "
+                       "op signature on a local device, cold, and sum: the eager latency "
+                       "predicted op by op (perfcounter/pricing/op_bench.py).")
+    add_count_flags(p)
+    p.add_argument("--device", default="cpu", help="local torch device to time on")
+    p.set_defaults(run=_op_bench)
+
+    p = sub.add_parser("count", help="count a model from its config alone (no weights)",
+                       description="Count one greedy generation (prefill, decode steps) of a "
+                       "model known by its config, under FakeTensorMode: no weights, no memory.")
+    add_count_flags(p)
+    p.add_argument("--json", action="store_true", help="print the counter's to_dict() as JSON")
+    add_output(p, "--plot", folder=True, help="write a roofline plot and time / energy by "
+               "module kind (PNG and SVG; needs matplotlib)")
+    add_output(p, "--trace", help="write a Chrome / Perfetto trace of the generation (JSON)")
+    p.set_defaults(run=_count)
+
+    p = sub.add_parser("profile", help="llm-profiler's query: FLOPS, ADD, MULT, ... of a scope",
+                       description="Count a config (as `count` does), then print llm-profiler's "
+                       "figures of a scope: transformer, attn, mlp, a module class, path or glob.")
+    add_count_flags(p)
+    p.add_argument("--counts", default=None, help="profile a count saved with --save_path "
+                   "(or to_json) instead of counting --model")
+    p.add_argument("--scope", action="append", default=None,
+                   help="transformer (default), attn, mlp, embedding, lm_head, a module class "
+                        "(LlamaDecoderLayer), path or glob (model.layers.12.self_attn.k_proj); "
+                        "repeatable")
+    p.add_argument("--attr", action="append", default=None, type=str.upper,
+                   help="FLOPS (default), ADD, MULT, DIV, SQRT, EXP, SPECIAL, CMP, PARAMS, ACT, "
+                        "CACHE or ALL; repeatable")
+    p.add_argument("--phase", default=None, help="prefill or decode (default: both)")
+    p.set_defaults(run=_profile)

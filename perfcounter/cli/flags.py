@@ -1,0 +1,281 @@
+"""The command line's one vocabulary: the model and run flags that generate.py and every
+`perfcounter` command running a model share, the parser they are read with, and the one
+rule for flags that write a file.
+
+    parser = Parser(prog="perfcounter count")
+    add_model_flags(parser)                      # --model, --max_new_tokens, ... --save_path
+    add_output(parser, "--trace", help="...")    # checked while parsing, before any work
+    args = parser.parse_args(argv)
+    dtype = PRECISIONS[args.precision]
+
+Shared flags and their defaults, the same in every command (`--help` shows them):
+
+    --model           none: generate.py runs its built-in SmolLM2-135M-Instruct, the others
+                      ask for one. A preset name, a config.json, a model folder, a .gguf,
+                      .pth or .safetensors file (`model_source` says which).
+    --prompt_length   128 tokens: a prompt long enough that prefill is a matrix-matrix
+                      product on every device (past the ridge of most), short enough to count
+                      in seconds; the length vLLM's and gpt-fast's short benchmarks use.
+    --max_new_tokens  128: enough decode steps that the KV cache grows visibly, as many as
+                      the prompt, so that prefill and decode weigh alike in a report.
+    --batch_size      1: one user, the latency case.
+    --precision       bfloat16: what checkpoints ship and GPUs run; bf16, fp16, fp32 and the
+                      long names are accepted (--act_dtype is its old name).
+    --execution       eager: the program a prediction prices (eager, compiled, cudagraphs);
+                      --compile means compiled.
+    --device_spec     none: this machine's, the spec `perfcounter calibrate` wrote, else
+                      the detected GPU or generic-cpu (devices.default_device_spec).
+    --quantize, --weight_dtype, --group_size, --kv_dtype
+                      none: weights and KV cache at --precision.
+    --save_path       none: results are printed, not written.
+
+Spellings: snake_case; a kebab-case spelling (--max-new-tokens) is the same flag. Old
+spellings (--config, --checkpoint_path, --new_tokens, --act_dtype) still work for one
+release, with one line on stderr naming the new one. An unknown flag or choice is answered
+with the nearest valid ones (_util.did_you_mean), on one line, exit code 2.
+
+Flags that write (`add_output`: --save_path, --csv, --markdown, --out, --trace, --plot,
+calibrate's --out) are checked as they are parsed, with _util.check_writable_target: a
+missing folder, a folder that cannot be written or a target that is no regular file is
+refused in one line, exit code 2, before any counting; no folder is made for a refused
+run (a --plot folder whose parent exists is made when the pictures are written).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+from perfcounter._util import check_writable_target, did_you_mean
+
+PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+PRECISION_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16",
+                     "fp32": "float32", "float": "float32"}
+EXECUTIONS = ("eager", "compiled", "cudagraphs")
+DEFAULTS = dict(model=None, prompt_length=128, max_new_tokens=128, batch_size=1,
+                precision="bfloat16", execution="eager", device_spec=None, quantize=None,
+                weight_dtype=None, group_size=None, kv_dtype=None, save_path=None)
+CHECKPOINT_SUFFIXES = (".gguf", ".pth", ".pt", ".safetensors", ".bin")
+MODEL_HELP = ("a preset name, a config.json, a model folder, or a .gguf, .pth or .safetensors "
+              "file", " (default: none; generate.py runs its built-in SmolLM2-135M-Instruct)")
+DEVICE_HELP = ("registry name or YAML path to price on", " (default: this machine's: the spec "
+               "`perfcounter calibrate` wrote, else the detected GPU or generic-cpu)")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's defaults formatter, leaving out defaults that say nothing (None, False)
+    and help that states its default itself."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "(default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
+def note(old: str, new: str) -> None:
+    """The one line an old spelling prints."""
+    print(f"perfcounter: note: {old} is deprecated; use {new}", file=sys.stderr)
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser that shows defaults, takes kebab-case spellings of its snake_case
+    flags, answers an unknown flag or choice with the nearest valid ones and reports every
+    error on one line (exit code 2)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def _flags(self, hidden: bool = True) -> list[str]:
+        return [flag for action in self._actions for flag in action.option_strings
+                if hidden or action.help != argparse.SUPPRESS]
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        known = set(self._flags())
+        for i, arg in enumerate(args):
+            if arg == "--":
+                break
+            name, eq, value = arg.partition("=")
+            snake = "--" + name[2:].replace("-", "_")
+            if name.startswith("--") and name not in known and snake in known:
+                args[i] = snake + eq + value
+        parsed, extras = super().parse_known_args(args, namespace)
+        unknown = [a.split("=")[0] for a in extras if a.startswith("-") and len(a) > 1]
+        if unknown and self._subparsers is None:
+            self.error(f"unrecognized arguments: {' '.join(extras)}"
+                       f"{did_you_mean(unknown[0], self._flags(hidden=False))}")
+        return parsed, extras
+
+    def error(self, message: str):
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:
+            options = re.findall(r"'([^']*)'", choice.group(2))
+            message += did_you_mean(choice.group(1), options)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class _Deprecated(argparse.Action):
+    """An old spelling: one note on stderr, then the value lands where the new flag's does
+    (`const`: the value a flag without argument stands for)."""
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        self.new = new
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        note(option_string, self.new)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+
+
+class _Precision(argparse.Action):
+    """--precision: bf16, fp16, fp32 or the long names, stored as the long name."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        name = PRECISION_ALIASES.get(str(values).strip().lower(), str(values).strip().lower())
+        if name not in PRECISIONS:
+            parser.error(f"{option_string} {values!r}: expected one of "
+                         f"{', '.join(PRECISIONS)} (or {', '.join(PRECISION_ALIASES)})"
+                         f"{did_you_mean(values, [*PRECISIONS, *PRECISION_ALIASES])}")
+        if option_string != "--precision":
+            note(option_string, "--precision")
+        setattr(namespace, self.dest, name)
+
+
+class _Set(argparse.Action):
+    """A flag without argument that sets another flag's value (--compile: compiled)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, self.const)
+
+
+def check_output(path, flag: str, folder: bool = False) -> Path:
+    """`path` (a file, or with folder=True a folder the command fills) checked for writing;
+    a ValueError naming the flag, on one line, otherwise. Nothing is created."""
+    path = Path(path).expanduser()
+    try:
+        if folder and path.is_dir():
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise PermissionError(f"cannot write {path}: folder {path} is not writable")
+        elif folder and path.exists():
+            raise NotADirectoryError(f"cannot write {path}: not a directory")
+        else:
+            check_writable_target(path)
+    except OSError as exc:
+        reason = str(exc).split(": ", 1)[-1]
+        raise ValueError(f"{flag} {path}: {reason}") from None
+    return path
+
+
+class _Output(argparse.Action):
+    """A flag that writes: checked as it is parsed (check_output)."""
+
+    def __init__(self, option_strings, dest, folder: bool = False, **kwargs):
+        self.folder = folder
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            setattr(namespace, self.dest, check_output(values, option_string, self.folder))
+        except ValueError as exc:
+            parser.error(str(exc))
+
+
+def add_output(group, flag: str, *, folder: bool = False, **kwargs):
+    """A flag that writes a file (or, folder=True, fills a folder), checked while parsing."""
+    kwargs.setdefault("metavar", "DIR" if folder else "FILE")
+    return group.add_argument(flag, action=_Output, folder=folder, default=None, **kwargs)
+
+
+def add_model_flags(parser, *, lists: bool = False, lengths: str = "tokens",
+                    device_list: bool = False, legacy_paths: bool = False) -> None:
+    """The shared group on `parser` (a Parser or a subcommand's). lists: --model,
+    --batch_size, --prompt_length, --max_new_tokens, --device_spec, --quantize and --kv_dtype
+    take comma-separated lists (sweep); lengths="distributions": the lengths may also be
+    uniform:LO-HI or normal:MEAN,STD (serve); device_list: --device_spec alone takes a list
+    (serve's deployments to compare). legacy_paths: --config and --checkpoint_path
+    keep dests of their own (generate.py and simulate gave them meanings beside --model)."""
+    g = parser.add_argument_group("model and run (shared by every command)")
+    many = " (comma-separated list)" if lists else ""
+    number = str if lists or lengths != "tokens" else int
+    shape = "; or uniform:LO-HI, normal:MEAN,STD" if lengths != "tokens" else many
+    g.add_argument("--model", default=DEFAULTS["model"], help=many.join(MODEL_HELP))
+    g.add_argument("--prompt_length", type=number, default=number(DEFAULTS["prompt_length"]),
+                   help="prompt tokens (synthetic ids)" + shape)
+    g.add_argument("--max_new_tokens", type=number, default=number(DEFAULTS["max_new_tokens"]),
+                   help="tokens generated: the first by prefill, the rest by decode steps" + shape)
+    g.add_argument("--batch_size", type=number, default=number(DEFAULTS["batch_size"]),
+                   help="sequences generated together" + many)
+    g.add_argument("--precision", action=_Precision, default=DEFAULTS["precision"],
+                   help=f"{', '.join(PRECISIONS)} (or {', '.join(PRECISION_ALIASES)}): the "
+                        "weights' and activations' dtype")
+    g.add_argument("--execution", default=DEFAULTS["execution"], choices=EXECUTIONS,
+                   help="the program a prediction prices")
+    g.add_argument("--compile", dest="execution", action=_Set, const="compiled",
+                   help="--execution compiled")
+    g.add_argument("--device_spec", default=DEFAULTS["device_spec"], help=(many or " (comma-separated list)" * device_list).join(DEVICE_HELP))
+    g.add_argument("--quantize", default=DEFAULTS["quantize"], help="weights of every linear "
+                   "as int8, int4 or int4-G (G = 32, 64, 128, 256): bytes as stored, FLOPs at "
+                   "--precision" + many + " (default: none)")
+    g.add_argument("--weight_dtype", default=DEFAULTS["weight_dtype"],
+                   help="what-if weights: int8, int4 (with --group_size) or a float dtype "
+                        "(default: none)")
+    g.add_argument("--group_size", type=int, default=DEFAULTS["group_size"],
+                   help="int4 group: 32, 64, 128, 256 (default: 128)")
+    g.add_argument("--kv_dtype", default=DEFAULTS["kv_dtype"], help="KV cache int8 or fp8, a "
+                   "scale per token and head" + many + " (default: --precision)")
+    add_output(g, "--save_path", help="write the results as JSON (default: none, printed "
+               "only)")
+    g.add_argument("--new_tokens", dest="max_new_tokens", type=number, action=_Deprecated,
+                   new="--max_new_tokens")
+    g.add_argument("--act_dtype", dest="precision", action=_Precision, help=argparse.SUPPRESS)
+    for old in ("--config", "--checkpoint_path"):
+        g.add_argument(old, dest=old[2:] if legacy_paths else "model", action=_Deprecated,
+                       new="--model", default=None if legacy_paths else argparse.SUPPRESS)
+
+
+def model_source(text) -> str:
+    """What a --model names: "preset", "config" (a config.json, or a folder holding one and
+    no weights) or "checkpoint" (weights: a .gguf, .pth, .safetensors file or a folder
+    holding them). A path that does not exist is refused (ValueError)."""
+    path = Path(str(text)).expanduser()
+    if path.is_file():
+        return "checkpoint" if path.suffix in CHECKPOINT_SUFFIXES else "config"
+    if path.is_dir():
+        weights = [p for s in CHECKPOINT_SUFFIXES for p in path.glob(f"*{s}")]
+        if weights:
+            return "checkpoint"
+        if (path / "config.json").is_file():
+            return "config"
+        raise ValueError(f"--model {text}: a folder with neither config.json nor weights")
+    if path.suffix in (".json", *CHECKPOINT_SUFFIXES) or len(path.parts) > 1:
+        raise ValueError(f"--model {text}: no such file or folder")
+    return "preset"
+
+
+def config_of(model):
+    """What a config-only command counts for --model: the preset, config.json or .gguf
+    itself; for a .pth or .safetensors checkpoint, the config.json beside it (or, as
+    gpt-fast names its folders, the preset its folder is named after)."""
+    if model is None:
+        raise ValueError("give the model: --model PRESET|config.json|FOLDER|FILE.gguf")
+    if model_source(model) != "checkpoint":
+        return model
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        return path
+    folder = path if path.is_dir() else path.parent
+    ggufs = sorted(folder.glob("*.gguf"))
+    if (folder / "config.json").is_file():
+        return folder
+    if len(ggufs) == 1:
+        return ggufs[0]
+    return folder.name
