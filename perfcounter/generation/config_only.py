@@ -37,6 +37,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from perfcounter.counter import TransformerPerformanceCounter
+from perfcounter.counting.op_data import ExpertLoad
 from perfcounter.generation.derive import count_generation
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import (CheckpointError, fake_model, model_args_from_dict,
@@ -292,6 +293,28 @@ def count_gguf(path, *, price_as: str = "stored", hf: bool = False, batch_size: 
     return counter
 
 
+def check_expert_load(args: ModelArgs, expert_load) -> ExpertLoad:
+    """expert_load parsed and held to our model: weights given only for a MoE model, one per
+    expert (checked before anything is counted)."""
+    load = ExpertLoad.parse(expert_load)
+    if load.shares is not None and not args.num_experts:
+        raise ValueError(f"expert_load {expert_load!r}: this model has no experts (it applies to "
+                         "mixture-of-experts models such as mixtral-8x7b)")
+    if load.shares is not None and len(load.shares) != args.num_experts:
+        raise ValueError(f"expert_load has {len(load.shares)} weights, but this model routes over "
+                         f"{args.num_experts} experts (give one weight per expert)")
+    return load
+
+
+def routed(built, load: ExpertLoad):
+    """(model, fake mode) with every expert layer routing as `load` says under fake tensors."""
+    model, fake_mode = built
+    for module in model.modules():
+        if hasattr(module, "routing"):
+            module.routing = load
+    return model, fake_mode
+
+
 def count_config(config, *, batch_size: int = 1, prompt_length: int = 128, new_tokens: int = 4,
                  dtype=torch.bfloat16, hf: bool | None = None, cache: str = "dynamic",
                  expert_load=None, device_spec=None, io_model: str = "per_op", depth: int = 10,
@@ -338,6 +361,10 @@ def count_config(config, *, batch_size: int = 1, prompt_length: int = 128, new_t
         fake_model(resolved, weights=scheme, kv=kv, dtype=dtype)  # a bad group size fails first
         sizes["make_model"] = lambda a: fake_model(a, weights=scheme, kv=kv, dtype=dtype)
     if isinstance(resolved, ModelArgs) and not hf:  # one layer per kind, three decode steps
+        load = check_expert_load(resolved, expert_load)
+        if load.shares is not None:  # our model's experts route as the load says
+            base = sizes.get("make_model") or (lambda a: fake_model(a, dtype=dtype))
+            sizes["make_model"] = lambda a: routed(base(a), load)
         count_generation(resolved, counter, generate=greedy_generate, **sizes)  # the rest derived
     else:
         count_hf_config(resolved, counter, cache=cache, derive=True, **sizes)

@@ -155,11 +155,16 @@ class ConditionalFeedForward(nn.Module):
         self.w1 = nn.Parameter(torch.randn(e, i, d) * 0.02)
         self.w2 = nn.Parameter(torch.randn(e, d, i) * 0.02)
         self.w3 = nn.Parameter(torch.randn(e, i, d) * 0.02)
+        # without data: how rows spread over the experts (counting's ExpertLoad:
+        # rows_per_expert(rows, experts)); None spreads them evenly
+        self.routing = None
 
     def forward(self, x: Tensor, expert_indices: Tensor) -> Tensor:
         # x: [T, dim], expert_indices: [T, A] -> [T, A, dim]
         if isinstance(x, FakeTensor):
-            return self._balanced(x, expert_indices.shape[1])
+            if getattr(self.routing, "shares", None) is None:
+                return self._balanced(x, expert_indices.shape[1])
+            return self._routed(x, expert_indices.shape[1])
         out = x.new_empty(*expert_indices.shape, x.shape[-1])
         for e in expert_indices.unique().tolist():  # each expert in use is read once
             t, a = torch.where(expert_indices == e)
@@ -179,6 +184,20 @@ class ConditionalFeedForward(nn.Module):
         h = F.silu(torch.bmm(h, self.w1[:used].mT)) * torch.bmm(h, self.w3[:used].mT)
         out = torch.bmm(h, self.w2[:used].mT)  # [used, per, dim]
         return out.reshape(used * per, -1)[:slots].view(x.shape[0], top_k, -1)
+
+    def _routed(self, x: Tensor, top_k: int) -> Tensor:
+        """The T*A token-slots spread as `routing` says: each expert that gets rows runs
+        its SwiGLU once on exactly those rows (no padding), the others are not read."""
+        rows = self.routing.rows_per_expert(x.shape[0] * top_k, self.w1.shape[0])
+        slots = x.repeat_interleave(top_k, dim=0)  # [T*A, dim]
+        outs, start = [], 0
+        for e, n in enumerate(rows):
+            if n:
+                h = slots[start:start + n]
+                outs.append(F.linear(F.silu(F.linear(h, self.w1[e])) * F.linear(h, self.w3[e]),
+                                     self.w2[e]))
+                start += n
+        return torch.cat(outs).view(x.shape[0], top_k, -1)
 
 
 class MOEFeedForward(nn.Module):
