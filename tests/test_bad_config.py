@@ -65,3 +65,16 @@ def test_unknown_model_and_missing_counts_file(tmp_path, capsys):
     missing = tmp_path / "missing.json"
     assert main(argv=["profile", "--counts", str(missing)]) == 2
     assert f"{missing}: no such counts file" in capsys.readouterr().err
+
+
+def test_a_perfcounter_home_that_is_a_file_is_refused_before_any_work(tmp_path, monkeypatch,
+                                                                      capsys):
+    home = tmp_path / "home"
+    home.write_text("")
+    monkeypatch.setenv("PERFCOUNTER_HOME", str(home))
+    for argv in (["calibrate", "--array_mb", "1", "--no-curves"],
+                 ["count", "--model", "llama-2-7b", "--prompt_length", "2"]):
+        assert main(argv=argv) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"perfcounter: error: PERFCOUNTER_HOME={str(home)!r} is not a folder; set it to a "
+            "folder (calibrate makes it) or unset it"]
