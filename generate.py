@@ -28,7 +28,6 @@ perfcounter.generation.run's, the report and the results document run_report's.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import json
@@ -41,16 +40,19 @@ from torch import Tensor
 
 from perfcounter import TransformerPerformanceCounter, get_device_spec
 from perfcounter._util import settle_objects
+from perfcounter.cli.flags import Parser, add_model_flags, add_output, generate_keywords
 from perfcounter.console import collected_warnings, quiet_third_party
 from perfcounter.devices import DeviceSpecError, default_device_spec
 from perfcounter.generation import speculative
 from perfcounter.generation.config_only import count_config_only, count_hf_config
 from perfcounter.generation.derive import DecodeSteps, count_generation, decode_breakpoints
-from perfcounter.generation.run import (PRECISIONS, GenerateArgumentError, Options,
+from perfcounter.generation.run import (GenerateArgumentError, Options,
                                         apply_quantization, check_options, check_sampling,
                                         load_checkpoint, load_with_prompt, time_samples)
-from perfcounter.generation.run_report import Outcome, print_report, results_doc, summarize
+from perfcounter.generation.run_report import (Outcome, print_report, results_doc, spec_reason,
+                                               summarize)
 from perfcounter.models.args import ModelArgs, UnknownModelError
+from perfcounter.models.fit import MemoryFitError
 from perfcounter.models.loading import CheckpointError, fake_model, write_json_atomic
 from perfcounter.models.tokenizer import TokenizerError
 from perfcounter.simulation.placement import MappingError
@@ -104,7 +106,7 @@ def decode_n_tokens(model, cur_token: Tensor, input_pos: Tensor, num_new_tokens:
     steps = range(num_new_tokens)
     if progress:
         from tqdm import tqdm  # deferred: optional (the progress extra)
-        steps = tqdm(steps, desc="decode", unit="token", leave=False)
+        steps = tqdm(steps, desc="decode", unit="token", leave=False, disable=False)
     new_tokens = []
     for _ in steps:
         with phase("decode", num_tokens=cur_token.shape[0]):
@@ -134,7 +136,7 @@ def generate(model, prompt: Tensor, max_new_tokens: int, *, phase=_uncounted, pr
 
 def run_checkpoint(model, x: Tensor, counter, *, max_new_tokens: int, num_samples: int,
                    compile: bool, device: str, progress: bool, count_every_step: bool = False,
-                   **sampling_kwargs):
+                   cudagraphs: bool = False, clock: str = "wall", **sampling_kwargs):
     """Count one eager generation, then time `num_samples` uncounted ones (compiled with
     `compile`): (generated ids of each sample, seconds of each sample, mean seconds per phase).
     The counted generation counts the prefill and the first decode steps and derives the
@@ -151,13 +153,13 @@ def run_checkpoint(model, x: Tensor, counter, *, max_new_tokens: int, num_sample
     if compile:  # the counter never runs over compiled code: it counted the eager run above
         # not fullgraph: a mixture of experts routes tokens with data-dependent loops
         decode_fn = torch.compile(decode_one_token,
-                                  mode="reduce-overhead" if "cuda" in device else None)
+                                  mode="reduce-overhead" if cudagraphs else None)
         prefill_fn = torch.compile(prefill, dynamic=True)
         generate(model, x, max_new_tokens, prefill_fn=prefill_fn, decode_fn=decode_fn,
                  **sampling_kwargs)  # warm-up: compilation
     return time_samples(functools.partial(generate, model, x, max_new_tokens, prefill_fn=prefill_fn,
                                           decode_fn=decode_fn, progress=progress,
-                                          **sampling_kwargs), num_samples, device)
+                                          **sampling_kwargs), num_samples, device, clock)
 
 
 def run_speculative(model, draft, x: Tensor, counter, *, max_new_tokens: int, speculate_k: int,
@@ -184,9 +186,10 @@ def checkpoint_run(o: Options, counter, log) -> Outcome:
     outputs, seconds, measured = run_checkpoint(
         loaded.model, x, counter, max_new_tokens=o.max_new_tokens, num_samples=o.num_samples,
         compile=o.compile, device=o.device, progress=sys.stderr.isatty() and not o.quiet,
-        count_every_step=o.count_every_step, **o.sampling)
+        count_every_step=o.count_every_step, cudagraphs=o.execution == "cudagraphs",
+        clock=o.clock, **o.sampling)
     return Outcome(loaded.model, loaded.args, x.shape[1], _texts(loaded.tokenizer, outputs),
-                   seconds, measured)
+                   seconds, measured, gguf=loaded.source if loaded.kind == "gguf" else None)
 
 
 def speculative_run(o: Options, counter, log) -> Outcome:
@@ -256,13 +259,16 @@ def main(*, prompt: str = "Hello, my name is", prompt_length: int | None = None,
          speculate_k: int = 5, acceptance_rate: float | None = None, quantize: str | None = None,
          weight_dtype: str | None = None, group_size: int | None = None,
          kv_dtype: str | None = None, act_dtype: str | None = None,
-         price_as: str = "stored", plot: Path | None = None, trace: Path | None = None) -> dict:
+         price_as: str = "stored", plot: Path | None = None, trace: Path | None = None,
+         execution: str | None = None, no_memory_check: bool = False,
+         clock: str = "wall") -> dict:
     """Run (or, config-only, count) a generation and report it; returns the counter,
     the texts, the sample times, the measured seconds per phase and where the results
     were saved. Every argument is checked before the run (GenerateArgumentError)."""
     o = check_options(Options(**locals()))  # every flag, checked before the run
     log = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     spec = get_device_spec(device_spec, dtype=o.dtype) if device_spec else default_device_spec(o.dtype)
+    log(f"Device spec: {spec.name} ({spec_reason(spec, device_spec, o.dtype)})")
     counter = TransformerPerformanceCounter(device_spec=spec, depth=depth, io_model=io_model)
     if o.config_only:
         mode = (speculative_config_run if o.speculative else
@@ -304,40 +310,31 @@ def save_results(doc: dict, save_path) -> Path:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompt", default="Hello, my name is", help="input prompt")
-    parser.add_argument("--prompt_length", type=int, default=None,
-                        help="synthetic prompt of this many tokens (config-only default 6)")
+    parser = Parser(prog="generate.py", description=__doc__.split("\n\n")[0])
+    add_model_flags(parser, legacy_paths=True)  # --model, --max_new_tokens, ... (cli/flags.py)
+    parser.add_argument("--prompt", default=None, help="a text prompt, encoded by the "
+                        "checkpoint's tokenizer, instead of --prompt_length synthetic tokens")
     parser.add_argument("--num_samples", type=int, default=1, help="timed generations")
-    parser.add_argument("--max_new_tokens", type=int, default=64, help="tokens to generate")
-    parser.add_argument("--batch_size", type=int, default=1, help="sequences per generation")
     parser.add_argument("--top_k", type=int, default=200, help="top-k sampling")
     parser.add_argument("--temperature", type=float, default=0.8, help="0 for greedy")
-    parser.add_argument("--checkpoint_path", type=Path, default=None,
-                        help="model.pth, model.safetensors, HF folder or .gguf (default: SmolLM2-135M)")
-    parser.add_argument("--model", default=None, help="preset name: config-only, or a checkpoint's config")
-    parser.add_argument("--config", type=Path, default=None, help="config.json (ours or Hugging Face)")
     parser.add_argument("--hf", action="store_true",
-                        help="run the checkpoint through transformers; config only (--config or "
-                             "--model, no checkpoint): count transformers' own model for the "
-                             "config, any causal LM")
+                        help="run the checkpoint through transformers; config only (a preset or "
+                             "config.json): count transformers' own model for the config")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    parser.add_argument("--precision", default=None, choices=list(PRECISIONS),
-                        help="default bfloat16; float32 for a real run on CPU")
-    parser.add_argument("--compile", action="store_true", help="time a torch.compile'd run")
-    parser.add_argument("--device_spec", default=None, help="registry name or YAML path")
-    parser.add_argument("--io_model", default="per_op", choices=["per_op", "compulsory"])
+    parser.add_argument("--io_model", default="per_op", choices=["per_op", "compulsory"],
+                        help="the bytes the roofline prices")
     parser.add_argument("--depth", type=int, default=10, help="module depth the counter tracks")
-    parser.add_argument("--save_path", type=Path, default=None, help="write the counts as JSON")
-    parser.add_argument("--plot", type=Path, default=None, metavar="DIR",
-                        help="write a roofline plot and time / energy by module kind (PNG, SVG; "
-                        "needs matplotlib: pip install '.[plot]')")
-    parser.add_argument("--trace", type=Path, default=None, metavar="FILE",
-                        help="write a Chrome / Perfetto trace of the generation (trace-event JSON)")
+    add_output(parser, "--plot", folder=True, help="write a roofline plot and time / energy by "
+               "module kind (PNG, SVG; needs matplotlib: pip install '.[plot]')")
+    add_output(parser, "--trace", help="write a Chrome / Perfetto trace of the generation "
+               "(trace-event JSON)")
     parser.add_argument("--mapping", type=Path, default=None,
                         help="layer -> device mapping (UPMEM notation, YAML/JSON): also price the "
                         "counted run placed on those devices (perfcounter simulate)")
     parser.add_argument("--quiet", action="store_true", help="only the predicted-vs-measured table")
+    parser.add_argument("--no_memory_check", action="store_true",
+                        help="run even when the KV cache and activations exceed the memory left "
+                        "on the device (refused by default, with the largest batch that fits)")
     parser.add_argument("--trust_remote_code", action="store_true",
                         help="let transformers run code that comes with a checkpoint (off: refused)")
     parser.add_argument("--count_every_step", action="store_true",
@@ -348,21 +345,9 @@ if __name__ == "__main__":
     parser.add_argument("--draft_model", default=None, help="the draft's preset name: config only "
                         "(as --model), or a draft checkpoint's config")
     parser.add_argument("--speculate_k", type=int, default=5, help="draft tokens per round")
-    parser.add_argument("--quantize", default=None,
-                        help="weight-only quantization of every linear (gpt-fast's): int8, int4 "
-                        "(group 128) or int4-32/64/128/256; a real checkpoint is quantized as "
-                        "loaded (scripts/quantize.py writes one), config only prices the layout")
-    parser.add_argument("--weight_dtype", default=None,
-                        help="what-if weights: int8, int4 (with --group_size) or a float dtype")
-    parser.add_argument("--group_size", type=int, default=None, help="int4 group: 32, 64, 128, 256")
-    parser.add_argument("--kv_dtype", default=None,
-                        help="KV cache: int8 or fp8 with a scale per token and head (default: "
-                        "the activations' dtype)")
     parser.add_argument("--price_as", default="stored",
-                        help="a GGUF's weights: stored (its quant types' bytes, the default) or "
-                        "executed (the dequantized float weights the run holds)")
-    parser.add_argument("--act_dtype", default=None,
-                        help="activations' dtype, as --precision: bf16, fp16, fp32")
+                        help="a GGUF's weights: stored (its quant types' bytes) or executed (the "
+                        "dequantized float weights the run holds)")
     parser.add_argument("--acceptance_rate", type=float, default=None,
                         help="per-token acceptance in (0, 1] to price speculation at (config only; "
                         "a real run measures it)")
@@ -371,11 +356,12 @@ if __name__ == "__main__":
     with collected_warnings():
         try:
             settle_objects()
-            result = main(**vars(cli_args))
+            result = main(**generate_keywords(cli_args))
             settle_objects()
             status = 1 if cli_args.save_path is not None and result["saved_to"] != cli_args.save_path \
                 else 0  # 1: the results were kept elsewhere; stderr said where
         except (GenerateArgumentError, CheckpointError, TokenizerError, UnknownModelError,
+                MemoryFitError,
                 MappingError, DeviceSpecError, speculative.SpeculativeArgumentError) as e:
             print(f"{parser.prog}: error: {e}", file=sys.stderr)
             status = 2

@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 
 from perfcounter._util import check_writable_target, did_you_mean
+from perfcounter.generation.run import GenerateArgumentError
 
 PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 PRECISION_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16",
@@ -279,3 +280,28 @@ def config_of(model):
     if len(ggufs) == 1:
         return ggufs[0]
     return folder.name
+
+
+def generate_keywords(args) -> dict:
+    """generate.py's flags as its `main`'s keywords: --model sorted into a checkpoint (a real
+    run), a config or a preset (config only); the old --checkpoint_path keeps --model and
+    --config as its config; --prompt TEXT replaces the synthetic --prompt_length prompt;
+    --execution other than eager times a compiled run."""
+    kw = dict(vars(args))
+    model, checkpoint, config = kw.pop("model"), kw.pop("checkpoint_path"), kw.pop("config")
+    if model is not None and checkpoint is None and config is None:
+        try:
+            kind = model_source(model)
+        except ValueError as e:
+            raise GenerateArgumentError(str(e)) from None
+        if kind == "checkpoint":
+            checkpoint, model = model, None
+        elif kind == "config":
+            config, model = model, None
+    kw.update(model=model, checkpoint_path=checkpoint and Path(checkpoint),
+              config=config and Path(config), compile=kw["execution"] != "eager")
+    if kw["prompt"] is None:
+        del kw["prompt"]  # main's own text, unused: the prompt is --prompt_length tokens
+    else:
+        kw["prompt_length"] = None
+    return kw
