@@ -309,7 +309,8 @@ def save_results(doc: dict, save_path) -> Path:
         return Path("-")
 
 
-if __name__ == "__main__":
+def build_parser() -> Parser:
+    """generate.py's flags: the shared model and run flags (cli/flags.py) and its own."""
     parser = Parser(prog="generate.py", description=__doc__.split("\n\n")[0])
     add_model_flags(parser, legacy_paths=True)  # --model, --max_new_tokens, ... (cli/flags.py)
     parser.add_argument("--prompt", default=None, help="a text prompt, encoded by the "
@@ -351,6 +352,11 @@ if __name__ == "__main__":
     parser.add_argument("--acceptance_rate", type=float, default=None,
                         help="per-token acceptance in (0, 1] to price speculation at (config only; "
                         "a real run measures it)")
+    return parser
+
+
+if __name__ == "__main__":
+    parser = build_parser()
     quiet_third_party()
     cli_args = parser.parse_args()
     with collected_warnings():

@@ -50,6 +50,7 @@ def test_count_refuses_a_config_that_is_not_an_object(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("change, message", [BAD[1], BAD[6]], ids=["zero heads", "a string"])
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_generate_refuses_a_bad_config_in_one_line(tmp_path, change, message):
     path = _write(tmp_path, change)
     run = subprocess.run([sys.executable, "generate.py", "--model", str(path), "--hf",

@@ -53,6 +53,7 @@ def test_devices_unknown_name_fails_with_suggestion(capsys):
     assert "unknown device 'rtx3090'; did you mean rtx-3090" in err
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_calibrate_writes_a_loadable_spec(capsys, tmp_path):
     out_file = tmp_path / "cal.yaml"
     argv = ["calibrate", "--array-mb", "1", "--repeats", "2", "--matmul-n", "32",
@@ -69,6 +70,7 @@ def test_calibrate_writes_a_loadable_spec(capsys, tmp_path):
     assert get_device_spec(f"{out_file}:tiny").name == "tiny"
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_calibrate_default_location_is_found_by_name(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(argv=["calibrate", "--array-mb", "1", "--repeats", "1", "--matmul-n", "16",

@@ -139,6 +139,7 @@ def test_fit_refuses_what_is_not_affine():
 
 
 # -- decode steps: derived equals stepwise --------------------------------------------------
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_static_cache_64_steps_derived_equal_stepwise():
     torch.manual_seed(0)
     model = randomize_(Transformer(tiny_args(block_size=128)))
@@ -152,6 +153,7 @@ def test_static_cache_64_steps_derived_equal_stepwise():
     assert decode.latency > 0 and "61 uncounted of 64 steps" in decode.timing
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_static_cache_valid_kv_bytes_derived_equal_stepwise():
     torch.manual_seed(0)
     model = randomize_(Transformer(tiny_args(block_size=128)))
@@ -161,6 +163,7 @@ def test_static_cache_valid_kv_bytes_derived_equal_stepwise():
             == derived.counts["decode"].trace.kv_cache_valid_read)
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 @pytest.mark.parametrize("static", [False, True], ids=["DynamicCache", "StaticCache"])
 def test_transformers_cache_64_steps_derived_equal_stepwise(static):
     model = make_hf_model("llama")
@@ -298,6 +301,7 @@ def test_layers_below_the_counter_depth_fall_back_to_every_layer():
         assert_same(every.counts[label].trace, derived.counts[label].trace)
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_70b_prefill_and_one_decode_equal_every_layer():
     args = ModelArgs.from_name("llama-3-70b")
     every, derived = TransformerPerformanceCounter(), TransformerPerformanceCounter()
@@ -320,6 +324,7 @@ def test_generate_config_only_derived_equals_count_every_step(tmp_path):
         assert every[label].num_tokens == derived[label].num_tokens
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_generate_real_run_counts_three_steps_and_times_the_rest():
     torch.manual_seed(0)
     model = randomize_(Transformer(tiny_args(block_size=64)))
@@ -335,6 +340,7 @@ def test_generate_real_run_counts_three_steps_and_times_the_rest():
     assert_same(every.counts["decode"].trace, decode.trace, valid_kv=False)
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_transformers_config_alternating_layers_derived_equals_counted():
     import transformers
     from perfcounter.generation.config_only import count_hf_config

@@ -3,6 +3,7 @@ runs a model show the same shared flags with the same defaults in --help; a mist
 or choice gets the nearest valid one; old spellings work with one note; every flag that
 writes refuses a missing folder the same way, while parsing, and makes no folder."""
 import contextlib
+import importlib.util
 import io
 import re
 import subprocess
@@ -15,6 +16,9 @@ from perfcounter.cli import flags
 from perfcounter.cli.main import build_parser, main
 
 REPO = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("generate", REPO / "generate.py")
+gen = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gen)
 COMMANDS = ["count", "profile", "op-bench", "graph", "simulate", "sweep", "serve"]
 SHARED = ["--model", "--prompt_length", "--max_new_tokens", "--batch_size", "--precision",
           "--execution", "--compile", "--device_spec", "--quantize", "--weight_dtype",
@@ -89,11 +93,19 @@ def test_a_mistyped_flag_or_choice_gets_the_nearest(command, capsys):
     assert "did you mean bf16?" in capsys.readouterr().err
 
 
-def test_generate_py_suggests_too():
-    run = run_generate("--max_new_tokns", "3")
-    assert run.returncode == 2
-    assert run.stderr == ("generate.py: error: unrecognized arguments: --max_new_tokns 3; "
-                          "did you mean --max_new_tokens?\n")
+def parse_generate(*argv):
+    """generate.py's parser, in this process: its exit status (0: parsed)."""
+    try:
+        gen.build_parser().parse_args([str(a) for a in argv])
+    except SystemExit as exc:
+        return exc.code
+    return 0
+
+
+def test_generate_py_suggests_too(capsys):
+    assert parse_generate("--max_new_tokns", "3") == 2
+    assert capsys.readouterr().err == ("generate.py: error: unrecognized arguments: "
+                                       "--max_new_tokns 3; did you mean --max_new_tokens?\n")
 
 
 def test_a_mistyped_command():
@@ -145,13 +157,27 @@ def test_every_writing_flag_refuses_a_missing_folder_the_same_way(tmp_path, caps
 
 
 @pytest.mark.parametrize("flag", ["--save_path", "--plot", "--trace"])
-def test_generate_py_refuses_a_missing_folder_the_same_way(flag, tmp_path):
+def test_generate_py_refuses_a_missing_folder_the_same_way(flag, tmp_path, capsys):
     target = tmp_path / "missing" / "out.x"
-    run = run_generate("--model", "smollm2-135m", flag, target)
-    assert run.returncode == 2
-    assert run.stderr == (f"generate.py: error: {flag} {target}: folder {target.parent} does "
-                          "not exist\n")
+    assert parse_generate("--model", "smollm2-135m", flag, target) == 2
+    assert capsys.readouterr().err == (f"generate.py: error: {flag} {target}: folder "
+                                       f"{target.parent} does not exist\n")
     assert not target.parent.exists()
+
+
+def test_generate_keywords(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    parse = gen.build_parser().parse_args
+    kw = flags.generate_keywords(parse(["--model", str(tmp_path), "--compile"]))
+    assert (kw["config"], kw["model"], kw["checkpoint_path"]) == (tmp_path, None, None)
+    assert kw["compile"] and kw["execution"] == "compiled" and kw["prompt_length"] == 128
+    (tmp_path / "model.pth").write_bytes(b"")
+    kw = flags.generate_keywords(parse(["--model", str(tmp_path / "model.pth"), "--prompt", "Hi"]))
+    assert (kw["checkpoint_path"], kw["prompt"], kw["prompt_length"]) == (
+        tmp_path / "model.pth", "Hi", None)  # a text prompt replaces the synthetic one
+    kw = flags.generate_keywords(parse(["--model", "llama-2-7b"]))
+    assert (kw["model"], kw["config"], kw["checkpoint_path"], kw["compile"]) == (
+        "llama-2-7b", None, None, False)
 
 
 def test_model_source(tmp_path):

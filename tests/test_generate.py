@@ -207,6 +207,7 @@ def test_cli_exits_with_the_message():
     assert "UserWarning" not in run.stderr  # the name is checked before anything else runs
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_smollm2_says_paris_through_our_transformer(smollm2_dir):
     result = gen.main(checkpoint_path=smollm2_dir, prompt="The capital of France is",
                       max_new_tokens=2, precision="float32", **QUIET)

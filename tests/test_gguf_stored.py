@@ -159,6 +159,7 @@ def test_generate_refuses_an_unknown_price_as():
     assert "Traceback" not in run.stderr
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_smollm2_q4_1_as_stored():
     """The built-in default: 210 Q4_1 tensors, token_embd Q8_0 (tied output), 61 F32 norms:
     96,576,768 B stored, every one of which a decode step reads (float32 norms)."""

@@ -169,6 +169,7 @@ def test_missing_or_corrupt_tokenizer_is_named(tmp_path):
         load_tokenizer(tmp_path)
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_convert_script_writes_our_layout(tmp_path, hf_llama_dir, hf_tokenizer_file):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (hf_llama_dir / name).write_bytes((hf_tokenizer_file.parent / name).read_bytes())
@@ -193,6 +194,7 @@ def test_convert_refuses_what_it_cannot_read(tmp_path):
     assert run.returncode == 2 and "missing: no such file or folder" in run.stderr
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_smollm2_gguf_converted_says_paris(smollm2_dir):
     loaded = load_model(smollm2_dir)
     args = loaded.args  # published: 30 layers, hidden 576, 9 heads, 3 kv heads, theta 1e5

@@ -45,6 +45,7 @@ def test_a_run_that_does_not_fit_is_refused_with_the_largest_batch_that_does():
                    available=(10_000, "free here"))
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_generate_refuses_a_batch_the_host_cannot_hold_before_allocating_it(tmp_path, tiny_model):
     from perfcounter.models.loading import save_checkpoint
     save_checkpoint(tmp_path, tiny_args(), tiny_model.state_dict())

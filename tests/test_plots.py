@@ -69,6 +69,7 @@ def test_kind_rows_add_up_to_the_prediction_and_the_energy(counted):
             assert {"attention", "mlp", "norm", "embedding", "lm_head"} <= kinds
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_write_plots_writes_png_and_svg(counted, tmp_path):
     files = write_plots(tmp_path, counted, ["h100-sxm", "pim-ai-4chip"])
     names = sorted(p.name for p in files)
@@ -178,6 +179,7 @@ def test_without_matplotlib(monkeypatch, tmp_path, capsys):
     assert capsys.readouterr().err.count("\n") == 1
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_generate_flags(tmp_path):
     spec = importlib.util.spec_from_file_location("generate", REPO / "generate.py")
     gen = importlib.util.module_from_spec(spec)

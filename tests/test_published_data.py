@@ -131,6 +131,7 @@ def test_genz_figures_skips_what_it_cannot_model(rows):
     assert absent["genz"] is None and "not in our registry" in absent["skipped"]
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_perfcounter_does_not_import_genz():
     import subprocess
     code = "import sys, perfcounter; print('GenZ' in sys.modules)"

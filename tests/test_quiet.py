@@ -40,6 +40,7 @@ def _stderr_lines(argv, cwd=REPO):
     ["generate.py", "--model", "{config}", "--hf", "--max_new_tokens", "3",
      "--device_spec", "h100-sxm"],
 ])
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_a_transformers_backed_command_prints_no_foreign_line(tiny_config, argv):
     run, lines = _stderr_lines([a.replace("{config}", str(tiny_config)) for a in argv])
     # whatever stderr holds is ours: one line each, "perfcounter: ..." or the script's own
@@ -49,6 +50,7 @@ def test_a_transformers_backed_command_prints_no_foreign_line(tiny_config, argv)
     assert len(lines) == len(set(lines))  # each warning once
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_count_json_writes_only_json_to_stdout(tiny_config):
     run, _ = _stderr_lines(["-m", "perfcounter.cli", "count", "--model", str(tiny_config), "--hf",
                             "--prompt_length", "4", "--max_new_tokens", "2", "--json"])

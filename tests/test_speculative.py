@@ -111,6 +111,7 @@ def test_greedy_with_the_target_as_draft_accepts_all_and_equals_greedy(target, m
     assert measured.per_token.flops == pytest.approx((draft.total_flops + check.total_flops) / 10)
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_greedy_speculation_keeps_the_targets_tokens_with_another_draft(target, draft):
     prompt = torch.tensor([[1, 5, 9, 2]])
     ids, acceptance = speculative_generate(target, draft, prompt, 20, speculate_k=3)
@@ -123,6 +124,7 @@ def test_greedy_speculation_keeps_the_targets_tokens_with_another_draft(target, 
     assert format_speculative([]).endswith("no rounds (the prefill made the only new token)")
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_sampled_speculation(target, draft):
     torch.manual_seed(0)
     sampler = Sampler(0.8, 10, gen.logits_to_probs, gen.multinomial_sample_one_no_sync)
@@ -195,6 +197,7 @@ def test_config_only_with_an_acceptance_rate():
     assert cost.speedup == pytest.approx(cost.tokens_per_s * alone.roofline_latency)
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_generate_config_only_prints_the_cost_per_accepted_token(capsys):
     result = gen.main(model="smollm2-360m", draft_model="smollm2-135m", speculate_k=4,
                       acceptance_rate=0.8, prompt_length=8, max_new_tokens=16, quiet=True,
