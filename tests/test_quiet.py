@@ -37,8 +37,8 @@ def _stderr_lines(argv, cwd=REPO):
 @pytest.mark.parametrize("argv", [
     ["-m", "perfcounter.cli", "count", "--model", "{config}", "--hf", "--prompt_length", "4",
      "--max_new_tokens", "3", "--device_spec", "h100-sxm"],
-    ["generate.py", "--model", "{config}", "--hf", "--max_new_tokens", "3",
-     "--device_spec", "h100-sxm"],
+    ["generate.py", "--model", "{config}", "--hf", "--prompt_length", "4", "--max_new_tokens",
+     "3", "--device_spec", "h100-sxm"],
 ])
 @pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_a_transformers_backed_command_prints_no_foreign_line(tiny_config, argv):
