@@ -1,4 +1,5 @@
 """Device registry: shipped YAML, spot values, lookups, bad input, CUDA autodetection."""
+import dataclasses
 import json
 import math
 import warnings
@@ -505,6 +506,14 @@ def test_default_device_spec(monkeypatch):
                             flops_per_s=1e11, dtype=torch.float32,
                             source={"bandwidth": "test", "flops_by_dtype": "test"})
     write_device_specs(devices.calibrated_spec_path(), [calibrated])
+    with pytest.warns(UserWarning, match="predates the checks"):  # never the default unchecked
+        assert default_device_spec().name == "generic-cpu"
+    failed = dataclasses.replace(calibrated, calibration_check={"passed": False, "flags": ["x"]})
+    write_device_specs(devices.calibrated_spec_path(), [failed])
+    with pytest.warns(UserWarning, match="failed its checks"):
+        assert default_device_spec().name == "generic-cpu"
+    passed = dataclasses.replace(calibrated, calibration_check={"passed": True, "flags": []})
+    write_device_specs(devices.calibrated_spec_path(), [passed])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert default_device_spec().bandwidth == 20e9
@@ -618,6 +627,7 @@ TINY = ["calibrate", "--array-mb", "1", "--repeats", "1", "--matmul-n", "16",
 
 @pytest.mark.parametrize("content", ["devices: [1, 2\n", "\x00\xff\xfe binary",
                                      "devices: {calibrated: {device_type: cpu}}\n"])
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_calibrate_replaces_a_corrupt_calibrated_file_and_keeps_the_old_one(
         capsys, monkeypatch, content):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

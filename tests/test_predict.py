@@ -279,6 +279,7 @@ def test_calibrate_on_cuda_without_a_gpu_is_one_line(capsys, monkeypatch):
                    "is available here (valid: cpu)\n")
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_calibrate_measures_curves_and_overheads_that_predict_reads(tmp_path, capsys):
     out = tmp_path / "cal.yaml"
     assert main(argv=["calibrate", "--array-mb", "1", "--repeats", "1", "--matmul-n", "32",
@@ -287,7 +288,7 @@ def test_calibrate_measures_curves_and_overheads_that_predict_reads(tmp_path, ca
     assert "overhead per op call, eager" in capsys.readouterr().out
     (spec,) = load_device_specs(out)
     assert set(spec.op_curves) == set(OP_CLASSES)
-    assert set(spec.op_overhead_s) == {"eager", "eager_cold", "compiled"}
+    assert set(spec.op_overhead_s) == {"eager", "eager_cold", "compiled", "gemv_row_float32"}
     assert list(spec.matmul_rows["float32"]) == [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
     assert P.predict(toy_trace(), spec).basis == "curve"
 

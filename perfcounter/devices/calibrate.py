@@ -16,16 +16,17 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from perfcounter.devices.calibration_check import (all_flags, best_of, check_record,
+                                                   describe_check, load_average, spread)
 from perfcounter.devices.dtypes import as_dtype, dtype_name
-from perfcounter.devices.op_rates import (ROW_KS, ROWS, MiB, call_overhead, check_clock,
-                                          eager_overheads, fill_operands, last_level_cache_bytes,
-                                          matmul_rows, op_curves, sync)
+from perfcounter.devices.op_rates import (CLOCKS, ROW_KS, ROWS, MiB, call_overhead, check_clock,
+                                          eager_overheads, fill_operands, gemv_row_seconds,
+                                          last_level_cache_bytes, matmul_rows, op_curves, sync)
 from perfcounter.devices.registry import calibrated_spec_path
 from perfcounter.devices.spec import DeviceSpec
 from perfcounter.devices.spec_file import write_device_specs
@@ -39,10 +40,11 @@ def default_array_bytes() -> int:
     return min(1024 * MiB, max(64 * MiB, (last_level_cache_bytes() or 0) // 2))
 
 
-def triad_bandwidth(array_bytes: int, repeats: int = 10, device="cpu", pool=None) -> float:
+def triad_bandwidth(array_bytes: int, repeats: int = 10, device="cpu", pool=None,
+                    clock: str = "wall") -> float:
     """Best achievable B/s of a = b + 3·c over three float32 arrays of `array_bytes` each
-    (the thirds of `pool`, a float32 tensor, when given)."""
-    device = torch.device(device)
+    (the thirds of `pool`, a float32 tensor, when given), timed by `clock` (CLOCKS)."""
+    device, now = torch.device(device), CLOCKS[check_clock(clock)]
     n = max(1, array_bytes // 4)
     if pool is None:
         pool = torch.rand(3 * n, dtype=torch.float32, device=device)
@@ -51,32 +53,33 @@ def triad_bandwidth(array_bytes: int, repeats: int = 10, device="cpu", pool=None
     best = float("inf")
     for _ in range(max(1, repeats)):
         sync(device)
-        start = time.perf_counter()
+        start = now()
         torch.add(b, c, alpha=3.0, out=a)
         sync(device)
-        best = min(best, time.perf_counter() - start)
-    return n * TRIAD_BYTES_PER_ELEMENT / best
+        best = min(best, now() - start)
+    return n * TRIAD_BYTES_PER_ELEMENT / max(best, 1e-9)
 
 
-def matmul_flops(n: int, dtype=torch.float32, device="cpu", min_time: float = 0.2) -> float:
+def matmul_flops(n: int, dtype=torch.float32, device="cpu", min_time: float = 0.2,
+                 clock: str = "wall") -> float:
     """Best achievable FLOP/s of an n×n @ n×n matmul in `dtype` (2·n³ FLOPs each)."""
-    device, dtype = torch.device(device), as_dtype(dtype)
+    device, dtype, now = torch.device(device), as_dtype(dtype), CLOCKS[check_clock(clock)]
     x = torch.randn(n, n, device=device).to(dtype)
     y = torch.randn(n, n, device=device).to(dtype)
     sync(device)
-    start = time.perf_counter()
+    start = now()
     torch.mm(x, y)  # warm-up, and a first estimate of one call's time
     sync(device)
-    once = max(time.perf_counter() - start, 1e-6)
+    once = max(now() - start, 1e-6)
     batch = max(1, int(min_time / 5 / once))
     best = float("inf")
     for _ in range(5):
         sync(device)
-        start = time.perf_counter()
+        start = now()
         for _ in range(batch):
             torch.mm(x, y)
         sync(device)
-        best = min(best, (time.perf_counter() - start) / batch)
+        best = min(best, max(now() - start, 1e-9) / batch)
     return 2 * n**3 / best
 
 
@@ -98,6 +101,7 @@ class Calibration:
     overhead_s: dict = field(default_factory=dict)  # execution -> s per op call
     curves: dict = field(default_factory=dict)  # see op_curves()
     rows: dict = field(default_factory=dict)  # see matmul_rows()
+    check: dict = field(default_factory=dict)  # calibration_check.check_record()
 
     def to_spec(self, name: str = "calibrated") -> DeviceSpec:
         when = datetime.date.today().isoformat()
@@ -115,6 +119,8 @@ class Calibration:
             source["op_overhead_s"] = (f"{how}: eager = a tiny transformer's decode step / "
                                        f"the op calls counted in it (eager_cold: with a "
                                        f"stream of 4x L2 before each linear); compiled = one direct op call; "
+                                       f"gemv_row_<dtype> = a GEMV's time per weight row "
+                                       f"(K = 256 vs 4096, same bytes); "
                                        f"{self.clock} clock")
         if self.curves:
             source["op_curves"] = (f"{how}: a representative op per class timed warm and cold "
@@ -129,7 +135,8 @@ class Calibration:
                           bandwidth=self.bandwidth, vram=self.memory_bytes, dtype=dtype,
                           flops_by_dtype=dict(self.flops), source=source,
                           cache_bytes=self.cache_bytes, op_overhead_s=dict(self.overhead_s),
-                          op_curves=self.curves, matmul_rows=self.rows)
+                          op_curves=self.curves, matmul_rows=self.rows,
+                          calibration_check=dict(self.check))
 
 
 def _processor(device: torch.device) -> str:
@@ -179,35 +186,86 @@ def measurable_device(device, purpose: str = "calibrate") -> torch.device:
 
 def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10,
               matmul_n: int = 1024, dtypes=("float32", "bfloat16"),
-              min_time: float = 0.2, curves: bool = True, clock: str = "wall") -> Calibration:
+              min_time: float = 0.2, curves: bool = True, clock: str = "auto",
+              rounds: int = 2, retries: int = 2) -> Calibration:
     """Measure bandwidth (triad), matmul FLOP/s for each of `dtypes` and, with `curves`,
-    the per-op overheads and per-class rates on `device` (about 10 s by default); op
-    times read from `clock` (CLOCKS)."""
+    the per-op overheads and per-class rates on `device` (about 10 s a round); op times
+    read from `clock` (CLOCKS; "auto": the thread's CPU time with one torch thread, else
+    wall). Every figure is measured `rounds` times, the fastest kept and the spread
+    recorded; figures that break calibration_check's rules are measured again (up to
+    `retries` more rounds); what is still flagged, the spread and the load before and after
+    land in the result's `check` (passed: no flag)."""
     device = measurable_device(device)
-    check_clock(clock)
+    clock = check_clock("wall" if clock == "auto" and device.type == "cuda" else clock)
     if array_bytes is None:
         array_bytes = default_array_bytes()
-    if array_bytes <= 0 or repeats <= 0 or matmul_n <= 0 or min_time <= 0:
-        raise ValueError(f"array_bytes, repeats, matmul_n and min_time must be positive, got "
-                         f"{array_bytes}, {repeats}, {matmul_n}, {min_time}")
+    if array_bytes <= 0 or repeats <= 0 or matmul_n <= 0 or min_time <= 0 or rounds < 1 \
+            or retries < 0:
+        raise ValueError(f"array_bytes, repeats, matmul_n, min_time and rounds must be "
+                         f"positive and retries >= 0, got {array_bytes}, {repeats}, "
+                         f"{matmul_n}, {min_time}, {rounds}, {retries}")
+    load = [load_average()]
     dtypes = [as_dtype(d) for d in dtypes]
-    flops = {d: matmul_flops(matmul_n, d, device, min_time) for d in dtypes}
     n = max(1, array_bytes // 4)
     pool = torch.full((3 * n,), 0.5, dtype=torch.float32, device=device)
-    bandwidth = triad_bandwidth(array_bytes, repeats, device, pool)
+    bandwidth = max(triad_bandwidth(array_bytes, repeats, device, pool, clock)
+                    for _ in range(rounds))
     fill_operands(pool)
-    overheads, rates, rows = {}, {}, {}
-    if curves:
-        overheads = {**eager_overheads(device, clock=clock),
-                     "compiled": call_overhead(device, clock=clock)}
-        rates = op_curves(pool, dtypes, device, min_time, clock)
-        rows = matmul_rows(pool, dtypes, device, min_time, clock)
+
+    def measure(part: str) -> dict:
+        if part == "flops":
+            return {dtype_name(d): matmul_flops(matmul_n, d, device, min_time, clock)
+                    for d in dtypes}
+        if part == "overheads":
+            rows = gemv_row_seconds(pool, dtypes, device, min_time, clock)
+            return {**eager_overheads(device, clock=clock),
+                    "compiled": call_overhead(device, clock=clock),
+                    **{f"gemv_row_{d}": s for d, s in rows.items()}}
+        row_s = {k[len("gemv_row_"):]: v for k, v in got.get("overheads", {}).items()
+                 if k.startswith("gemv_row_")}
+        if part == "curves":
+            return op_curves(pool, dtypes, device, min_time, clock, row_s)
+        return matmul_rows(pool, dtypes, device, min_time, clock, row_s)
+    parts = ["flops"] + (["overheads", "curves", "rows"] if curves else [])
+    got, spreads = {}, {}
+    for part in parts:
+        first = measure(part)
+        for _ in range(rounds - 1):
+            again = measure(part)
+            spreads.update(spread(first, again, f"{part} "))
+            first = best_of(first, again)
+        got[part] = first
+    flags = _flags(got, matmul_n)
+    for _ in range(retries):  # the parts a flag names, measured again: the fastest kept
+        if not flags:
+            break
+        for part in {_part(f) for f in flags}:
+            got[part] = best_of(got[part], measure(part))
+        flags = _flags(got, matmul_n)
+    load.append(load_average())
+    check = check_record(clock=clock, threads=torch.get_num_threads(), load=load,
+                         flags=flags, spreads=spreads, rounds=rounds)
     return Calibration(device=str(device), processor=_processor(device),
                        threads=torch.get_num_threads(), array_bytes=array_bytes,
                        repeats=repeats, clock=clock, matmul_n=matmul_n, bandwidth=bandwidth,
-                       flops=flops, memory_bytes=_memory_bytes(device),
-                       cache_bytes=_cache_bytes(device), overhead_s=overheads, curves=rates,
-                       rows=rows)
+                       flops={as_dtype(k): v for k, v in got["flops"].items()},
+                       memory_bytes=_memory_bytes(device),
+                       cache_bytes=_cache_bytes(device), overhead_s=got.get("overheads", {}),
+                       curves=got.get("curves", {}), rows=got.get("rows", {}), check=check)
+
+
+def _flags(got: dict, matmul_n: int) -> list[str]:
+    return all_flags(got["flops"], got.get("overheads", {}), got.get("curves", {}),
+                     got.get("rows", {}), matmul_n)
+
+
+def _part(flag: str) -> str:
+    """Which measurement a flag (calibration_check's wording) is about."""
+    if flag.startswith("eager"):
+        return "overheads"
+    if " rows:" in flag:
+        return "rows"
+    return "flops" if flag.startswith("matmul") else "curves"
 
 
 def save_calibrated(spec: DeviceSpec, path=None) -> Path:
@@ -228,7 +286,10 @@ def describe(cal: Calibration) -> list[str]:
         lines.append(f"matmul {dtype_name(dtype)} {cal.matmul_n}x{cal.matmul_n}: "
                      f"{value / 1e9:.1f} GFLOP/s")
     for execution, seconds in cal.overhead_s.items():
-        lines.append(f"overhead per op call, {execution}: {seconds * 1e6:.2f} us")
+        if execution.startswith("gemv_row_"):
+            lines.append(f"GEMV, per weight row, {execution[9:]}: {seconds * 1e9:.0f} ns")
+        else:
+            lines.append(f"overhead per op call, {execution}: {seconds * 1e6:.2f} us")
     for cls, by_dtype in cal.curves.items():
         for dt, points in by_dtype.items():
             cells = ", ".join(f"{w / MiB:g} MiB {a / 1e9:.1f}/{b / 1e9:.1f} GB/s "
@@ -237,4 +298,6 @@ def describe(cal: Calibration) -> list[str]:
     for dt, table in cal.rows.items():
         cells = ", ".join(f"{m}: {f / 1e9:.0f}" for m, f in table.items())
         lines.append(f"matmul {dt} by rows, GFLOP/s: {cells}")
+    lines.append(f"calibration {describe_check(cal.check)}")
+    lines += [f"  flagged: {f}" for f in cal.check.get("flags", [])[1:]]
     return lines

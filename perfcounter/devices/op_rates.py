@@ -49,9 +49,10 @@ from perfcounter.models.args import ModelArgs
 from perfcounter.models.model import Transformer
 
 MiB = 1 << 20
-# how op times are read: wall time, or the process's CPU time (on a machine other jobs share,
-# with one thread: the time an op would take alone, without the waits for a core)
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+# how op times are read: wall time, the process's CPU time, or the calling thread's CPU time
+# (on a machine other jobs share, with one torch thread: the time an op takes alone, without
+# the waits for a core; what neighbours cannot inflate, bar the caches they share)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time, "thread": time.thread_time}
 ROW = 1024  # row length of the reduction and indexing ops
 SKINNY = 16  # rows of the matmul that gives the gemv class its FLOP/s (predict.SKINNY_ROWS)
 
@@ -119,9 +120,17 @@ class _Pool:
 
 
 def check_clock(clock: str) -> str:
-    """clock itself when it is one of CLOCKS; else a ValueError naming them."""
+    """clock itself when it is one of CLOCKS ("auto": "thread" with one torch thread, else
+    "wall"); else a ValueError naming them. The thread clock misses the work of other
+    threads: it needs torch.get_num_threads() == 1."""
+    if clock == "auto":
+        clock = "thread" if torch.get_num_threads() == 1 else "wall"
     if clock not in CLOCKS:
-        raise ValueError(f"unknown clock {clock!r}; valid: {', '.join(CLOCKS)}")
+        raise ValueError(f"unknown clock {clock!r}; valid: auto, {', '.join(CLOCKS)}")
+    if clock == "thread" and torch.get_num_threads() != 1:
+        raise ValueError(f"the thread clock times the calling thread only; torch runs "
+                         f"{torch.get_num_threads()} threads: set one (--threads 1) or use "
+                         "the wall clock")
     return clock
 
 
@@ -230,8 +239,37 @@ def eager_overheads(device, min_time: float = 0.1, clock: str = "wall") -> dict[
     return {"eager": warm / calls, "eager_cold": max(cold - streams, warm) / calls}
 
 
-def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = "wall") -> dict:
-    """{class: {dtype name: [(working set B, warm B/s, cold B/s, FLOP/s), ...]}}."""
+ROW_K = (256, 4096)  # the inner dims gemv_row_seconds compares, at the same weight bytes
+
+
+def gemv_row_seconds(pool: torch.Tensor, dtypes, device, min_time: float,
+                     clock: str = "wall") -> dict[str, float]:
+    """{dtype name: seconds per weight row of a GEMV}: x[1,K] @ W[N,K]ᵀ over the same cold
+    8 MiB of weights at K = 256 and 4096 (N = bytes / K): t = bytes / B + N · t_row, so
+    t_row = (t_256 - t_4096) / (N_256 - N_4096). Each row starts a dot product afresh
+    (prefetch ramp, horizontal sum, store): measured 1 thread, float32, ~80 ns, which makes
+    a K = 576 GEMV stream at half the rate of a K = 4096 one."""
+    carve, direct = _Pool(pool), call_overhead(device, clock=clock)
+    wbytes = min(8 * MiB, pool.numel() * pool.element_size() // 4)
+    out = {}
+    for dt in dtypes:
+        t, n = [], []
+        for k in ROW_K:
+            rows = max(1, wbytes // (k * dt.itemsize))
+            x = torch.rand(1, k, device=device).to(dt)
+            s = time_calls(lambda: (lambda w: lambda: torch.mm(x, w.t()))(
+                carve.take((rows, k), dt)), device, min_time / 4, clock)
+            t.append(max(s - direct, 0.25 * s))
+            n.append(rows)
+        out[dtype_name(dt)] = max(0.0, (t[0] - t[1]) / (n[0] - n[1]))
+    return out
+
+
+def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = "wall",
+              row_s: dict | None = None) -> dict:
+    """{class: {dtype name: [(working set B, warm B/s, cold B/s, FLOP/s), ...]}}; row_s
+    ({dtype name: s}, gemv_row_seconds): each gemv point's own rows' share taken off its
+    times (the curve then streams; predict.py adds each GEMV's rows apart)."""
     carve, direct = _Pool(pool), call_overhead(device, clock=clock)
     largest = pool.numel() * pool.element_size() / 4  # each cold operand set: a quarter of the pool
     sizes = [s for s in (64 << 10, 1 << 20, 16 << 20, 128 << 20) if s <= largest] or [largest]
@@ -260,6 +298,9 @@ def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = 
                         timed(shapes, op, dt, per_point / 2),
                         timed(wide_shapes, wide_op, dt, per_point / 2)))
                     moved = nbytes + wide_bytes
+                    rows_s = (shapes[0][0] + wide_shapes[0][0]) * (row_s or {}).get(
+                        dtype_name(dt), 0.0)
+                    warm_s, cold_s = (max(s - rows_s, 0.5 * s) for s in (warm_s, cold_s))
                 else:
                     (warm_s, cold_s), moved = timed(shapes, op, dt, per_point), nbytes
                 if cls == "gemv":  # FLOP/s of the skinniest matmul that still is one: 16 rows
@@ -288,11 +329,12 @@ ROW_KS = (2048, 8192)  # the inner dims matmul_rows times: a feed-forward's up (
 
 
 def matmul_rows(pool: torch.Tensor, dtypes, device, min_time: float,
-                clock: str = "wall") -> dict:
+                clock: str = "wall", row_s: dict | None = None) -> dict:
     """{dtype name: {rows M: FLOP/s}}: x[M,K] @ W[N,K]ᵀ, W cold and about 16 MiB, for each K
     of ROW_KS (N = 16 MiB / K), at each M of ROWS; the FLOP/s of the two calls together
     (their times summed: a bfloat16 matmul of K = 8192 runs slower than one of 2048
-    at a few hundred rows). See predict.rows_flops."""
+    at a few hundred rows); up to SKINNY rows (a GEMV), the weight rows' share (row_s,
+    gemv_row_seconds) taken off, as predict.py adds it apart. See predict.rows_flops."""
     carve, direct = _Pool(pool), call_overhead(device, clock=clock)
     budget = min(16 * MiB, pool.numel() * pool.element_size() // 4)
     out = {}
@@ -306,7 +348,8 @@ def matmul_rows(pool: torch.Tensor, dtypes, device, min_time: float,
                 t = time_calls(lambda: (lambda w: lambda: torch.mm(x, w.t()))(
                     carve.take((n, k), dt)), device, min_time / len(ROWS) / len(ROW_KS), clock)
                 flops += 2 * m * n * k
-                seconds += max(t - direct, 0.25 * t)
+                own = n * (row_s or {}).get(dtype_name(dt), 0.0) if m <= SKINNY else 0.0
+                seconds += max(t - direct - own, 0.25 * t)
             table[m] = flops / seconds
         out[dtype_name(dt)] = table
     return out

@@ -41,9 +41,14 @@ _user_specs: list[tuple[str, DeviceSpec]] = []  # (resolved file path, spec)
 
 
 def perfcounter_home() -> Path:
-    """$PERFCOUNTER_HOME, else $XDG_CACHE_HOME/perfcounter, else ~/.cache/perfcounter."""
+    """$PERFCOUNTER_HOME, else $XDG_CACHE_HOME/perfcounter, else ~/.cache/perfcounter; a
+    DeviceSpecError when it names something that is not a folder (checked before any work)."""
     if os.environ.get("PERFCOUNTER_HOME"):
-        return Path(os.environ["PERFCOUNTER_HOME"]).expanduser()
+        home = Path(os.environ["PERFCOUNTER_HOME"]).expanduser()
+        if home.exists() and not home.is_dir():
+            raise DeviceSpecError(f"PERFCOUNTER_HOME={os.environ['PERFCOUNTER_HOME']!r} is not a "
+                                  "folder; set it to a folder (calibrate makes it) or unset it")
+        return home
     cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(cache) / "perfcounter"
 
@@ -293,20 +298,37 @@ class CUDADeviceSpec(DeviceSpec):
 
 
 def default_device_spec(dtype=None) -> DeviceSpec:
-    """The device this process runs on, as well as it is known.
+    """The device this process runs on, as well as it is known (default_spec_and_why)."""
+    spec, why = default_spec_and_why(dtype)
+    if spec.name == "generic-cpu":
+        warnings.warn(f"{why}. Run `perfcounter calibrate` to measure it.", PerfcounterWarning,
+                      stacklevel=2)
+    return spec
+
+
+def default_spec_and_why(dtype=None) -> tuple[DeviceSpec, str]:
+    """(the device this process runs on, as well as it is known; why that one, one line).
 
     CUDA available: the registry entry of the local GPU (CUDADeviceSpec).
-    Otherwise the spec `perfcounter calibrate` measured (calibrated_spec_path()),
-    else "generic-cpu" (assumed figures, see device_specs/cpu.yaml), with a warning.
+    Otherwise the spec `perfcounter calibrate` measured (calibrated_spec_path()) when it
+    passed its checks (calibration_check.py), else "generic-cpu" (assumed figures, see
+    device_specs/cpu.yaml): a calibration that failed its checks, or one from before
+    they were recorded, is never the default.
     """
     if torch.cuda.is_available():
         if dtype is None:
             dtype = find_cuda_device_spec(_local_cuda_name()).dtype
-        return CUDADeviceSpec(dtype=as_dtype(dtype))
+        return CUDADeviceSpec(dtype=as_dtype(dtype)), "the local GPU's registry entry"
     calibrated = [s for s in _calibrated() if s.device_type == "cpu"]
+    calibrated.sort(key=lambda s: s.name != "calibrated")  # the default name first
+    passed = [s for s in calibrated if s.calibration_check.get("passed")]
+    if passed:
+        return (get_device_spec(passed[0], dtype),
+                f"this machine's calibration ({calibrated_spec_path()}), which passed its checks")
+    why = "no calibrated spec for this machine; using 'generic-cpu' (assumed figures)"
     if calibrated:
-        calibrated.sort(key=lambda s: s.name != "calibrated")  # the default name first
-        return get_device_spec(calibrated[0], dtype)
-    warnings.warn("no calibrated spec for this machine; using 'generic-cpu' (assumed "
-                  "figures). Run `perfcounter calibrate` to measure it.", PerfcounterWarning, stacklevel=2)
-    return get_device_spec("generic-cpu", dtype)
+        check = calibrated[0].calibration_check
+        why = (f"the calibration in {calibrated_spec_path()} "
+               + ("failed its checks" if check else "predates the checks calibrate records")
+               + "; using 'generic-cpu' (assumed figures)")
+    return get_device_spec("generic-cpu", dtype), why

@@ -46,6 +46,7 @@ entry, the field, the value and what was expected.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -118,7 +119,8 @@ def nested_values(key: str, value, to_si: bool):
                       else p for p in pts] if isinstance(pts, (list, tuple)) else pts
                   for d, pts in table.items()} if isinstance(table, dict) else table
             for cls, table in value.items()}
-OTHER_FIELDS = ("device_type", "dtype", "profile", "aliases", "cuda_names", "source", "notes")
+OTHER_FIELDS = ("device_type", "dtype", "profile", "aliases", "cuda_names", "source", "notes",
+                "calibration_check")  # {passed: bool, clock, threads, load, flags, spread}
 UPMEM_PROFILE = "upmem"  # what `profile` says for the entries of a file in UPMEM's format
 UPMEM_REQUIRED = ("host_to_device_bw_GBs", "host_to_device_pj_per_bit",
                   "device_to_host_bw_GBs", "device_to_host_pj_per_bit", "mem_bw_GBs",
@@ -353,6 +355,11 @@ def parse_device_specs(data, origin: str) -> list[DeviceSpec]:
             aliases = _strings(ctx, "aliases", entry.get("aliases", []) or [])
             spec = _build(ctx, name, entry, device_type.strip(), aliases,
                           _sources(ctx, entry, default))
+            check = entry.get("calibration_check")
+            if check is not None:
+                if not isinstance(check, dict) or not isinstance(check.get("passed"), bool):
+                    raise ctx.bad("calibration_check", check, "a mapping with passed: true/false")
+                spec = replace(spec, calibration_check=dict(check))
         for key in dict.fromkeys(k.lower() for k in (spec.name, *spec.aliases)):
             if key in seen:
                 raise ctx.error(f"name or alias {key!r} is already used by entry "

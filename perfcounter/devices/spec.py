@@ -58,6 +58,8 @@ PROFILES = {"upmem": "a simulator profile of the UPMEM LLM framework (its defaul
 # the op classes a prediction prices apart (predict.py), and the two ways a program runs
 OP_CLASSES = ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing")
 EXECUTIONS = ("eager", "compiled", "cudagraphs")
+# op_efficiency keys: a class, or a GEMV by its weight's dtype (weight-only int8 / int4 kernels)
+EFFICIENCY_CLASSES = (*OP_CLASSES, "gemv_int8", "gemv_int4")
 # op_overhead_s keys: an execution, or "eager_cold": eager when each layer's weights have just
 # streamed through the caches (a model larger than the cache), which evicts the Python and
 # dispatcher state the next op needs
@@ -236,8 +238,8 @@ class DeviceSpec:
         put = object.__setattr__
         put(self, "op_overhead_s", check(self.op_overhead_s, "op_overhead_s", OVERHEADS,
                                          number("non-negative")))
-        put(self, "op_efficiency", check(self.op_efficiency, "op_efficiency", OP_CLASSES,
-                                         number("fraction")))
+        put(self, "op_efficiency", check(self.op_efficiency, "op_efficiency",
+                                         EFFICIENCY_CLASSES, number("fraction")))
         put(self, "op_curves", check(self.op_curves, "op_curves", OP_CLASSES, by_dtype))
 
         def by_rows(label, table):

@@ -46,6 +46,8 @@ def spec_to_entry(spec: DeviceSpec) -> dict:
             entry[key] = value / scale
     back = {t: k for k, t in targets.items()}
     entry["source"] = {back.get(f, f): text for f, text in spec.source.items() if f in back}
+    if spec.calibration_check:
+        entry["calibration_check"] = dict(spec.calibration_check)
     return entry
 
 

@@ -21,6 +21,8 @@ import torch
 
 from perfcounter._util import check_writable_target
 from perfcounter.counting.module_path import check_depth
+from perfcounter.devices.op_rates import CLOCKS, check_clock
+from perfcounter.devices.spec import EXECUTIONS
 from perfcounter.generation import speculative
 from perfcounter.generation.config_only import resolve_config
 from perfcounter.models.args import ModelArgs
@@ -55,24 +57,26 @@ def check_sampling(temperature: float = 1.0, top_k: int | None = None) -> None:
 
 
 class PhaseTimer:
-    """Wall time per phase label, the device synchronized around each block."""
+    """Seconds per phase label by `clock` (op_rates.CLOCKS: wall by default; thread: the
+    thread's CPU time, one torch thread, what other jobs on the machine cannot inflate),
+    the device synchronized around each block."""
 
-    def __init__(self, device):
-        self.device, self.seconds = device, defaultdict(float)
+    def __init__(self, device, clock: str = "wall"):
+        self.device, self.seconds, self.now = device, defaultdict(float), CLOCKS[clock]
 
     @contextlib.contextmanager
     def __call__(self, label: str, num_tokens: int):
         device_sync(self.device)
-        t0 = time.perf_counter()
+        t0 = self.now()
         yield
         device_sync(self.device)
-        self.seconds[label] += time.perf_counter() - t0
+        self.seconds[label] += self.now() - t0
 
 
-def time_samples(generate_one, num_samples: int, device):
+def time_samples(generate_one, num_samples: int, device, clock: str = "wall"):
     """`generate_one(phase=timer)` run `num_samples` times, each phase timed (PhaseTimer):
     (the generated ids of each sample, seconds of each sample, mean seconds per phase)."""
-    timer, outputs, seconds = PhaseTimer(device), [], []
+    timer, outputs, seconds = PhaseTimer(device, clock), [], []
     for _ in range(num_samples):
         t0 = time.perf_counter()
         y = generate_one(phase=timer)
@@ -119,6 +123,8 @@ class Options:
     kv_dtype: str | None
     act_dtype: str | None
     price_as: str
+    execution: str | None = None  # eager | compiled | cudagraphs; None: as --compile says
+    clock: str = "wall"  # how phases are timed (PhaseTimer)
     plot: Path | None
     trace: Path | None
     # resolved by check_options
@@ -138,7 +144,7 @@ class Options:
 
     @property
     def compiled(self) -> bool:  # whether the timed runs were compiled (config only times none)
-        return bool(self.compile and not self.config_only)
+        return self.execution != "eager" and not self.config_only
 
     @property
     def sampling(self) -> dict:
@@ -211,7 +217,28 @@ def check_options(o: Options) -> Options:
         raise GenerateArgumentError(f"unknown --precision {o.precision!r}; valid: "
                                     f"{', '.join(PRECISIONS)}")
     o.dtype = PRECISIONS[o.precision]
+    o.execution, o.compile = check_execution(o.execution, o.compile, o.device, o.config_only)
+    try:
+        o.clock = check_clock(o.clock)
+    except ValueError as e:
+        raise GenerateArgumentError(str(e)) from None
     return o
+
+
+def check_execution(execution, compile: bool, device: str, config_only: bool):
+    """(the program predicted and, a real run, timed: eager, compiled or cudagraphs; whether
+    the timed runs are torch.compile'd). --compile alone: compiled, or on a CUDA device
+    cudagraphs (the timed decode runs torch.compile's reduce-overhead mode: CUDA graphs)."""
+    if execution is None:
+        real_cuda = "cuda" in str(device) and not config_only
+        execution = ("cudagraphs" if real_cuda else "compiled") if compile else "eager"
+    if execution not in EXECUTIONS:
+        raise GenerateArgumentError(f"--execution {execution!r} is not valid; valid: "
+                                    f"{', '.join(EXECUTIONS)}")
+    if execution == "cudagraphs" and not config_only and "cuda" not in str(device):
+        raise GenerateArgumentError("--execution cudagraphs times CUDA graphs: it needs a CUDA "
+                                    "device (config only prices it for any device)")
+    return execution, compile or execution != "eager"
 
 
 def check_length(prompt_tokens: int, max_new_tokens: int, block_size: int | None) -> None:
@@ -273,16 +300,18 @@ def load_checkpoint(checkpoint_path, model_name, config, o: Options, log):
     log("Loading model ...")
     t0 = time.perf_counter()
     if o.hf:
-        loaded = load_hf_model(checkpoint_path, device=o.device, dtype=o.dtype,
-                               trust_remote_code=o.trust_remote_code, price_as=o.price_as)
+        loaded = load_hf_model(checkpoint_path, device=o.device, dtype=o.dtype,  # what runs
+                               trust_remote_code=o.trust_remote_code, price_as="executed")
     else:
         loaded = load_model(checkpoint_path, model_name=model_name, config_path=config,
                             device=o.device, dtype=o.dtype, trust_remote_code=o.trust_remote_code,
-                            price_as=o.price_as)
+                            price_as="executed")  # the run is priced as it runs; stored: a what-if
     device_sync(o.device)
     log(f"Time to load model: {time.perf_counter() - t0:.02f} seconds")
     if loaded.kind == "gguf":
-        log(describe_gguf(loaded.model, loaded.source, o.price_as))
+        log(describe_gguf(loaded.model, loaded.source, "executed")
+            + ("; as stored: the what-if line under the measured-vs-predicted table"
+               if o.price_as == "stored" else ""))
     return loaded
 
 

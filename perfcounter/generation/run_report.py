@@ -58,6 +58,7 @@ class Summary:
     labels: list[str]
     measured: dict
     spec_costs: list
+    as_stored: dict | None = None  # a GGUF run: {phase: predicted s} with its weights as stored
 
 
 def summarize(o: Options, out: Outcome, counter) -> Summary:
@@ -74,7 +75,9 @@ def summarize(o: Options, out: Outcome, counter) -> Summary:
     for label, seconds in measured.items():  # the one measured figure of each phase
         if seconds is not None:
             counter.set_measured(label, seconds, timing=how, execution=o.execution)
-    return Summary(active, total, size, labels, measured, spec_costs)
+    stored = as_stored(o, out, counter.device_spec) \
+        if out.gguf is not None and o.price_as == "stored" else None
+    return Summary(active, total, size, labels, measured, spec_costs, stored)
 
 
 def print_report(o: Options, out: Outcome, counter, s: Summary, spec, log) -> None:
@@ -104,8 +107,8 @@ def print_report(o: Options, out: Outcome, counter, s: Summary, spec, log) -> No
         log(f"  Average tokens/sec: {sum(tokens / t for t in out.seconds) / len(out.seconds):.2f}")
         log(f"  Memory used: {si(memory_used(o.device), 'B', prefix='G')}")
     print_predicted_vs_measured(counter, s.labels, execution=o.execution)
-    if out.gguf is not None and o.price_as == "stored":
-        print(as_stored_line(as_stored(o, out, spec), o.execution))
+    if s.as_stored is not None:
+        print(as_stored_line(s.as_stored, o.execution))
     if o.speculative:  # cost per accepted token, expected tokens/s from the roofline
         print(RULE + "\n" + speculative_cost.format_speculative(s.spec_costs, out.acceptance,
                                                                spec.name))
@@ -196,6 +199,6 @@ def results_doc(o: Options, out: Outcome, counter, s: Summary) -> dict:
                               "draft": str(o.draft_checkpoint_path or o.draft_model),
                               "accept_counts": out.acceptance and list(out.acceptance.counts),
                               "costs": [c.to_dict() for c in s.spec_costs]}
-    if out.gguf is not None and o.price_as == "stored":
-        run["as_stored_predicted_latency_s"] = as_stored(o, out, counter.device_spec)
+    if s.as_stored is not None:
+        run["as_stored_predicted_latency_s"] = s.as_stored
     return counter.to_json(run=run)  # each phase: its one measured latency, its prediction

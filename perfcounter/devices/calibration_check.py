@@ -1,0 +1,166 @@
+"""Whether a calibration can be trusted: repeated points merged, their spread, and the
+plausibility rules a measurement on a shared machine breaks.
+
+Other jobs on the machine only ever slow an op down (a core taken, a cache flushed); they
+never speed it up. So each point is measured more than once and the fastest figure kept
+(`best_of`), the relative spread between the measurements is recorded (`spread`), and a
+figure that contradicts the others is flagged (`flags`):
+
+- a curve's rate far below both its neighbours (below DIP x the smaller; an end point
+  below END_DIP x its one neighbour): bandwidth and FLOP/s change smoothly with the
+  working set, a dip is a wait (rates under 1 MB/s or MFLOP/s on the whole curve are
+  placeholders, not measured rates: indexing has no FLOPs);
+- a matmul of more rows below ROWS_DIP x the FLOP/s of fewer rows (a CPU GEMM reuses each
+  weight over more rows: FLOP/s grow with rows);
+- the square n x n matmul below SQUARE_DIP x the rows table's FLOP/s at n rows (the
+  square matmul is the easiest shape of all);
+- an eager overhead over EAGER_RATIO x the compiled one (one direct op call).
+
+`calibrate` re-measures what is flagged, and writes the remaining flags, the spread and the
+machine's load into the file (`calibration_check`); a calibration with flags does not pass,
+and `default_device_spec` never picks it.
+"""
+from __future__ import annotations
+
+import os
+
+DIP = 1 / 3
+END_DIP = 1 / 10  # the smallest sets pay a call's fixed cost: they may run well below
+ROWS_DIP = 0.5
+SQUARE_DIP = 0.8
+EAGER_RATIO = 10.0
+FIELDS = ("warm GB/s", "cold GB/s", "GFLOP/s")  # a curve point's rates, after its working set
+MiB = 1 << 20
+
+
+def load_average() -> float | None:
+    """The machine's 1-minute load average (None where the system has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def best_of(a: dict, b: dict) -> dict:
+    """Two measurements of the same figures merged, the faster of each kept: curves
+    ({cls: {dtype: [(ws, warm, cold, flops)]}}), rows ({dtype: {rows: FLOP/s}}), rates
+    ({key: rate}) take the larger rate; overheads ("_s" figures, {execution: s}) the smaller."""
+    out = {}
+    for key in [*a, *(k for k in b if k not in a)]:  # a's order kept
+        x, y = a.get(key), b.get(key)
+        if x is None or y is None:
+            out[key] = x if y is None else y
+        elif isinstance(x, dict):
+            out[key] = best_of(x, y)
+        elif isinstance(x, list):  # curve points, measured at the same working sets
+            out[key] = [(p[0], *(max(u, v) for u, v in zip(p[1:], q[1:])))
+                        for p, q in zip(x, y)]
+        else:
+            out[key] = max(x, y)
+    return out
+
+
+def spread(a: dict, b: dict, prefix: str = "") -> dict[str, float]:
+    """{figure: largest relative difference between two measurements of it (0.1: 10 %)},
+    per curve (class dtype), rows table (dtype) or number."""
+    out = {}
+    for key in sorted(a.keys() & b.keys(), key=str):
+        x, y, name = a[key], b[key], f"{prefix}{key}"
+        if isinstance(x, dict):
+            nested = spread(x, y, name + " ")
+            if nested and all(isinstance(v, (int, float)) for v in x.values()):
+                out[name] = max(nested.values())  # a table: its worst point
+            else:
+                out.update(nested)
+        elif isinstance(x, list):
+            out[name] = max((_rel(u, v) for p, q in zip(x, y) for u, v in zip(p[1:], q[1:])
+                             if max(u, v) >= 1e6), default=0.0)  # placeholders left out
+        else:
+            out[name] = _rel(x, y)
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def _rel(u: float, v: float) -> float:
+    lo, hi = min(u, v), max(u, v)
+    return 0.0 if hi <= 0 else (hi - lo) / hi if lo <= 0 else hi / lo - 1
+
+
+def curve_flags(curves: dict) -> list[str]:
+    """A rate far below its neighbours on its curve (see the module doc)."""
+    flags = []
+    for cls, by_dtype in curves.items():
+        for dt, points in by_dtype.items():
+            for f, name in enumerate(FIELDS, start=1):
+                values = [p[f] for p in points]
+                if max(values) < 1e6:
+                    continue  # a class without FLOPs (indexing: 1 FLOP per call, for a rate)
+                for i, v in enumerate(values):
+                    near = values[max(i - 1, 0):i] + values[i + 1:i + 2]
+                    limit = (DIP if len(near) == 2 else END_DIP) * min(near) if near else 0
+                    if v < limit:
+                        flags.append(f"{cls} {dt} {name} at {points[i][0] / MiB:.3g} MiB: "
+                                     f"{v / 1e9:.3g}, far below its neighbours "
+                                     f"({', '.join(f'{n / 1e9:.3g}' for n in near)})")
+    return flags
+
+
+def rows_flags(rows: dict) -> list[str]:
+    """A matmul of more rows far below the FLOP/s of fewer rows."""
+    flags = []
+    for dt, table in rows.items():
+        best = 0.0
+        for m in sorted(table):
+            if table[m] < ROWS_DIP * best:
+                flags.append(f"matmul {dt} {m} rows: {table[m] / 1e9:.3g} GFLOP/s, below "
+                             f"{ROWS_DIP:g} x fewer rows' {best / 1e9:.3g}")
+            best = max(best, table[m])
+    return flags
+
+
+def square_flags(flops: dict, rows: dict, n: int) -> list[str]:
+    """The square n x n matmul (flops {dtype name: FLOP/s}) below its own rows curve at n rows."""
+    flags = []
+    for dt, value in flops.items():
+        table = rows.get(dt) or {}
+        at_n = table.get(n) or (table[max(table)] if table and max(table) <= n else None)
+        if at_n and value < SQUARE_DIP * at_n:
+            flags.append(f"matmul {dt} {n}x{n}: {value / 1e9:.3g} GFLOP/s, below "
+                         f"{SQUARE_DIP:g} x its rows curve's {at_n / 1e9:.3g}")
+    return flags
+
+
+def overhead_flags(overheads: dict) -> list[str]:
+    """An eager overhead over EAGER_RATIO x the compiled one (one direct op call)."""
+    eager, compiled = overheads.get("eager"), overheads.get("compiled")
+    if eager and compiled and eager > EAGER_RATIO * compiled:
+        return [f"eager overhead {eager * 1e6:.3g} us per op, over {EAGER_RATIO:g} x one "
+                f"direct op call's {compiled * 1e6:.3g} us"]
+    return []
+
+
+def all_flags(flops: dict, overheads: dict, curves: dict, rows: dict, n: int) -> list[str]:
+    """Every rule's flags on one calibration's figures (flops by dtype name)."""
+    return (square_flags(flops, rows, n) + rows_flags(rows) + curve_flags(curves)
+            + overhead_flags(overheads))
+
+
+def check_record(*, clock: str, threads: int, load: list, flags: list[str], spreads: dict,
+                 rounds: int) -> dict:
+    """What the calibration file records of the checks (DeviceSpec.calibration_check)."""
+    return {"passed": not flags, "clock": clock, "threads": threads, "rounds": rounds,
+            "load": load, "flags": list(flags), "spread": dict(spreads)}
+
+
+def describe_check(check: dict) -> str:
+    """One line: passed or not, and why."""
+    if not check:
+        return "not checked (calibrated before checks were recorded)"
+    load = ", ".join("?" if v is None else f"{v:g}" for v in check.get("load", []))
+    worst = max(check.get("spread", {}).values(), default=0.0)
+    head = (f"{check.get('clock')} clock, {check.get('threads')} thread(s), load {load}, "
+            f"largest spread {worst:.0%}")
+    if check.get("passed"):
+        return f"passed its checks ({head})"
+    flags = check.get("flags", [])
+    return (f"FAILED its checks ({head}): {len(flags)} flagged, e.g. "
+            f"{flags[0] if flags else 'unknown'}")

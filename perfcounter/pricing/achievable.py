@@ -1,0 +1,163 @@
+"""Achievable rates and fixed costs on a device, for predictions (predict.py): per op class,
+dtype and working set, from the spec's measured curves, its sourced efficiencies, or the
+stated defaults below; the fixed cost of an op call by execution regime; matmul FLOP/s by
+rows; a GEMV's cost per weight row.
+
+Where each figure comes from, in this order: measured (`perfcounter calibrate`: op_curves,
+matmul_rows, op_overhead_s), sourced (a device's `op_efficiency` / `op_overhead_us` in
+device_specs/*.yaml, each with its `source:`), else DEFAULT_EFFICIENCY / DEFAULT_OVERHEAD_S
+(stated here, with what they rest on): never a silent 100 %.
+"""
+from __future__ import annotations
+
+import bisect
+import warnings
+from dataclasses import dataclass
+
+from perfcounter._util import PerfcounterWarning
+from perfcounter.devices.op_rates import interpolate
+from perfcounter.devices.spec import EXECUTIONS
+from perfcounter.pricing.roofline import is_integer_dtype, peak_flops
+
+# Stated defaults for a spec that gives neither curves nor efficiencies: achievable / peak.
+# Source: assumption of this project, not a measurement; typical of tuned libraries
+# (vendor GEMM ~70 % of dense peak, streaming kernels ~80 % of bandwidth, attention and
+# gathers below). A spec's own `op_efficiency` (with its source) replaces them.
+# GEMV by weight dtype: a weight-only int8 / int4 kernel dequantizes in registers and streams
+# its weight below a bf16 GEMV's rate. Source: inclusionAI/humming pull request 2
+# (github.com/inclusionAI/humming/pull/2, H100, n = k = 8192, M = 1): torch w16a16
+# 2.30 TFLOP/s, marlin w8a16 3.46, w4a16 4.98, i.e. weight streams of 2.30, 1.73 and
+# 1.25 TB/s: int8 at 0.75 and int4 at 0.54 of the bf16 stream; x the GEMV default 0.8.
+DEFAULT_EFFICIENCY = {"gemv": 0.8, "gemm": 0.7, "attention": 0.5, "elementwise": 0.8,
+                      "reduction": 0.6, "indexing": 0.3, "gemv_int8": 0.6, "gemv_int4": 0.43}
+WEIGHT_CLASSES = ("gemv_int8", "gemv_int4")  # a GEMV priced by its weight's dtype
+# Stated default fixed costs, seconds, by device_type and execution. Source: assumption of
+# this project; CPU eager: 1.8-2.6 us of dispatch per tiny aten op measured on a 2-core Xeon
+# (issue 16), plus module Python; GPU eager: a kernel launch (~5 us) plus dispatch;
+# compiled: per kernel, one generated-code call (CPU) or one launch of a generated kernel
+# (GPU); cudagraphs: per STEP, one graph launch and its host sync (no per-kernel launch).
+DEFAULT_OVERHEAD_S = {"cpu": {"eager": 3e-6, "compiled": 1e-6, "cudagraphs": 2e-5},
+                      "cuda": {"eager": 8e-6, "compiled": 2e-6, "cudagraphs": 2e-5}}
+CALIBRATED = "perfcounter calibrate"  # what the source of a measured spec says
+
+
+def check_execution(execution) -> str:
+    """execution itself when it is one of EXECUTIONS; else a ValueError naming them."""
+    if execution not in EXECUTIONS:
+        raise ValueError(f"unknown execution {execution!r}; valid: {', '.join(EXECUTIONS)}")
+    return execution
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """Achievable rates of one op class at one dtype and working set, and where they came from."""
+
+    flops_per_s: float
+    warm_bytes_per_s: float
+    cold_bytes_per_s: float
+    basis: str  # "curve", "efficiency", "default", "peak"
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_missing(spec, field: str, fallback: str) -> None:
+    key = (str(spec.name), field)
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"device {spec.name!r} has no {field} (a calibration from an older "
+                      f"version?); predicting with {fallback}; rerun `perfcounter calibrate`",
+                      PerfcounterWarning, stacklevel=4)
+
+
+def is_calibrated(spec) -> bool:
+    """True when the spec's figures were measured by `perfcounter calibrate`."""
+    return CALIBRATED in str(spec.source.get("bandwidth", ""))
+
+
+def measured_dtype(tables: dict, dtype: str) -> str | None:
+    """The dtype whose measurements stand for `dtype`: itself when measured, else float32,
+    else the first measured; None when nothing was."""
+    if dtype in tables:
+        return dtype
+    return "float32" if "float32" in tables else next(iter(tables), None)
+
+
+def rate(spec, cls: str, dtype: str, working_set: float) -> Rate:
+    """Achievable rates of op class `cls` (or a GEMV by its weight's dtype: "gemv_int8",
+    "gemv_int4") in `dtype` at `working_set` bytes on `spec`. A quantized GEMV: the spec's
+    own efficiency for it, else the float GEMV's measured curve (a calibration times float
+    kernels only), else its stated default."""
+    if cls in WEIGHT_CLASSES and (cls in spec.op_efficiency or "gemv" not in spec.op_curves):
+        e = spec.op_efficiency.get(cls, DEFAULT_EFFICIENCY[cls])
+        peak = peak_flops(spec, "" if not dtype or is_integer_dtype(dtype) else dtype)
+        return Rate(peak * e, spec.bandwidth * e, spec.bandwidth * e,
+                    "efficiency" if cls in spec.op_efficiency else "default")
+    cls = "gemv" if cls in WEIGHT_CLASSES else cls
+    curves = spec.op_curves.get(cls)
+    peak = peak_flops(spec, "" if not dtype or is_integer_dtype(dtype) else dtype)
+    if curves:
+        key = measured_dtype(curves, dtype)  # another dtype's: FLOP/s scaled by the peaks
+        warm, cold, flops = interpolate(curves[key], max(working_set, 1.0))
+        if key != dtype and dtype and not is_integer_dtype(dtype):
+            flops *= peak / peak_flops(spec, key)
+        return Rate(flops, warm, cold, "curve")
+    if cls in spec.op_efficiency:
+        e, basis = spec.op_efficiency[cls], "efficiency"
+    elif is_calibrated(spec):  # measured triad and matmul figures: already achievable
+        _warn_missing(spec, "op_curves", "its measured triad bandwidth and matmul FLOP/s")
+        e, basis = 1.0, "peak"
+    else:
+        e, basis = DEFAULT_EFFICIENCY[cls], "default"
+    return Rate(peak * e, spec.bandwidth * e, spec.bandwidth * e, basis)
+
+
+def overhead(spec, execution: str, cold: bool = False) -> float:
+    """Seconds of fixed cost per op call on `spec` when run `execution`; `cold`: the
+    step streams its weights through the caches (the spec's eager_cold, where measured)."""
+    check_execution(execution)
+    if cold and execution == "eager" and "eager_cold" in spec.op_overhead_s:
+        return spec.op_overhead_s["eager_cold"]
+    if execution in spec.op_overhead_s:
+        return spec.op_overhead_s[execution]
+    defaults = DEFAULT_OVERHEAD_S.get(spec.device_type, DEFAULT_OVERHEAD_S["cuda"])
+    if is_calibrated(spec):
+        _warn_missing(spec, "op_overhead_s", f"the stated default {defaults[execution] * 1e6:g} "
+                      f"us per op ({execution})")
+    return defaults[execution]
+
+
+def rows_flops(spec, dtype: str, rows: int) -> float | None:
+    """FLOP/s of a matmul of `rows` rows on `spec`, from its measured `matmul_rows` for
+    `dtype` (another dtype's scaled by the peaks when that one was not measured): linear
+    in rows between the measured row counts, FLOP/s proportional to rows below the
+    fewest (a few rows take as long as the fewest measured), the most rows' FLOP/s beyond
+    them (a linear layer's layout, where the square matmul of the curves runs faster than
+    any linear layer does); None without the table."""
+    tables = spec.matmul_rows
+    key = measured_dtype(tables, dtype)
+    if key is None:
+        return None
+    table = tables[key]
+    measured = sorted(table)
+    i = bisect.bisect_left(measured, rows)
+    if i == len(measured):
+        flops = table[measured[-1]]
+    elif measured[i] == rows:
+        flops = table[rows]
+    elif i == 0:
+        flops = table[measured[0]] * rows / measured[0]
+    else:
+        lo, hi = measured[i - 1], measured[i]
+        t_lo, t_hi = lo / table[lo], hi / table[hi]  # seconds per unit of work, by rows
+        flops = rows / (t_lo + (t_hi - t_lo) * (rows - lo) / (hi - lo))
+    if key != dtype and dtype and not is_integer_dtype(dtype):
+        flops *= peak_flops(spec, dtype) / peak_flops(spec, key)
+    return flops
+
+
+def gemv_row_s(spec, dtype: str) -> float:
+    """Seconds per weight row of a GEMV in `dtype` (op_overhead_s "gemv_row_<dtype>", measured
+    by calibrate: each row starts a dot product afresh); 0 where the spec has none (its GEMV
+    rates then hold for every shape)."""
+    return spec.op_overhead_s.get(f"gemv_row_{dtype}", 0.0)

@@ -1,0 +1,113 @@
+"""Calibration on a shared machine: repeated points merged (the fastest kept), their spread,
+the plausibility rules by hand, and a noisy clock that yields a flagged calibration — which
+is written with its flags and its load, and never becomes the default spec."""
+import time
+
+import pytest
+import torch
+
+from perfcounter.cli.main import main
+from perfcounter.devices import calibrated_spec_path, default_device_spec, load_device_specs
+from perfcounter.devices import calibration_check as C
+from perfcounter.devices import op_rates
+from perfcounter.devices.calibrate import calibrate
+from perfcounter.devices.registry import default_spec_and_why
+
+MB = 1 << 20
+
+
+def test_best_of_keeps_the_faster_figure_and_spread_says_by_how_much():
+    a = {"curves": {"gemv": {"float32": [(1.0, 10e9, 5e9, 2e9)]}}, "rows": {"float32": {2: 4e9}},
+         "flops": {"float32": 90e9}}
+    b = {"curves": {"gemv": {"float32": [(1.0, 8e9, 6e9, 2e9)]}}, "rows": {"float32": {2: 5e9}},
+         "flops": {"float32": 60e9}}
+    best = C.best_of(a, b)
+    assert best["curves"]["gemv"]["float32"] == [(1.0, 10e9, 6e9, 2e9)]
+    assert best["rows"] == {"float32": {2: 5e9}} and best["flops"] == {"float32": 90e9}
+    # spread: warm 10/8 - 1 = 0.25, cold 6/5 - 1 = 0.2 -> 0.25; rows 5/4 - 1 = 0.25;
+    # flops 90/60 - 1 = 0.5 (a table of numbers: its worst point, named by the table)
+    assert C.spread(a, b) == {"curves gemv float32": 0.25, "rows float32": 0.25, "flops": 0.5}
+
+
+def test_a_rate_far_below_its_neighbours_is_flagged():
+    curve = [(64e3, 20e9, 10e9, 1e9), (1 * MB, 5e9, 12e9, 1e9), (16 * MB, 22e9, 15e9, 1e9)]
+    # warm at 1 MiB: 5 GB/s < 1/3 x min(20, 22) = 6.67 -> flagged; cold and FLOP/s are smooth
+    (flag,) = C.curve_flags({"gemv": {"float32": curve}})
+    assert flag.startswith("gemv float32 warm GB/s at 1 MiB: 5, far below its neighbours (20, 22)")
+    # an end point only below 1/10 of its one neighbour: 2.1 > 22 / 10 passes, 2 < 2.2 does not
+    ok = [(64e3, 2.3e9, 10e9, 1e9), (1 * MB, 22e9, 12e9, 1e9)]
+    assert C.curve_flags({"gemv": {"float32": ok}}) == []
+    low = [(64e3, 2e9, 10e9, 1e9), (1 * MB, 22e9, 12e9, 1e9)]
+    assert len(C.curve_flags({"gemv": {"float32": low}})) == 1
+    # indexing's FLOP/s (1 FLOP per call, for a rate) are placeholders: never flagged
+    gather = [(64e3, 20e9, 10e9, 2e-6), (1 * MB, 21e9, 12e9, 6e-5), (16 * MB, 22e9, 15e9, 3e-6)]
+    assert C.curve_flags({"indexing": {"float32": gather}}) == []
+
+
+def test_more_rows_below_fewer_rows_and_a_square_matmul_below_its_rows_are_flagged():
+    rows = {"float32": {2: 4e9, 4: 1.9e9, 8: 40e9, 16: 10e9, 1024: 80e9}}
+    # 4 rows: 1.9 < 0.5 x 4 -> flagged; 16 rows: 10 < 0.5 x 40 -> flagged; 1024: 80 >= 20
+    flags = C.rows_flags(rows)
+    assert [f.split(":")[0] for f in flags] == ["matmul float32 4 rows", "matmul float32 16 rows"]
+    # the square 1024 x 1024 matmul at 60 GFLOP/s < 0.8 x 80 = 64 of its own 1024-row curve
+    (flag,) = C.square_flags({"float32": 60e9}, rows, 1024)
+    assert "matmul float32 1024x1024: 60 GFLOP/s, below 0.8 x its rows curve's 80" in flag
+    assert C.square_flags({"float32": 70e9}, rows, 1024) == []
+
+
+def test_an_eager_overhead_far_above_one_direct_call_is_flagged():
+    # 87 us per op against a direct call's 1.2 us: 72x > 10x
+    assert C.overhead_flags({"eager": 87e-6, "compiled": 1.2e-6}) != []
+    assert C.overhead_flags({"eager": 2.7e-6, "compiled": 1.2e-6}) == []
+
+
+def waiting_clock():
+    """A clock of a machine where every timed call first waits 30 ms for a core: each
+    reading lies 30 ms past the one before beyond the real time (deterministic)."""
+    waited = [0.0]
+
+    def now():
+        waited[0] += 0.03
+        return time.perf_counter() + waited[0]
+    return now
+
+
+def test_a_noisy_clock_gives_a_flagged_calibration_never_a_silent_one(monkeypatch):
+    monkeypatch.setitem(op_rates.CLOCKS, "wall", waiting_clock())
+    cal = calibrate(array_bytes=1 * MB, repeats=1, matmul_n=32, dtypes=("float32",),
+                    min_time=0.01, clock="wall", rounds=2, retries=1)
+    check = cal.check
+    assert check["passed"] is False and check["flags"]
+    assert check["clock"] == "wall" and check["rounds"] == 2 and len(check["load"]) == 2
+    assert set(check["spread"]) >= {"flops float32", "rows float32"}
+    spec = cal.to_spec()
+    assert spec.calibration_check == check
+
+
+def test_a_flagged_calibration_is_written_with_its_checks_but_is_not_the_default(
+        monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setitem(op_rates.CLOCKS, "wall", waiting_clock())
+    assert main(argv=["calibrate", "--array-mb", "1", "--repeats", "1", "--matmul-n", "32",
+                      "--min-time", "0.01", "--dtypes", "float32", "--clock", "wall"]) == 0
+    out = capsys.readouterr().out
+    assert "calibration FAILED its checks (wall clock" in out
+    assert "it failed its checks, so it is not the default spec" in out
+    (spec,) = load_device_specs(calibrated_spec_path())
+    assert spec.calibration_check["passed"] is False and spec.calibration_check["flags"]
+    with pytest.warns(UserWarning, match="failed its checks; using 'generic-cpu'"):
+        assert default_device_spec().name == "generic-cpu"
+    assert "failed its checks" in default_spec_and_why()[1]
+
+
+def test_the_thread_clock_needs_one_thread():
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(ValueError, match="the thread clock times the calling thread only"):
+            op_rates.check_clock("thread")
+        assert op_rates.check_clock("auto") == "wall"
+        torch.set_num_threads(1)
+        assert op_rates.check_clock("auto") == "thread"
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,133 @@
+"""Execution regimes (eager, compiled, cudagraphs) on a toy trace, a GEMV priced by its
+weight's dtype, a GEMV's cost per weight row: every expected time derived by hand."""
+import pytest
+import torch
+
+from perfcounter.devices import DeviceSpec, DeviceSpecError
+from perfcounter.pricing import predict as P
+from perfcounter.pricing.achievable import DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S
+from perfcounter.trace import OpRecord, Trace
+
+ROLES = ("weight", "kv_cache", "activation", "input", "buffer")
+EFF = {"gemv": 0.5, "gemm": 0.8, "attention": 0.25, "elementwise": 0.5, "reduction": 0.4,
+       "indexing": 0.2, "gemv_int8": 0.4, "gemv_int4": 0.25}
+
+
+def spec(**kw) -> DeviceSpec:
+    # 1 GB/s and 1 GFLOP/s peaks: every rate is its efficiency x 1e9
+    args = dict(device_type="cpu", name="toy", bandwidth=1e9, dtype=torch.float32,
+                flops_by_dtype={torch.float32: 1e9, torch.bfloat16: 1e12},
+                op_overhead_s={"eager": 1e-6, "compiled": 0.5e-6, "cudagraphs": 10e-6},
+                op_efficiency=EFF)
+    return DeviceSpec(**{**args, **kw})
+
+
+def rec(op, shapes, calls, flops, read, written, dtype="float32") -> OpRecord:
+    return OpRecord(op, "m", dtype, shapes, calls, flops, flops,
+                    read=[read.get(r, 0) for r in ROLES], written=[written.get(r, 0) for r in ROLES])
+
+
+def toy() -> Trace:
+    """Two decode steps: per step one GEMV, five adds, one attention call."""
+    return Trace(records=[
+        # gemv: 2 calls of x[1,100] @ W[100,200]: 40,000 FLOPs each; W 80,000 B each call,
+        # x 400 B read, y 800 B written each
+        rec("aten.mm.default", "[1, 100], [100, 200]", 2, 80_000,
+            {"weight": 160_000, "activation": 800}, {"activation": 1_600}),
+        # 10 adds of 200 floats: 2,000 FLOPs, 16,000 B read, 8,000 B written
+        rec("aten.add.Tensor", "[1, 200], [1, 200]", 10, 2_000,
+            {"activation": 16_000}, {"activation": 8_000}),
+        # attention: 2 calls, 1,024 FLOPs; KV 8,192 B and q 256 B read, 256 B written
+        rec("aten._scaled_dot_product_flash_attention_for_cpu.default",
+            "[1, 2, 1, 8], [1, 2, 16, 8], [1, 2, 16, 8]", 2, 1_024,
+            {"activation": 256, "kv_cache": 8_192}, {"activation": 256}),
+    ], compulsory_read=[80_000, 4_096, 3_000, 0, 0], compulsory_written=[0, 0, 2_000, 0, 0],
+        steps=2)
+
+
+# the work of each kernel, us (no cache size: every byte at the cold rate = efficiency x 1 GB/s)
+GEMV_WORK = 162_400 / 0.5e9 * 1e6  # max(80,000 / 0.5e9 = 160, 162,400 B / 0.5e9 = 324.8)
+ATTN_WORK = 8_704 / 0.25e9 * 1e6  # max(1,024 / 0.25e9 = 4.096, 8,704 / 0.25e9 = 34.816)
+ADDS_WORK = 24_000 / 0.5e9 * 1e6  # max(2,000 / 0.5e9 = 4, 24,000 / 0.5e9 = 48)
+# fused (compiled, cudagraphs): compulsory 89,096 read + 2,000 written = 91,096 B less what the
+# GEMV and attention stream (weight 160,000 + KV 8,192 > 91,096: none left) = 0 B; the adds'
+# 2,000 FLOPs at 0.5e9 = 4 us
+FUSED_WORK = 2_000 / 0.5e9 * 1e6
+
+
+def test_eager_pays_every_op_call():
+    p = P.predict(toy(), spec(), "eager")
+    # 2 + 10 + 2 = 14 op calls at 1 us
+    assert p.overhead_s * 1e6 == pytest.approx(14)
+    assert p.latency_s * 1e6 == pytest.approx(14 + GEMV_WORK + ADDS_WORK + ATTN_WORK)
+
+
+def test_compiled_fuses_the_elementwise_chain_and_pays_each_kernel():
+    p = P.predict(toy(), spec(), "compiled")
+    # kernels: 2 GEMV + 2 attention + one fused kernel per step and after each extern call
+    # (2 + 4 = 6), each 0.5 us: (4 + 6) x 0.5 = 5 us
+    assert p.overhead_s * 1e6 == pytest.approx(5)
+    assert p.latency_s * 1e6 == pytest.approx(5 + GEMV_WORK + ATTN_WORK + FUSED_WORK)
+    assert p.op_calls == 2 + 2 + 2  # the extern kernels + one per step
+
+
+def test_cudagraphs_pays_one_launch_per_step_and_none_per_kernel():
+    p = P.predict(toy(), spec(), "cudagraphs")
+    # 2 steps x 10 us; the kernels' work as compiled
+    assert p.overhead_s * 1e6 == pytest.approx(20)
+    assert p.latency_s * 1e6 == pytest.approx(20 + GEMV_WORK + ATTN_WORK + FUSED_WORK)
+    assert p.by_class["graph launch"] * 1e6 == pytest.approx(20)
+
+
+def test_regime_overheads_have_stated_defaults_for_every_device_type():
+    bare = spec(op_overhead_s={}, op_efficiency={})
+    for execution in ("eager", "compiled", "cudagraphs"):
+        assert P.overhead(bare, execution) == DEFAULT_OVERHEAD_S["cpu"][execution]
+    # a spec without cudagraphs: 2 steps x the stated CPU default 20 us
+    p = P.predict(toy(), bare, "cudagraphs")
+    assert p.overhead_s == pytest.approx(2 * DEFAULT_OVERHEAD_S["cpu"]["cudagraphs"])
+    with pytest.raises(ValueError, match="unknown execution 'graphs'; valid: eager, compiled, "
+                                         "cudagraphs"):
+        P.predict(toy(), bare, "graphs")
+
+
+def gemv_record(weight_bytes: int, dtype="bfloat16") -> Trace:
+    # x[1,1024] @ W[1024,1024]: 2 x 1024 x 1024 = 2,097,152 FLOPs, 1,048,576 weights
+    return Trace(records=[rec("aten.mm.default", "[1, 1024], [1024, 1024]", 1, 2_097_152,
+                              {"weight": weight_bytes}, {}, dtype)],
+                 compulsory_read=[weight_bytes, 0, 0, 0, 0])
+
+
+@pytest.mark.parametrize("weight_bytes, cls, efficiency", [
+    (2 * 1_048_576, "gemv", 0.5),  # bf16: 16 bits per weight
+    (1_048_576 + 4_096, "gemv_int8", 0.4),  # int8 + a bf16 scale per row: 8.03 bits
+    (524_288 + 65_536, "gemv_int4", 0.25),  # int4 + group-32 scales and zeros: 4.5 bits
+])
+def test_gemv_efficiency_by_weight_dtype(weight_bytes, cls, efficiency):
+    (p,) = P.op_predictions(gemv_record(weight_bytes), spec(op_overhead_s={"eager": 0.0}))
+    assert p.op_class == cls
+    # memory: weight_bytes / (efficiency x 1e9); compute 2,097,152 FLOPs / (eff x 1e12) is less
+    assert p.latency_s == pytest.approx(weight_bytes / (efficiency * 1e9))
+
+
+def test_quantized_gemv_efficiency_defaults_are_stated_and_below_the_float_one():
+    bare = spec(op_overhead_s={"eager": 0.0}, op_efficiency={})
+    (p,) = P.op_predictions(gemv_record(1_048_576 + 4_096), bare)
+    assert p.basis == "default"
+    assert p.latency_s == pytest.approx((1_048_576 + 4_096) / (DEFAULT_EFFICIENCY["gemv_int8"]
+                                                               * 1e9))
+    assert DEFAULT_EFFICIENCY["gemv_int4"] < DEFAULT_EFFICIENCY["gemv_int8"] \
+        < DEFAULT_EFFICIENCY["gemv"]
+    with pytest.raises(DeviceSpecError, match="op_efficiency has unknown key 'gemv_int2'"):
+        spec(op_efficiency={"gemv_int2": 0.5})
+
+
+def test_a_float_gemv_pays_its_weight_rows():
+    # 100 ns per weight row; the toy GEMV has N = 200 rows, 2 calls: 2 x 200 x 0.1 = 40 us
+    s = spec(op_overhead_s={"eager": 0.0, "gemv_row_float32": 1e-7})
+    (p, *_) = P.op_predictions(toy(), s)
+    assert p.rows_s * 1e6 == pytest.approx(40)
+    assert p.latency_s * 1e6 == pytest.approx(GEMV_WORK + 40)
+    # a bfloat16 GEMV finds no bfloat16 figure: no row cost; an int8 one never pays it
+    (q,) = P.op_predictions(gemv_record(2 * 1_048_576), s)
+    assert q.rows_s == 0.0
