@@ -131,3 +131,17 @@ def test_a_float_gemv_pays_its_weight_rows():
     # a bfloat16 GEMV finds no bfloat16 figure: no row cost; an int8 one never pays it
     (q,) = P.op_predictions(gemv_record(2 * 1_048_576), s)
     assert q.rows_s == 0.0
+
+
+def test_eager_on_a_gpu_overlaps_the_hosts_dispatch_with_the_kernels():
+    work = GEMV_WORK + ADDS_WORK + ATTN_WORK  # 324.8 + 48 + 34.816 = 407.616 us
+    # 14 op calls x 100 us = 1,400 us of dispatch: the kernels run meanwhile, 992.384 us show
+    gpu = spec(device_type="cuda", op_overhead_s={"eager": 100e-6})
+    p = P.predict(toy(), gpu, "eager")
+    assert p.overhead_s * 1e6 == pytest.approx(1400 - work)
+    assert p.latency_s * 1e6 == pytest.approx(1400)
+    # 1 us a call: 14 us of dispatch hide behind 407.616 us of kernels
+    assert P.predict(toy(), spec(device_type="cuda"), "eager").overhead_s == 0.0
+    # a CPU runs the ops on the dispatching thread: every microsecond shows
+    assert P.predict(toy(), spec(op_overhead_s={"eager": 100e-6}), "eager").latency_s * 1e6 \
+        == pytest.approx(1400 + work)
