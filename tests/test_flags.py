@@ -75,7 +75,7 @@ def test_every_command_shows_the_same_shared_flags_and_defaults(helps):
             assert default(mine[flag]) == default(reference[flag]), (command, flag)
     shown = {flag: default(reference[flag]) for flag in SHARED}
     assert shown["--prompt_length"] == shown["--max_new_tokens"] == "128"
-    assert shown["--batch_size"] == "1" and shown["--precision"] == "bfloat16"
+    assert shown["--batch_size"] == "1" and shown["--precision"] == "auto"
     assert shown["--execution"] == "eager" and shown["--model"].startswith("none")
     for command, text in helps.items():  # old spellings work but are not advertised
         assert "--new_tokens" not in text and "--checkpoint_path" not in text, command

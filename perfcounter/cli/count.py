@@ -14,7 +14,8 @@ import functools
 import json
 import sys
 
-from perfcounter.cli.flags import PRECISIONS, add_model_flags, add_output, config_of
+from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output,
+                                   config_of, precision_of)
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.devices.calibrate import measurable_device
@@ -32,6 +33,7 @@ def count_from_flags(args):
     quant = {"quantize": quantization.resolve_scheme(args.quantize, args.weight_dtype,
                                                      args.group_size),
              "kv_dtype": quantization.parse_kv_dtype(args.kv_dtype)}
+    args.precision = precision_of(args.precision)  # no weights run: auto is bfloat16
     dtype = PRECISIONS[args.precision]
     spec = get_device_spec(args.device_spec, dtype=dtype) if args.device_spec else None
     model = config_of(args.model)

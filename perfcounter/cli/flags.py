@@ -19,8 +19,10 @@ Shared flags and their defaults, the same in every command (`--help` shows them)
     --max_new_tokens  128: enough decode steps that the KV cache grows visibly, as many as
                       the prompt, so that prefill and decode weigh alike in a report.
     --batch_size      1: one user, the latency case.
-    --precision       bfloat16: what checkpoints ship and GPUs run; bf16, fp16, fp32 and the
-                      long names are accepted (--act_dtype is its old name).
+    --precision       auto: bfloat16 (what checkpoints ship and GPUs run), except for weights
+                      that run on a CPU, whose bfloat16 matmuls are slow: float32 there
+                      (`precision_of`); bf16, fp16, fp32 and the long names are accepted
+                      (--act_dtype is its old name).
     --execution       eager: the program a prediction prices (eager, compiled, cudagraphs);
                       --compile means compiled.
     --device_spec     none: this machine's, the spec `perfcounter calibrate` wrote, else
@@ -58,7 +60,7 @@ PRECISION_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16",
                      "fp32": "float32", "float": "float32"}
 EXECUTIONS = ("eager", "compiled", "cudagraphs")
 DEFAULTS = dict(model=None, prompt_length=128, max_new_tokens=128, batch_size=1,
-                precision="bfloat16", execution="eager", device_spec=None, quantize=None,
+                precision="auto", execution="eager", device_spec=None, quantize=None,
                 weight_dtype=None, group_size=None, kv_dtype=None, save_path=None)
 CHECKPOINT_SUFFIXES = (".gguf", ".pth", ".pt", ".safetensors", ".bin")
 MODEL_HELP = ("a preset name, a config.json, a model folder, or a .gguf, .pth or .safetensors "
@@ -139,9 +141,9 @@ class _Precision(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         name = PRECISION_ALIASES.get(str(values).strip().lower(), str(values).strip().lower())
-        if name not in PRECISIONS:
+        if name not in PRECISIONS and name != "auto":
             parser.error(f"{option_string} {values!r}: expected one of "
-                         f"{', '.join(PRECISIONS)} (or {', '.join(PRECISION_ALIASES)})"
+                         f"auto, {', '.join(PRECISIONS)} (or {', '.join(PRECISION_ALIASES)})"
                          f"{did_you_mean(values, [*PRECISIONS, *PRECISION_ALIASES])}")
         if option_string != "--precision":
             note(option_string, "--precision")
@@ -156,6 +158,14 @@ class _Set(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, self.const)
+
+
+def precision_of(name: str, runs_on: str | None = None) -> str:
+    """The precision --precision NAME means: auto is bfloat16, float32 for weights that run
+    on a CPU (runs_on="cpu": a real run there); the others are themselves."""
+    if name != "auto":
+        return name
+    return "float32" if runs_on is not None and "cpu" in str(runs_on) else "bfloat16"
 
 
 def check_output(path, flag: str, folder: bool = False) -> Path:
@@ -216,13 +226,15 @@ def add_model_flags(parser, *, lists: bool = False, lengths: str = "tokens",
     g.add_argument("--batch_size", type=number, default=number(DEFAULTS["batch_size"]),
                    help="sequences generated together" + many)
     g.add_argument("--precision", action=_Precision, default=DEFAULTS["precision"],
-                   help=f"{', '.join(PRECISIONS)} (or {', '.join(PRECISION_ALIASES)}): the "
-                        "weights' and activations' dtype")
+                   help=f"the weights' and activations' dtype: {', '.join(PRECISIONS)} (or "
+                        f"{', '.join(PRECISION_ALIASES)}); auto: bfloat16, float32 for weights "
+                        "that run on a CPU")
     g.add_argument("--execution", default=DEFAULTS["execution"], choices=EXECUTIONS,
                    help="the program a prediction prices")
     g.add_argument("--compile", dest="execution", action=_Set, const="compiled",
                    help="--execution compiled")
-    g.add_argument("--device_spec", default=DEFAULTS["device_spec"], help=(many or " (comma-separated list)" * device_list).join(DEVICE_HELP))
+    g.add_argument("--device_spec", default=DEFAULTS["device_spec"],
+                   help=(many or " (comma-separated list)" * device_list).join(DEVICE_HELP))
     g.add_argument("--quantize", default=DEFAULTS["quantize"], help="weights of every linear "
                    "as int8, int4 or int4-G (G = 32, 64, 128, 256): bytes as stored, FLOPs at "
                    "--precision" + many + " (default: none)")
@@ -298,6 +310,8 @@ def generate_keywords(args) -> dict:
             checkpoint, model = model, None
         elif kind == "config":
             config, model = model, None
+    if kw["precision"] == "auto":
+        kw["precision"] = None  # main's own: float32 for a real run on a CPU, else bfloat16
     kw.update(model=model, checkpoint_path=checkpoint and Path(checkpoint),
               config=config and Path(config), compile=kw["execution"] != "eager")
     if kw["prompt"] is None:

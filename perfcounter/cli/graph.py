@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from perfcounter._util import atomic_write
-from perfcounter.cli.flags import PRECISIONS, add_model_flags, add_output, check_output, config_of
+from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output, check_output,
+                                   config_of, precision_of)
 from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.generation.config_only import fake_hf_model, hf_config, resolve_config
 from perfcounter.models.args import ModelArgs
@@ -85,6 +86,7 @@ def run(args) -> int:
     files = _files(args.out, levels, formats) if args.out else []
     for _, _, path in files:  # fail before counting, not after (--out BASE itself was checked)
         check_output(path, "--out")
+    args.precision = precision_of(args.precision)  # no weights run: auto is bfloat16
     dtype = PRECISIONS[args.precision]
     spec = get_device_spec(args.device_spec, dtype=dtype) if args.device_spec \
         else default_device_spec(dtype)

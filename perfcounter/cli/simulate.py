@@ -37,7 +37,8 @@ from pathlib import Path
 import torch
 
 from perfcounter._util import atomic_write
-from perfcounter.cli.flags import PRECISIONS, add_model_flags, add_output, model_source
+from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output,
+                                   model_source, precision_of)
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.generation.config_only import count_hf_config, greedy_generate
 from perfcounter.generation.derive import count_generation
@@ -74,12 +75,13 @@ def count(args):
     """A TransformerPerformanceCounter holding the phases the flags ask for."""
     if args.counts is not None:
         return TransformerPerformanceCounter.from_json(args.counts)
-    dtype = PRECISIONS[args.precision]
     if args.model is not None and args.checkpoint_path is None and args.config is None:
         kind = model_source(args.model)  # --model names a preset, a config or a checkpoint
         if kind != "preset":
             setattr(args, "config" if kind == "config" else "checkpoint_path", args.model)
             args.model = None
+    # auto: float32 for a checkpoint, which runs here on the CPU; bfloat16 with no weights
+    dtype = PRECISIONS[precision_of(args.precision, args.checkpoint_path and "cpu")]
     sizes = dict(batch_size=args.batch_size, prompt_length=args.prompt_length,
                  max_new_tokens=args.max_new_tokens)
     if min(sizes.values()) < 1:

@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 
 from perfcounter._util import atomic_write
-from perfcounter.cli.flags import PRECISIONS, add_model_flags, add_output, config_of
+from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output,
+                                   config_of, precision_of)
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.format import format_table, rate, scaled, si
@@ -205,7 +206,7 @@ def run(args) -> int:
         plot_dir = check_plot_dir(args.plot)
     if args.model is None:
         raise ValueError("give the models: --model PRESET|config.json[,...]")
-    dtype = PRECISIONS[args.precision]
+    dtype = PRECISIONS[precision_of(args.precision)]  # no weights run: auto is bfloat16
     schemes = parse_list(args.quantize or "none", "quantize")
     if args.weight_dtype is not None:  # one what-if layout beside --quantize's
         schemes = [quantization.resolve_scheme(None, args.weight_dtype, args.group_size)]

@@ -93,6 +93,8 @@ def _check(args) -> None:
 
 
 def _deployments(args) -> list:
+    if args.precision == "auto":  # no weights run: bfloat16 (cli/flags.py)
+        args.precision = "bfloat16"
     common = dict(precision=args.precision, gpu_memory_utilization=args.gpu_memory_utilization,
                   block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
                   max_num_seqs=args.max_num_seqs, step_overhead_s=args.step_overhead_ms * 1e-3,
