@@ -6,7 +6,7 @@
 writes `model.safetensors` (gpt-fast names and layout, ModelArgs in its metadata),
 `config.json` (the ModelArgs) and the tokenizer (tokenizer.model or tokenizer.json
 + tokenizer_config.json), each file atomically. GGUF weights are dequantized by
-transformers. The result loads with `generate.py --checkpoint_path OUT_DIR`.
+transformers. The result loads with `generate.py --model OUT_DIR`.
 gpt-fast `model.pth` checkpoints convert too (give --model or --config when no
 config.json lies beside them).
 """

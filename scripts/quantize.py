@@ -2,7 +2,7 @@
 
     python scripts/quantize.py --checkpoint_path ckpt/llama-2-7b --mode int8
     python scripts/quantize.py --checkpoint_path ckpt/llama-2-7b --mode int4 --groupsize 32
-    python generate.py --checkpoint_path ckpt/llama-2-7b/model_int4.g32.pth
+    python generate.py --model ckpt/llama-2-7b/model_int4.g32.pth
 
 reads any checkpoint generate.py reads (our folder or model.safetensors, a gpt-fast
 model.pth, a Hugging Face folder, a GGUF file), quantizes every linear — the output layer

@@ -142,7 +142,7 @@ def print_predicted_vs_measured(counter, labels: list[str], execution: str = "ea
     print(format_table(rows, head, widths=[8, 7, 10, 9, 11, 8, 11, 9, 11, 9, 9], sep=" ",
                        indent=2))
     print("  roofline: a bound (peak rates, no overhead); predicted: per-op overhead + "
-          "achievable rates (README, Predictions)")
+          "achievable rates (docs/predictions.md)")
 
 
 def predicted_latency(stats, execution: str = "eager") -> float | None:
