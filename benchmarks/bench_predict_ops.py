@@ -11,7 +11,7 @@ same phase uncounted (best of --repeats), then runs it once more under a
 dispatch mode that times each aten op call (the mode's own Python is outside
 the timed calls). Per op (aten name), it prints the calls, the seconds measured
 inside the run, the seconds predicted (predict.op_predictions: max of the
-compute and memory sides, overhead apart) and measured ÷ predicted, largest
+compute and memory sides and a matmul's weight rows, overhead apart) and measured ÷ predicted, largest
 gaps first; views cost no work and are left out. One thread, the process's CPU
 clock, as bench_predict.py.
 """
@@ -98,7 +98,7 @@ def main(*, model: str = "llama-1b", dtype: str = "bfloat16", prompt: int = 512,
     whole = predict(trace, spec, "eager")
     predicted: dict[str, float] = defaultdict(float)
     for p in op_predictions(trace, spec, "eager"):
-        predicted[p.record.op] += max(p.compute_s, p.memory_s)
+        predicted[p.record.op] += p.work_s
     inside = sum(timer.seconds.values())
     print(f"{model} {dtype} prompt {prompt} batch {batch} {phase}: measured {si(best, 's', 3, prefix='m')}, "
           f"predicted {si(whole.latency_s, 's', 3, prefix='m')} ({ratio(best, whole.latency_s)}; of "

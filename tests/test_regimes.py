@@ -145,3 +145,17 @@ def test_eager_on_a_gpu_overlaps_the_hosts_dispatch_with_the_kernels():
     # a CPU runs the ops on the dispatching thread: every microsecond shows
     assert P.predict(toy(), spec(op_overhead_s={"eager": 100e-6}), "eager").latency_s * 1e6 \
         == pytest.approx(1400 + work)
+
+
+def test_the_time_per_weight_row_grows_with_activation_rows_in_log_rows():
+    # 80 ns at 1 row, 120 ns at 16: 4 rows lie half way in log rows (log 4 / log 16 = 0.5):
+    # 100 ns; beyond 16 rows the 16 rows' figure
+    s = spec(op_overhead_s={"gemv_row_float32": 80e-9, "gemv_row16_float32": 120e-9})
+    assert P.gemv_row_s(s, "float32", 1) == pytest.approx(80e-9)
+    assert P.gemv_row_s(s, "float32", 4) == pytest.approx(100e-9)
+    assert P.gemv_row_s(s, "float32", 64) == pytest.approx(120e-9)
+    # a matmul of 64 rows (gemm) of W[100, 200]: 200 weight rows x 120 ns = 24 us beside its work
+    trace = Trace(records=[rec("aten.mm.default", "[64, 100], [100, 200]", 1, 2_560_000,
+                               {"weight": 80_000, "activation": 25_600}, {"activation": 51_200})])
+    (p,) = P.op_predictions(trace, spec(op_overhead_s={"eager": 0.0, **s.op_overhead_s}))
+    assert p.op_class == "gemm" and p.rows_s * 1e6 == pytest.approx(24)

@@ -28,6 +28,7 @@ from perfcounter.devices.op_rates import (CLOCKS, ROW_KS, ROWS, MiB, call_overhe
                                           eager_overheads, fill_operands, gemv_row_seconds,
                                           last_level_cache_bytes, matmul_rows, op_curves, sync)
 from perfcounter.devices.registry import calibrated_spec_path
+from perfcounter.devices.spec import row_key, row_table
 from perfcounter.devices.spec import DeviceSpec
 from perfcounter.devices.spec_file import write_device_specs
 
@@ -220,9 +221,8 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
             rows = gemv_row_seconds(pool, dtypes, device, min_time, clock)
             return {**eager_overheads(device, clock=clock),
                     "compiled": call_overhead(device, clock=clock),
-                    **{f"gemv_row_{d}": s for d, s in rows.items()}}
-        row_s = {k[len("gemv_row_"):]: v for k, v in got.get("overheads", {}).items()
-                 if k.startswith("gemv_row_")}
+                    **{row_key(d, m): s for d, by_m in rows.items() for m, s in by_m.items()}}
+        row_s = row_table(got.get("overheads", {}))
         if part == "curves":
             return op_curves(pool, dtypes, device, min_time, clock, row_s)
         return matmul_rows(pool, dtypes, device, min_time, clock, row_s)
@@ -286,8 +286,8 @@ def describe(cal: Calibration) -> list[str]:
         lines.append(f"matmul {dtype_name(dtype)} {cal.matmul_n}x{cal.matmul_n}: "
                      f"{value / 1e9:.1f} GFLOP/s")
     for execution, seconds in cal.overhead_s.items():
-        if execution.startswith("gemv_row_"):
-            lines.append(f"GEMV, per weight row, {execution[9:]}: {seconds * 1e9:.0f} ns")
+        if execution.startswith("gemv_row"):
+            lines.append(f"GEMV, per weight row, {execution}: {seconds * 1e9:.0f} ns")
         else:
             lines.append(f"overhead per op call, {execution}: {seconds * 1e6:.2f} us")
     for cls, by_dtype in cal.curves.items():

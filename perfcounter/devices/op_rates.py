@@ -242,33 +242,55 @@ def eager_overheads(device, min_time: float = 0.1, clock: str = "wall") -> dict[
 ROW_K = (256, 4096)  # the inner dims gemv_row_seconds compares, at the same weight bytes
 
 
+ROW_MS = (1, SKINNY)  # activation rows at which gemv_row_seconds measures (predict interpolates)
+
+
 def gemv_row_seconds(pool: torch.Tensor, dtypes, device, min_time: float,
-                     clock: str = "wall") -> dict[str, float]:
-    """{dtype name: seconds per weight row of a GEMV}: x[1,K] @ W[N,K]ᵀ over the same cold
-    8 MiB of weights at K = 256 and 4096 (N = bytes / K): t = bytes / B + N · t_row, so
-    t_row = (t_256 - t_4096) / (N_256 - N_4096). Each row starts a dot product afresh
-    (prefetch ramp, horizontal sum, store): measured 1 thread, float32, ~80 ns, which makes
-    a K = 576 GEMV stream at half the rate of a K = 4096 one."""
+                     clock: str = "wall") -> dict[str, dict[int, float]]:
+    """{dtype name: {M: seconds per weight row}} for M of ROW_MS: x[M,K] @ W[N,K]ᵀ over the
+    same cold 8 MiB of weights at K = 256 and 4096 (N = bytes / K, the same FLOPs): t = work
+    + N · t_row, so t_row = (t_256 - t_4096) / (N_256 - N_4096). Each weight row starts its
+    dot products afresh (prefetch ramp, horizontal sums, stores): measured 1 thread, float32,
+    ~80 ns at M = 1 and ~120 ns at 16, which makes a K = 576 GEMV stream at half the rate of
+    a K = 4096 one."""
     carve, direct = _Pool(pool), call_overhead(device, clock=clock)
     wbytes = min(8 * MiB, pool.numel() * pool.element_size() // 4)
-    out = {}
+    out: dict[str, dict[int, float]] = {}
     for dt in dtypes:
-        t, n = [], []
-        for k in ROW_K:
-            rows = max(1, wbytes // (k * dt.itemsize))
-            x = torch.rand(1, k, device=device).to(dt)
-            s = time_calls(lambda: (lambda w: lambda: torch.mm(x, w.t()))(
-                carve.take((rows, k), dt)), device, min_time / 4, clock)
-            t.append(max(s - direct, 0.25 * s))
-            n.append(rows)
-        out[dtype_name(dt)] = max(0.0, (t[0] - t[1]) / (n[0] - n[1]))
+        for m in ROW_MS:
+            t, n = [], []
+            for k in ROW_K:
+                rows = max(1, wbytes // (k * dt.itemsize))
+                x = torch.rand(m, k, device=device).to(dt)
+                s = time_calls(lambda: (lambda w: lambda: torch.mm(x, w.t()))(
+                    carve.take((rows, k), dt)), device, min_time / 8, clock)
+                t.append(max(s - direct, 0.25 * s))
+                n.append(rows)
+            out.setdefault(dtype_name(dt), {})[m] = max(0.0, (t[0] - t[1]) / (n[0] - n[1]))
     return out
+
+
+def row_seconds(row_s: dict | None, dtype: str, m: int) -> float:
+    """Seconds per weight row at M activation rows from {dtype: {M: s}} (gemv_row_seconds):
+    linear in log M between the measured M, the end points beyond them; 0 without figures."""
+    table = (row_s or {}).get(dtype) or {}
+    if not table:
+        return 0.0
+    ms = sorted(table)
+    if m <= ms[0] or len(ms) == 1:
+        return table[ms[0]] if m <= ms[0] else table[ms[-1]]
+    if m >= ms[-1]:
+        return table[ms[-1]]
+    i = bisect.bisect_left(ms, m)
+    lo, hi = ms[i - 1], ms[i]
+    w = math.log(m / lo) / math.log(hi / lo)
+    return table[lo] * (1 - w) + table[hi] * w
 
 
 def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = "wall",
               row_s: dict | None = None) -> dict:
     """{class: {dtype name: [(working set B, warm B/s, cold B/s, FLOP/s), ...]}}; row_s
-    ({dtype name: s}, gemv_row_seconds): each gemv point's own rows' share taken off its
+    ({dtype name: {M: s}}, gemv_row_seconds): each gemv point's own rows' share taken off its
     times (the curve then streams; predict.py adds each GEMV's rows apart)."""
     carve, direct = _Pool(pool), call_overhead(device, clock=clock)
     largest = pool.numel() * pool.element_size() / 4  # each cold operand set: a quarter of the pool
@@ -298,8 +320,8 @@ def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = 
                         timed(shapes, op, dt, per_point / 2),
                         timed(wide_shapes, wide_op, dt, per_point / 2)))
                     moved = nbytes + wide_bytes
-                    rows_s = (shapes[0][0] + wide_shapes[0][0]) * (row_s or {}).get(
-                        dtype_name(dt), 0.0)
+                    rows_s = (shapes[0][0] + wide_shapes[0][0]) * row_seconds(
+                        row_s, dtype_name(dt), 1)
                     warm_s, cold_s = (max(s - rows_s, 0.5 * s) for s in (warm_s, cold_s))
                 else:
                     (warm_s, cold_s), moved = timed(shapes, op, dt, per_point), nbytes
@@ -333,8 +355,8 @@ def matmul_rows(pool: torch.Tensor, dtypes, device, min_time: float,
     """{dtype name: {rows M: FLOP/s}}: x[M,K] @ W[N,K]ᵀ, W cold and about 16 MiB, for each K
     of ROW_KS (N = 16 MiB / K), at each M of ROWS; the FLOP/s of the two calls together
     (their times summed: a bfloat16 matmul of K = 8192 runs slower than one of 2048
-    at a few hundred rows); up to SKINNY rows (a GEMV), the weight rows' share (row_s,
-    gemv_row_seconds) taken off, as predict.py adds it apart. See predict.rows_flops."""
+    at a few hundred rows); the weight rows' share (row_s, gemv_row_seconds) taken off, as
+    predict.py adds it apart. See predict.rows_flops."""
     carve, direct = _Pool(pool), call_overhead(device, clock=clock)
     budget = min(16 * MiB, pool.numel() * pool.element_size() // 4)
     out = {}
@@ -348,7 +370,7 @@ def matmul_rows(pool: torch.Tensor, dtypes, device, min_time: float,
                 t = time_calls(lambda: (lambda w: lambda: torch.mm(x, w.t()))(
                     carve.take((n, k), dt)), device, min_time / len(ROWS) / len(ROW_KS), clock)
                 flops += 2 * m * n * k
-                own = n * (row_s or {}).get(dtype_name(dt), 0.0) if m <= SKINNY else 0.0
+                own = n * row_seconds(row_s, dtype_name(dt), m)
                 seconds += max(t - direct - own, 0.25 * t)
             table[m] = flops / seconds
         out[dtype_name(dt)] = table

@@ -63,9 +63,26 @@ EFFICIENCY_CLASSES = (*OP_CLASSES, "gemv_int8", "gemv_int4")
 # op_overhead_s keys: an execution, or "eager_cold": eager when each layer's weights have just
 # streamed through the caches (a model larger than the cache), which evicts the Python and
 # dispatcher state the next op needs
-# or "gemv_row_<dtype>": seconds per weight row of a GEMV (op_rates.gemv_row_seconds)
-OVERHEADS = (*EXECUTIONS, "eager_cold", "gemv_row_float32", "gemv_row_bfloat16",
-             "gemv_row_float16")
+# or "gemv_row_<dtype>" / "gemv_row16_<dtype>": seconds per weight row of a matmul of 1 / 16
+# activation rows (op_rates.gemv_row_seconds)
+ROW_DTYPES = ("float32", "bfloat16", "float16")
+OVERHEADS = (*EXECUTIONS, "eager_cold", *(f"gemv_row{m}_{d}" for m in ("", "16")
+                                          for d in ROW_DTYPES))
+
+
+def row_key(dtype: str, m: int) -> str:
+    """The op_overhead_s key of the time per weight row at M = m (1 or 16) activation rows."""
+    return f"gemv_row{'' if m == 1 else m}_{dtype}"
+
+
+def row_table(overheads: dict) -> dict[str, dict[int, float]]:
+    """{dtype: {M: s per weight row}} from op_overhead_s (the inverse of row_key)."""
+    out: dict[str, dict[int, float]] = {}
+    for key, s in overheads.items():
+        if key.startswith("gemv_row"):
+            m, dtype = key[len("gemv_row"):].split("_", 1)
+            out.setdefault(dtype, {})[int(m or 1)] = s
+    return out
 CURVE_POINT = ("working_set_bytes", "warm_bytes_per_s", "cold_bytes_per_s", "flops_per_s")
 
 

@@ -15,8 +15,8 @@ import warnings
 from dataclasses import dataclass
 
 from perfcounter._util import PerfcounterWarning
-from perfcounter.devices.op_rates import interpolate
-from perfcounter.devices.spec import EXECUTIONS
+from perfcounter.devices.op_rates import interpolate, row_seconds
+from perfcounter.devices.spec import EXECUTIONS, row_table
 from perfcounter.pricing.roofline import is_integer_dtype, peak_flops
 
 # Stated defaults for a spec that gives neither curves nor efficiencies: achievable / peak.
@@ -156,8 +156,9 @@ def rows_flops(spec, dtype: str, rows: int) -> float | None:
     return flops
 
 
-def gemv_row_s(spec, dtype: str) -> float:
-    """Seconds per weight row of a GEMV in `dtype` (op_overhead_s "gemv_row_<dtype>", measured
-    by calibrate: each row starts a dot product afresh); 0 where the spec has none (its GEMV
-    rates then hold for every shape)."""
-    return spec.op_overhead_s.get(f"gemv_row_{dtype}", 0.0)
+def gemv_row_s(spec, dtype: str, rows: int = 1) -> float:
+    """Seconds per weight row of a matmul of `rows` activation rows in `dtype` (op_overhead_s
+    "gemv_row_<dtype>" at 1 row, "gemv_row16_<dtype>" at 16, measured by calibrate: each
+    weight row starts its dot products afresh; linear in log rows between); 0 where the spec
+    has none (its matmul rates then hold for every shape)."""
+    return row_seconds(row_table(spec.op_overhead_s), dtype, rows)

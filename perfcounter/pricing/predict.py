@@ -198,12 +198,14 @@ def op_predictions(trace: Trace, spec, execution: str = "eager") -> list[OpPredi
             continue
         cls = op_class(r.op, r.shapes)
         calls = max(r.calls, 1)
-        rows_s = 0.0
-        if cls == "gemv":  # priced by its weight's dtype; float weights pay per row
-            weight_cls, weight_rows = gemv_weight(r)
+        rows_s, weight_cls = 0.0, cls
+        if cls in ("gemv", "gemm"):  # a GEMV priced by its weight's dtype; float weights pay
+            weight_cls, weight_rows = gemv_weight(r)  # per weight row
             if weight_cls == "gemv" and not is_integer_dtype(r.dtype):
-                rows_s = r.calls * weight_rows * gemv_row_s(spec, r.dtype)
-        rt = rate(spec, weight_cls if cls == "gemv" else cls, r.dtype, r.bytes / calls)
+                rows_s = r.calls * weight_rows * gemv_row_s(spec, r.dtype,
+                                                            matmul_rows(r.op, r.shapes))
+            weight_cls = weight_cls if cls == "gemv" else cls
+        rt = rate(spec, weight_cls, r.dtype, r.bytes / calls)
         streamed = r.bytes if cold else 0
         flops = r.flops if cls == "attention" and has_explicit_mask(r.shapes) \
             else r.executed_flops
@@ -215,7 +217,7 @@ def op_predictions(trace: Trace, spec, execution: str = "eager") -> list[OpPredi
             elif cls == "gemv" and rows < ROW_BLOCK:
                 flops = flops * ROW_BLOCK / rows
         compute = flops / achieved if flops else 0.0
-        out.append(OpPrediction(r, weight_cls if cls == "gemv" else cls, r.calls * per_call,
+        out.append(OpPrediction(r, weight_cls, r.calls * per_call,
                                 compute, _memory_s(streamed, r.bytes - streamed, rt), rt.basis,
                                 rows_s))
     return out
