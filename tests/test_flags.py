@@ -124,8 +124,8 @@ def test_spellings(capsys):
     assert (args.max_new_tokens, args.prompt_length, args.precision) == ("2,3", "5", "bfloat16")
     args = parse(["calibrate", "--array-mb", "1", "--matmul_n", "8", "--no-write"])
     assert (args.array_mb, args.matmul_n, args.no_write) == (1.0, 8, True)
-    args = parse(["simulate", "--checkpoint_path", "ckpt", "--compile"])
-    assert (args.checkpoint_path, args.execution) == ("ckpt", "compiled")
+    args = parse(["simulate", "--checkpoint_path", "ckpt"])
+    assert (args.checkpoint_path, parse(["serve", "--compile"]).execution) == ("ckpt", "compiled")
     assert capsys.readouterr().err == ("perfcounter: note: --checkpoint_path is deprecated; "
                                        "use --model\n")
 
@@ -190,3 +190,14 @@ def test_model_source(tmp_path):
     assert flags.config_of(tmp_path / "model.safetensors") == tmp_path  # its config.json
     with pytest.raises(ValueError, match="--model nope/config.json: no such file or folder"):
         flags.model_source("nope/config.json")
+
+
+@pytest.mark.parametrize("command", ["count", "profile", "op-bench", "graph", "simulate", "sweep"])
+def test_an_execution_a_command_does_not_price_is_refused(command, capsys):
+    assert main(argv=[command, "--model", "smollm2-135m", "--compile"]) == 2
+    assert capsys.readouterr().err == (
+        f"perfcounter {command}: error: --compile (compiled): perfcounter {command} prices eager "
+        "runs only; generate.py and perfcounter serve price eager, compiled, cudagraphs\n")
+    args = build_parser().parse_args(["serve", "--execution", "cudagraphs"])
+    assert args.execution == "cudagraphs"
+    assert gen.build_parser().parse_args(["--compile"]).execution == "compiled"

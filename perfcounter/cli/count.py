@@ -122,7 +122,7 @@ def _profile(args) -> int:
 
 def add_count_flags(p) -> None:
     """The model and run flags, and count_config's own."""
-    add_model_flags(p)
+    add_model_flags(p, executions=("eager",))  # predictions price eager runs here
     g = p.add_argument_group("counting")
     g.add_argument("--hf", action="store_true",
                    help="transformers' model for a preset too (Llama, Mistral, Qwen2, Mixtral)")

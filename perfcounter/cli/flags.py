@@ -150,14 +150,21 @@ class _Precision(argparse.Action):
         setattr(namespace, self.dest, name)
 
 
-class _Set(argparse.Action):
-    """A flag without argument that sets another flag's value (--compile: compiled)."""
+class _Execution(argparse.Action):
+    """--execution (or --compile, which stands for `const`): one of EXECUTIONS that the
+    command prices (`priced`); another is refused in one line, never ignored."""
 
-    def __init__(self, option_strings, dest, **kwargs):
-        super().__init__(option_strings, dest, nargs=0, **kwargs)
+    def __init__(self, option_strings, dest, priced=EXECUTIONS, **kwargs):
+        self.priced = priced
+        super().__init__(option_strings, dest, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, self.const)
+        value = self.const if self.nargs == 0 else values
+        if value not in self.priced:
+            parser.error(f"{option_string} ({value}): {parser.prog} prices "
+                         f"{', '.join(self.priced)} runs only; generate.py and perfcounter serve "
+                         f"price {', '.join(EXECUTIONS)}")
+        setattr(namespace, self.dest, value)
 
 
 def precision_of(name: str, runs_on: str | None = None) -> str:
@@ -207,13 +214,15 @@ def add_output(group, flag: str, *, folder: bool = False, **kwargs):
 
 
 def add_model_flags(parser, *, lists: bool = False, lengths: str = "tokens",
-                    device_list: bool = False, legacy_paths: bool = False) -> None:
+                    device_list: bool = False, legacy_paths: bool = False,
+                    executions: tuple = EXECUTIONS) -> None:
     """The shared group on `parser` (a Parser or a subcommand's). lists: --model,
     --batch_size, --prompt_length, --max_new_tokens, --device_spec, --quantize and --kv_dtype
     take comma-separated lists (sweep); lengths="distributions": the lengths may also be
     uniform:LO-HI or normal:MEAN,STD (serve); device_list: --device_spec alone takes a list
     (serve's deployments to compare). legacy_paths: --config and --checkpoint_path
-    keep dests of their own (generate.py and simulate gave them meanings beside --model)."""
+    keep dests of their own (generate.py and simulate gave them meanings beside --model).
+    executions: the --execution values the command prices (the others are refused)."""
     g = parser.add_argument_group("model and run (shared by every command)")
     many = " (comma-separated list)" if lists else ""
     number = str if lists or lengths != "tokens" else int
@@ -230,8 +239,10 @@ def add_model_flags(parser, *, lists: bool = False, lengths: str = "tokens",
                         f"{', '.join(PRECISION_ALIASES)}); auto: bfloat16, float32 for weights "
                         "that run on a CPU")
     g.add_argument("--execution", default=DEFAULTS["execution"], choices=EXECUTIONS,
+                   action=_Execution, priced=executions,
                    help="the program a prediction prices")
-    g.add_argument("--compile", dest="execution", action=_Set, const="compiled",
+    g.add_argument("--compile", dest="execution", action=_Execution, priced=executions, nargs=0,
+                   const="compiled",
                    help="--execution compiled")
     g.add_argument("--device_spec", default=DEFAULTS["device_spec"],
                    help=(many or " (comma-separated list)" * device_list).join(DEVICE_HELP))

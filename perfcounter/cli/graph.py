@@ -128,7 +128,7 @@ def add_parser(sub) -> None:
     """Register `perfcounter graph` on the command's subparsers."""
     p = sub.add_parser("graph", help="module and op graphs of one forward (EdgeShard style): "
                        "text, JSON, DOT", description=__doc__.split("\n\n")[0])
-    add_model_flags(p)
+    add_model_flags(p, executions=("eager",))  # predicted_s: an eager run
     p.add_argument("--hf", action="store_true", help="transformers' model for a preset too")
     p.add_argument("--phase", default="prefill", choices=["prefill", "decode"],
                    help="the forward recorded: the prefill, or one decode step after it "

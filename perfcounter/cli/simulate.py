@@ -195,7 +195,7 @@ def add_parser(sub) -> None:
     """Register `perfcounter simulate` on the command's subparsers."""
     p = sub.add_parser("simulate", help="place layers on devices (UPMEM's layer mapping) and "
                        "price time and energy per phase", description=__doc__.split("\n\n")[0])
-    add_model_flags(p, legacy_paths=True)
+    add_model_flags(p, legacy_paths=True, executions=("eager",))  # roofline-based
     g = p.add_argument_group("model")
     g.add_argument("--counts", type=Path, help="a counter saved with to_json or --save_counts: "
                    "price it, don't count")

@@ -180,7 +180,7 @@ def to_csv(rows: list[dict]) -> str:
 def add_parser(sub) -> None:
     p = sub.add_parser("sweep", help="count models config-only and price every combination "
                        "of batch, lengths and devices", description=__doc__.split("\n\n")[0])
-    add_model_flags(p, lists=True)
+    add_model_flags(p, lists=True, executions=("eager",))  # the roofline, a bound
     p.add_argument("--mapping", default=None, help="layer -> device mapping (YAML/JSON): price "
                    "the placement, each --device_spec running the modules it does not place")
     p.add_argument("--io_model", default="per_op", choices=["per_op", "compulsory"],
