@@ -1,6 +1,7 @@
 """How fast `perfcounter serve` simulates: the step table, 10,000 requests, a 20-point QPS sweep.
 
     python benchmarks/bench_serve.py [--model llama-3-8b] [--device_spec h100-sxm]
+        [--execution cudagraphs|compiled|eager|bound]
 
 Prints the machine's load (os.getloadavg) beside each figure, the time to build the
 Llama-3-8B step table (counted and priced once), to simulate 10,000 requests at a
@@ -26,6 +27,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="llama-3-8b")
     p.add_argument("--device_spec", default="h100-sxm")
+    p.add_argument("--execution", default="cudagraphs",
+                   help="the regime steps are priced in (bound: the roofline)")
     p.add_argument("--num_requests", type=int, default=10_000)
     p.add_argument("--prompt_length", default="uniform:128-1024")
     p.add_argument("--max_new_tokens", default="uniform:32-512")
@@ -34,7 +37,7 @@ def main(argv=None) -> int:
     from perfcounter.serve import ServeError, deployment, serve, synthetic
     try:
         t = time.perf_counter()
-        dep = deployment(args.model, args.device_spec)
+        dep = deployment(args.model, args.device_spec, execution=args.execution)
         built = time.perf_counter() - t
     except ServeError as e:
         print(f"bench_serve: {e}", file=sys.stderr)

@@ -18,7 +18,10 @@ TINY = ModelArgs(block_size=4608, vocab_size=64, n_layer=2, n_head=4, n_local_he
 
 @pytest.fixture(scope="module")
 def dep():
-    return deployment(TINY, "h100-sxm", max_num_seqs=64, max_num_batched_tokens=512)
+    # the roofline bound: the scheduler's semantics, steps whose cost follows their work
+    # (test_serve_predicted.py prices them in the execution regimes)
+    return deployment(TINY, "h100-sxm", max_num_seqs=64, max_num_batched_tokens=512,
+                      execution="bound")
 
 
 def fixed(n, prompt, output, arrival=None, cached=0):

@@ -111,7 +111,7 @@ def test_one_result_and_its_files(capsys, config, tmp_path):
                "--save_path", out["json"], "--csv", out["csv"], "--trace", out["trace"])
     text = capsys.readouterr().out
     assert code == 0
-    assert "step costs: roofline bound (no execution regime yet)" in text
+    assert "step costs: predicted, eager" in text  # the shared --execution default
     assert "Serving Benchmark Result" in text and "P99 TTFT (ms):" in text
     doc = json.loads(out["json"].read_text())
     for key in ("request_throughput", "output_throughput", "total_token_throughput",
@@ -159,3 +159,17 @@ def test_plots(capsys, config, tmp_path):
     stem = "serve_tiny_h100-sxm"  # what they show: the command, the model, the device
     assert {f"{stem}_latency_cdf.png", f"{stem}_latency_cdf.svg",
             f"{stem}_throughput_latency.png", f"{stem}_throughput_latency.svg"} <= names
+
+
+@pytest.mark.parametrize("flags, label, execution", [
+    (("--execution", "cudagraphs"), "predicted, cudagraphs", "cudagraphs"),
+    (("--compile",), "predicted, compiled", "compiled"),
+    (("--bound",), "roofline bound", "bound")])
+def test_the_regime_is_named_in_text_and_json(capsys, config, tmp_path, flags, label, execution):
+    path = tmp_path / "r.json"
+    code = run("--model", config, "--qps", "20", "--num_requests", "10", "--prompt_length", "32",
+               "--max_new_tokens", "4", "--save_path", path, *flags)
+    assert code == 0
+    assert f"step costs: {label}" in capsys.readouterr().out
+    doc = json.loads(path.read_text())
+    assert doc["step_costs"] == label and doc["execution"] == execution

@@ -6,15 +6,18 @@
     result.metrics["p99_ttft_ms"], result.to_dict()
 
 A deployment is a model (a preset, ModelArgs or a config.json), a precision, a device
-spec (its memory holds weights, workspace and the KV cache), optionally a placement
-mapping that prices the steps (`perfcounter.simulate`), and the engine's limits. Its
-step table is built once per (model, precision, device or mapping) and cached
-(pricing.step_table), so sweeps and searches re-use it.
+spec (its memory holds weights, workspace and the KV cache), the execution regime its
+steps are priced in (`execution`: "eager", "compiled" or "cudagraphs", perfcounter's
+prediction (predicted.py); "bound": the roofline bound), optionally a placement mapping
+that prices the steps (`perfcounter.simulate`), and the engine's limits. Its step table
+is built once per (model, precision, device or mapping, regime) and cached
+(pricing.step_table), so sweeps and searches re-use it; `serve(..., execution=...)`
+re-prices a deployment in another regime from the same counts.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -26,12 +29,29 @@ from perfcounter.models.hf_checkpoint import model_args_from_hf
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.memory import MemoryPlan, memory_plan
 from perfcounter.serve.metrics import metrics, parse_slo
+from perfcounter.serve.predicted import PredictionPricer
 from perfcounter.serve.pricing import RooflinePricer, step_table
 from perfcounter.serve.scheduler import EngineConfig, Run, simulate_engine
 from perfcounter.serve.workload import Workload, check_fits_model
 from perfcounter.serve.placement import PlacementPricer
 
 PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+EXECUTIONS = ("eager", "compiled", "cudagraphs", "bound")  # bound: the roofline
+
+
+def check_execution(execution) -> str:
+    """execution itself when it is one of EXECUTIONS; else a ServeError naming them."""
+    if execution not in EXECUTIONS:
+        raise ServeError(f"execution {execution!r}; valid: {', '.join(EXECUTIONS)} "
+                         "(bound: the roofline)")
+    return execution
+
+
+def pricer_for(spec, execution: str = "eager"):
+    """The pricer of steps on `spec` in `execution` (EXECUTIONS)."""
+    if check_execution(execution) == "bound":
+        return RooflinePricer(spec)
+    return PredictionPricer(spec, execution)
 
 
 def resolve_model(model) -> ModelArgs:
@@ -66,19 +86,21 @@ class Deployment:
     model_name: str
     dtype: torch.dtype
     spec: object
-    table: object  # pricing.PricedTable
+    table: object  # pricing.PricedTable (the bound) or predicted.PredictedTable
     plan: MemoryPlan
     engine: EngineConfig
     usd_per_hour: float | None = None
     usd_source: str | None = None
     notes: list = field(default_factory=list)
+    execution: str = "eager"  # the regime its steps are priced in (EXECUTIONS)
 
 
 def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat16",
                gpu_memory_utilization: float = 0.9, block_size: int = 16,
                max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
                step_overhead_s: float = 0.0, usd_per_hour: float | None = None,
-               host=None, check_fit: bool = True, **mapping_options) -> Deployment:
+               execution: str = "eager", host=None, check_fit: bool = True,
+               **mapping_options) -> Deployment:
     """A deployment (see the module doc); every limit checked here, before any work;
     check_fit: refuse a model that leaves no KV cache (False: --plan shows it)."""
     for name, value, least in (("--block_size", block_size, 1),
@@ -90,6 +112,7 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
         raise ServeError(f"--step_overhead_ms {step_overhead_s * 1e3}: expected a time >= 0")
     if usd_per_hour is not None and not (usd_per_hour >= 0 and math.isfinite(usd_per_hour)):
         raise ServeError(f"--usd_per_hour {usd_per_hour}: expected a price >= 0")
+    check_execution(execution)
     args = resolve_model(model)
     dtype = resolve_precision(precision)
     try:
@@ -106,7 +129,7 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
         pricer = PlacementPricer(mapping, host=host, **mapping_options)
         name = f"{spec.name} memory, steps under mapping {mapping}"
     else:
-        pricer = RooflinePricer(spec)
+        pricer = pricer_for(spec, execution)
         name = spec.name
     table = step_table(args, dtype, pricer)
     source = None
@@ -119,7 +142,7 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
                           step_overhead_s)
     model_name = model if isinstance(model, str) else type(model).__name__
     return Deployment(name, args, str(model_name), dtype, spec, table, plan, engine,
-                      usd_per_hour, source)
+                      usd_per_hour, source, execution=execution)
 
 
 def _no_fit(model: str, spec, plan: MemoryPlan) -> str:
@@ -141,7 +164,8 @@ class ServeResult:
         dep = self.deployment
         return {"deployment": dep.name, "model": dep.model_name,
                 "precision": str(dep.dtype).replace("torch.", ""),
-                "step_costs": dep.table.label, "workload": self.workload.source,
+                "step_costs": dep.table.label, "execution": dep.execution,
+                "workload": self.workload.source,
                 "num_requests": len(self.workload), "memory": dep.plan.to_dict(),
                 "engine": vars(dep.engine) if hasattr(dep.engine, "__dict__") else
                 {k: getattr(dep.engine, k) for k in dep.engine.__dataclass_fields__},
@@ -149,9 +173,13 @@ class ServeResult:
                 **self.metrics}
 
 
-def serve(dep: Deployment, workload: Workload, *, slo=None,
-          usd_per_kwh: float | None = None) -> ServeResult:
-    """Simulate `workload` on `dep` and measure it (metrics.py)."""
+def serve(dep: Deployment, workload: Workload, *, slo=None, usd_per_kwh: float | None = None,
+          execution: str | None = None) -> ServeResult:
+    """Simulate `workload` on `dep` and measure it (metrics.py); `execution` (EXECUTIONS):
+    price its steps in that regime instead of the deployment's (the same counts)."""
+    if execution is not None and execution != dep.execution:
+        dep = replace(dep, table=step_table(dep.args, dep.dtype, pricer_for(dep.spec, execution)),
+                      execution=execution)
     if not dep.plan.fits:
         raise ServeError(_no_fit(dep.model_name, dep.spec, dep.plan))
     if usd_per_kwh is not None and not (usd_per_kwh >= 0 and math.isfinite(usd_per_kwh)):

@@ -6,6 +6,9 @@
     perfcounter serve --model llama-3-8b --device_spec h100-sxm,a100-sxm4-80gb --qps 1:40:8
     perfcounter serve --model llama-3-8b --device_spec h100-sxm --find_max_qps --slo ttft=200ms,tpot=50ms
 
+Steps are priced as perfcounter predicts them in `--execution` (eager, compiled,
+cudagraphs; predicted.py), or at the roofline bound with `--bound`.
+
 `add_arguments(parser)` adds serve's own flags (perfcounter/cli/serve.py adds the shared
 model and run flags and the output files), `run(args)` runs (exit code 0; 2 and one line on
 stderr for bad input, every input checked before the work).
@@ -47,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max_num_seqs", type=int, default=256)
     g.add_argument("--block_size", type=int, default=16, help="KV cache block (tokens)")
     g.add_argument("--step_overhead_ms", type=float, default=0.0, help="added to every step")
+    g.add_argument("--bound", action="store_true",
+                   help="price steps at the roofline bound (as UPMEM's comparisons do) instead "
+                        "of perfcounter's prediction in --execution")
     g = p.add_argument_group("workload")
     g.add_argument("--qps", help="rate(s): 10, a list 1,2,5 or a range START:STOP:COUNT")
     g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps (1: Poisson)")
@@ -98,7 +104,8 @@ def _deployments(args) -> list:
     common = dict(precision=args.precision, gpu_memory_utilization=args.gpu_memory_utilization,
                   block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
                   max_num_seqs=args.max_num_seqs, step_overhead_s=args.step_overhead_ms * 1e-3,
-                  usd_per_hour=args.usd_per_hour, check_fit=not args.plan)
+                  usd_per_hour=args.usd_per_hour, check_fit=not args.plan,
+                  execution="bound" if args.bound else args.execution)
     model = args.model
     specs = [default_device_spec(resolve_precision(args.precision))] \
         if args.device_spec is None else [s.strip() for s in args.device_spec.split(",") if s.strip()]

@@ -9,18 +9,19 @@ where a group holds one op of every piece of the step (steps.py: in an engine th
 pieces' attention is one varlen kernel, one roofline). `RooflinePricer` is the
 roofline bound: fixed 0, executed FLOPs / peak at the op's dtype, bytes / bandwidth
 (roofline.op_costs, per-element costs of the spec included), the host link as
-roofline.py charges it (the step's inputs in, its output back). The output says so:
-"step costs: roofline bound (no execution regime yet)". A prediction with an
-execution regime (eager, compiled, cudagraphs) is another pricer with the same
-three methods: its per-op overhead is the fixed part. A placement mapping
-(placement.py) will price whole step traces through perfcounter.simulate.
+roofline.py charges it (the step's inputs in, its output back). Its output says
+"step costs: roofline bound". A prediction with an execution regime (eager,
+compiled, cudagraphs) is predicted.py's `PredictionPricer`, the same three methods
+and its own table. A placement mapping (placement.py) will price whole step traces
+through perfcounter.simulate.
 
-`PricedTable(counts, pricer)` prices the counted one-layer FIT traces, sums each
-group (times the layers it stands for) and fits compute, memory, fixed, host-link
-and energy coefficients over the step features, so that pricing a step in the
-scheduler's loop is two small matrix-vector products. `step_table(args, dtype,
-pricer)` builds it once per (model, dtype, pricer) and caches it: the counts per
-(model, dtype), the priced table per pricer as well (`cache_info()`, `cache_clear()`).
+`pricer.make_table(counts)` prices the counted steps once. `PricedTable(counts, pricer)`
+(the roofline's) prices the counted one-layer FIT traces, sums each group (times the
+layers it stands for) and fits compute, memory, fixed, host-link and energy coefficients
+over the step features, so that pricing a step in the scheduler's loop is two small
+matrix-vector products. `step_table(args, dtype, pricer)` builds it once per (model,
+dtype, pricer: its device and regime) and caches it: the counts per (model, dtype), the
+priced table per pricer key as well (`cache_info()`, `cache_clear()`).
 """
 from __future__ import annotations
 
@@ -32,22 +33,27 @@ import torch
 from perfcounter.models.args import ModelArgs
 from perfcounter.pricing.energy import PJ, compute_energy_j
 from perfcounter.pricing.roofline import crosses_host_link, host_link_bytes, op_costs
-from perfcounter.serve.steps import FEATURES, StepCounts, group_key, count_table, features, fit
+from perfcounter.serve.steps import (FEATURES, FIT, StepCounts, count_table, features, fit,
+                                     group_key)
 from perfcounter.trace import Trace
-from perfcounter.serve.steps import FIT
 
-ROOFLINE_LABEL = "roofline bound (no execution regime yet)"
+ROOFLINE_LABEL = "roofline bound"
 
 
 class RooflinePricer:
     """Each record at the device's roofline: (0, executed FLOPs / peak, bytes / bandwidth)."""
 
     label = ROOFLINE_LABEL
+    execution = "bound"
 
     def __init__(self, spec):
         self.spec = spec
-        self.key = f"roofline:{spec.name}:{spec.dtype}"
+        # its name and dtype, and every figure (two specs of one name may differ)
+        self.key = f"{spec.name}:{spec.dtype}:{hash(repr(spec)):x}"
         self.static_w = float(spec.static_w or 0.0)
+
+    def make_table(self, counts: StepCounts) -> "PricedTable":
+        return PricedTable(counts, self)
 
     def record_costs(self, trace: Trace) -> list[tuple[float, float, float]]:
         return [(0.0, c.compute_s, c.memory_s) for c in op_costs(trace, self.spec)]
@@ -153,7 +159,8 @@ class CountsKey(NamedTuple):
 
 class TableKey(NamedTuple):
     counts: CountsKey
-    pricer: str
+    device: str  # the pricer's key: its device spec's name and dtype
+    execution: str  # the regime it prices: "bound" (the roofline) or a prediction's
 
 
 _COUNTS: dict[CountsKey, StepCounts] = {}
@@ -165,7 +172,7 @@ class CacheInfo(NamedTuple):
     hits: int
     misses: int
     counts: int  # step counts held (per model and dtype)
-    tables: int  # priced tables held (per model, dtype and pricer)
+    tables: int  # priced tables held (per model, dtype, device and regime)
 
 
 def cache_info() -> CacheInfo:
@@ -179,9 +186,10 @@ def cache_clear() -> None:
 
 
 def step_table(args: ModelArgs, dtype: torch.dtype, pricer) -> PricedTable:
-    """The priced step table of `args` at `dtype` under `pricer`, counted and priced once."""
+    """The priced step table of `args` at `dtype` under `pricer` (its key names the device
+    and the regime), counted once per (model, dtype) and priced once per pricer."""
     ckey = CountsKey(repr(args) + repr(sorted(vars(args).items())), str(dtype))
-    key = TableKey(ckey, pricer.key)
+    key = TableKey(ckey, pricer.key, pricer.execution)
     table = _TABLES.get(key)
     if table is not None:
         _STATS["hits"] += 1
@@ -190,9 +198,9 @@ def step_table(args: ModelArgs, dtype: torch.dtype, pricer) -> PricedTable:
     counts = _COUNTS.get(ckey)
     if counts is None:
         counts = _COUNTS[ckey] = count_table(args, dtype)
-    table = _TABLES[key] = PricedTable(counts, pricer)
+    table = _TABLES[key] = pricer.make_table(counts)
     return table
 
 
-__all__ = ["FEATURES", "PricedTable", "RooflinePricer", "cache_clear", "cache_info",
-           "step_table"]
+__all__ = ["FEATURES", "ROOFLINE_LABEL", "PricedTable", "RooflinePricer", "cache_clear",
+           "cache_info", "step_table"]

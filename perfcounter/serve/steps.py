@@ -17,7 +17,10 @@ kernel, priced as one record. `count_table` counts a model of one decoder layer 
 each kind (perfcounter's model: one kind) at the FIT shapes (ragged.count_step),
 fits every group figure by least squares, refuses a fit that does not reproduce
 every counted shape (StepModelError), and multiplies the layer groups by the number
-of layers. tests/test_serve_steps.py holds held-out mixed steps to the counted ones
+of layers. The step's compulsory bytes (each storage once: what a fused program moves,
+and whether the step fits the device's cache) cannot be split by record; they are fitted
+as a whole from counts of one and two layers, the second layer's share repeated (within
+1 %: a few bytes of activations per step, 1e-3 of them, are not affine). tests/test_serve_steps.py holds held-out mixed steps to the counted ones
 (FLOPs and bytes within 1 %; in practice exact) and a two-layer count to the table.
 
 Pricing a step on a device is pricing.py's.
@@ -93,6 +96,7 @@ class StepCounts:
     sample: dict  # GroupKey -> a counted record (module path and signature for trace_at)
     window: int | None
     fit_traces: list  # the counted one-layer traces of FIT, in order (pricers fit on them)
+    compulsory: np.ndarray  # [features] the whole model's compulsory bytes (read + written)
 
     def repeats(self, r: OpRecord) -> int:
         """How many times a record of a one-layer trace stands in the whole model."""
@@ -139,14 +143,15 @@ def _group_figures(trace: Trace, keys: dict) -> np.ndarray:
     return out
 
 
-def fit(xs: np.ndarray, ys: np.ndarray, what: str) -> np.ndarray:
+def fit(xs: np.ndarray, ys: np.ndarray, what: str, tolerance: float = 1e-6) -> np.ndarray:
     """Least-squares coefficients [outputs, features] of ys [shapes, outputs] over
-    xs [shapes, features]; StepModelError when a counted shape is not reproduced."""
+    xs [shapes, features]; StepModelError when a counted shape is not reproduced within
+    `tolerance` (relative)."""
     coef, *_ = np.linalg.lstsq(xs, ys, rcond=None)
     err = np.abs(xs @ coef - ys)
     scale = np.maximum(np.abs(ys), 1e-9 * np.abs(ys).max(axis=0, keepdims=True) + 1e-300)
     worst = float((err / scale).max()) if ys.size else 0.0
-    if worst > 1e-6:
+    if worst > tolerance:
         raise StepModelError(f"the step model does not reproduce the counted {what} "
                              f"(worst relative error {worst:.2g}): this model's steps are not "
                              f"affine in {', '.join(FEATURES[1:])}")
@@ -160,10 +165,16 @@ def count_table(args: ModelArgs, dtype=torch.bfloat16) -> StepCounts:
                              "by the step table yet")
     one = dataclasses.replace(args, n_layer=1)
     keys: dict = {}
-    rows, sample, traces = [], {}, []
+    rows, sample, traces, compulsory = [], {}, [], []
+    two = dataclasses.replace(args, n_layer=2)
     for shape in FIT:
         trace = count_step(one, [Piece(*p) for p in shape], dtype)
         traces.append(trace)
+        second = count_step(two, [Piece(*p) for p in shape], dtype).compulsory_bytes \
+            if args.n_layer > 1 else trace.compulsory_bytes
+        # one layer + (layers - 1) x the second layer's share
+        compulsory.append(trace.compulsory_bytes
+                          + (args.n_layer - 1) * (second - trace.compulsory_bytes))
         rows.append(_group_figures(trace, keys))
         for r in trace.records:
             sample.setdefault(group_key(r), r)
@@ -173,5 +184,7 @@ def count_table(args: ModelArgs, dtype=torch.bfloat16) -> StepCounts:
     coef = fit(xs, ys.reshape(len(FIT), -1), "figures").reshape(g, _NFIG, len(FEATURES))
     ordered = sorted(keys, key=keys.get)
     layers = np.array([args.n_layer if ".layers.*" in k.module else 1 for k in ordered], float)
+    # NB: a few bytes of activations per step are not affine (1e-3 of them at most)
+    whole = fit(xs, np.array(compulsory, float)[:, None], "compulsory bytes", 0.01)[0]
     return StepCounts(args, str(dtype).replace("torch.", ""), ordered, coef, layers, sample,
-                      args.sliding_window, traces)
+                      args.sliding_window, traces, whole)

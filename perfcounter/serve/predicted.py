@@ -1,0 +1,231 @@
+"""A step's seconds as perfcounter predicts them in an execution regime (pricing/predict.py).
+
+`PredictionPricer(spec, execution)` sits on pricing.py's seam beside the roofline bound:
+`record_costs(trace)` gives each record (fixed, compute, memory) as `op_predictions` prices
+it (fixed: its calls x the regime's overhead per call, plus a float GEMV's weight rows x the
+time per row); its energy and host link are the roofline's (the same bytes and FLOPs
+cross the same link). A step of the scheduler costs what `predict(step_trace, spec,
+execution).latency_s` says:
+
+- eager: every op call (views included) pays the eager overhead, every group
+  max(compute, memory) (+ GEMV rows); on an asynchronous device (a GPU) the host's
+  dispatch shows only where it exceeds the kernels' work: max(Σ overhead, Σ work).
+- compiled: matmuls and attention (predict.EXTERN) one kernel each, priced as above with
+  the compiled overhead; the rest fused: the step's compulsory bytes that those kernels do
+  not stream (weights, KV reads) at the elementwise rate, its FLOPs at the elementwise
+  FLOP/s, and one compiled kernel launch per extern kernel and one more.
+- cudagraphs: as compiled, no launch per kernel, one graph launch per step.
+
+The step table of a prediction (`PredictedTable`) cannot be affine in the step's features
+as the roofline's is: a matmul of up to SKINNY_ROWS rows is a GEMV with its own rates, a few
+rows are charged a row block, a calibrated spec's rates follow the rows and the working set,
+and eager dispatch hides behind the kernels. So it keeps the counts' affine figures per
+record group (steps.py) and prices them at every step: one record per group and layer,
+its rows (M) fitted from the counted steps, the step's compulsory bytes from the counts'
+fit. Rates are looked up once per (rows of each matmul, cold) and cached, unless the spec has
+measured curves (rates by working set: looked up at every step, slower). What differs from
+predicting the counted step's trace: a group is priced as one record (in an engine the
+pieces' attention is one varlen kernel), where predict prices each piece's attention
+alone; with curves, at the group's bytes per call. tests/test_serve_predicted.py holds the
+table to predict() on counted steps within 1 %.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from perfcounter.pricing.achievable import (check_execution, gemv_row_s, overhead, rate,
+                                            rows_flops)
+from perfcounter.pricing.predict import (ASYNCHRONOUS, EXTERN, ROW_BLOCK, SKINNY_ROWS,
+                                         gemv_weight, has_explicit_mask, matmul_rows, op_class,
+                                         op_predictions, predict)
+from perfcounter.pricing.roofline import is_integer_dtype
+from perfcounter.serve.pricing import PricedTable, RooflinePricer
+from perfcounter.serve.steps import FIT, StepCounts, StepModelError, features, fit, group_key
+from perfcounter.trace import ROLES, Trace
+
+_CALLS, _FLOPS, _EXECUTED, _BYTES = 0, 1, 2, 10  # figure columns (steps._figures)
+_STREAMED = (_BYTES + ROLES.index("weight"), _BYTES + ROLES.index("kv_cache"))
+
+
+class PredictionPricer:
+    """Each record as perfcounter's prediction in `execution` prices it (module doc)."""
+
+    def __init__(self, spec, execution: str = "eager"):
+        self.spec, self.execution = spec, check_execution(execution)
+        self.bound = RooflinePricer(spec)
+        self.key, self.static_w = self.bound.key, self.bound.static_w
+        self.label = f"predicted, {execution}"
+
+    def record_costs(self, trace: Trace) -> list[tuple[float, float, float]]:
+        """(overhead + a GEMV's weight rows, compute, memory) per record, as op_predictions
+        prices each alone; metadata (prim.*) records cost nothing. NB: compiled and
+        cudagraphs fuse the records other than matmuls and attention: those are (0, 0, 0)
+        here, their fused group and launches a step's figure (step_seconds)."""
+        preds = iter(op_predictions(trace, self.spec, self.execution))
+        out = []
+        for r in trace.records:
+            p = None if r.op.startswith("prim.") else next(preds)
+            if p is None or (self.execution != "eager" and p.op_class not in EXTERN):
+                out.append((0.0, 0.0, 0.0))
+            else:
+                out.append((p.overhead_s + p.rows_s, p.compute_s, p.memory_s))
+        return out
+
+    def record_energy_j(self, trace: Trace) -> list[float] | None:
+        return self.bound.record_energy_j(trace)
+
+    def host_link(self, trace: Trace) -> tuple[float, float]:
+        return self.bound.host_link(trace)
+
+    def step_seconds(self, trace: Trace) -> float:
+        """A counted step's predicted seconds: predict(trace, spec, execution).latency_s."""
+        return predict(trace, self.spec, self.execution).latency_s
+
+    def make_table(self, counts: StepCounts) -> "PredictedTable":
+        return PredictedTable(counts, self)
+
+
+class PredictedTable:
+    """A step's predicted seconds and joules from the counts' figures (module doc); the
+    roofline bound of the same counts is `bound` (its joules and host link are used)."""
+
+    def __init__(self, counts: StepCounts, pricer: PredictionPricer):
+        self.counts, self.pricer = counts, pricer
+        self.label, self.static_w = pricer.label, pricer.static_w
+        self.bound = PricedTable(counts, pricer.bound)
+        self.has_energy = self.bound.has_energy
+        spec, self.execution = pricer.spec, pricer.execution
+        self.samples = [counts.sample[k] for k in counts.keys]
+        self.classes = [op_class(s.op, s.shapes) for s in self.samples]
+        self.matmul = np.array([c in ("gemv", "gemm") for c in self.classes])
+        self.extern = np.array([c in EXTERN for c in self.classes])
+        self.dense = np.array([c == "attention" and has_explicit_mask(s.shapes)
+                               for c, s in zip(self.classes, self.samples)])
+        self.weights = [gemv_weight(s) if m else None for s, m in zip(self.samples, self.matmul)]
+        self.rows, self.idle_calls = _rows_and_idle_calls(counts, self.matmul)
+        self.by_curves = bool(spec.op_curves)  # rates by working set: no cache of rates
+        self.asynchronous = spec.device_type in ASYNCHRONOUS
+        self._rates: dict = {}
+
+    # -- rates of one group, as op_predictions takes them for one record --------------------
+    def _group_rates(self, g: int, rows: int, cold: bool, working_set: float):
+        """(seconds per FLOP, seconds per byte, weight-row seconds per call) of group g."""
+        spec, s, cls = self.pricer.spec, self.samples[g], self.classes[g]
+        rate_cls, row_s, scale = cls, 0.0, 1.0
+        if self.matmul[g]:
+            cls = "gemv" if rows <= SKINNY_ROWS else "gemm"
+            weight_cls, weight_rows = self.weights[g]
+            if weight_cls == "gemv" and not is_integer_dtype(s.dtype):
+                row_s = weight_rows * gemv_row_s(spec, s.dtype, rows)
+            rate_cls = weight_cls if cls == "gemv" else cls
+        rt = rate(spec, rate_cls, s.dtype, working_set)
+        achieved = rt.flops_per_s
+        if self.matmul[g] and rows > 1:
+            by_rows = None if is_integer_dtype(s.dtype) else rows_flops(spec, s.dtype, rows)
+            if by_rows is not None:
+                achieved = by_rows
+            elif cls == "gemv" and rows < ROW_BLOCK:
+                scale = ROW_BLOCK / rows
+        bandwidth = rt.cold_bytes_per_s if cold else rt.warm_bytes_per_s
+        return scale / achieved, 1.0 / bandwidth, row_s
+
+    def _rates_at(self, rows: np.ndarray, cold: bool, per_call: np.ndarray) -> np.ndarray:
+        """[3, groups]: seconds per FLOP, per byte, weight-row seconds per call."""
+        key = (tuple(rows[self.matmul].tolist()), cold)
+        out = None if self.by_curves else self._rates.get(key)
+        if out is None:
+            out = np.array([self._group_rates(g, int(rows[g]), cold, float(per_call[g]))
+                            for g in range(len(self.samples))]).T
+            if not self.by_curves:
+                self._rates[key] = out
+        return out
+
+    def _fused_rate(self, dtype: str, cold: bool, working_set: float) -> tuple[float, float]:
+        key = ("fused", dtype, cold)
+        out = None if self.by_curves else self._rates.get(key)
+        if out is None:
+            rt = rate(self.pricer.spec, "elementwise", dtype, working_set)
+            out = (rt.flops_per_s, rt.cold_bytes_per_s if cold else rt.warm_bytes_per_s)
+            if not self.by_curves:
+                self._rates[key] = out
+        return out
+
+    # -- a step -------------------------------------------------------------------------------
+    def seconds(self, f: np.ndarray) -> float:
+        """Predicted seconds of a step with features f (steps.features)."""
+        spec, layers = self.pricer.spec, self.counts.layers
+        fig = self.counts.coef @ f  # [groups, figures] of one layer
+        calls, nbytes = fig[:, _CALLS], fig[:, _BYTES:].sum(axis=1)
+        flops = np.where(self.dense, fig[:, _FLOPS], fig[:, _EXECUTED])
+        compulsory = float(self.counts.compulsory @ f)
+        cold = not spec.cache_bytes or compulsory > spec.cache_bytes
+        rows = np.rint(self.rows @ f)
+        per_call = nbytes / np.maximum(calls, 1.0)
+        per_flop, per_byte, row_s = self._rates_at(rows, cold, per_call)
+        work = (np.maximum(flops * per_flop, nbytes * per_byte) + calls * row_s) * layers
+        calls = calls * layers
+        host = float(self.bound.base @ f)  # the roofline's fixed part is its host link
+        if self.execution == "eager":
+            dispatch = (calls.sum() + float(self.idle_calls @ f)) * overhead(spec, "eager", cold)
+            total = float(work.sum())
+            if self.asynchronous:  # the host dispatches ahead of the kernels
+                dispatch = max(dispatch - total, 0.0)
+            return dispatch + total + host
+        ext = self.extern
+        ext_calls = float(calls[ext].sum())
+        extern_s = float(work[ext].sum())
+        if self.execution == "compiled":
+            extern_s += ext_calls * overhead(spec, "compiled", cold)
+        fused = ~ext & (nbytes > 0)
+        if not fused.any():
+            launch = overhead(spec, "cudagraphs") if self.execution == "cudagraphs" else 0.0
+            return extern_s + launch + host
+        streamed = float((fig[:, _STREAMED].sum(axis=1) * layers)[ext].sum())
+        fused_bytes = max(0.0, compulsory - streamed)
+        fused_flops = float((fig[:, _EXECUTED] * layers)[fused].sum())
+        dtype = self.samples[int(np.flatnonzero(fused)[np.argmax(nbytes[fused])])].dtype
+        flops_per_s, bandwidth = self._fused_rate(dtype, cold, fused_bytes / (ext_calls + 1))
+        fused_s = max(fused_flops / flops_per_s, fused_bytes / bandwidth)
+        launch = overhead(spec, "cudagraphs") if self.execution == "cudagraphs" \
+            else (ext_calls + 1) * overhead(spec, "compiled")
+        return extern_s + fused_s + launch + host
+
+    def energy_j(self, f: np.ndarray, seconds: float) -> float:
+        """Joules of a step: the bound's dynamic joules (the same bytes and FLOPs) + static W
+        x its predicted seconds."""
+        return float(self.bound.joules @ f) + self.static_w * seconds
+
+    def price(self, pieces) -> float:
+        return self.seconds(features(pieces, self.counts.window))
+
+    def price_trace(self, trace: Trace) -> float:
+        """A counted step trace as perfcounter predicts it (predict.predict)."""
+        return self.pricer.step_seconds(trace)
+
+
+def _rows_and_idle_calls(counts: StepCounts, matmul: np.ndarray):
+    """([groups, features] each matmul group's rows M, fitted over the counted steps;
+    [features] the whole model's calls of records that move and compute nothing: views,
+    which an eager run still dispatches)."""
+    index = {k: g for g, k in enumerate(counts.keys)}
+    shapes = len(counts.fit_traces)
+    rows, idle = np.zeros((shapes, len(index))), np.zeros((shapes, 1))
+    for s, trace in enumerate(counts.fit_traces):
+        seen = set()
+        for r in trace.records:
+            if r.op.startswith("prim."):
+                continue
+            if not (r.bytes or r.flops or r.executed_flops):
+                idle[s, 0] += r.calls * counts.repeats(r)
+                continue
+            g = index[group_key(r)]
+            if matmul[g]:
+                if g in seen:
+                    raise StepModelError(f"{r.op} in {r.module}: several matmuls of one group "
+                                         "in a step; a prediction needs each one's rows")
+                seen.add(g)
+                rows[s, g] = matmul_rows(r.op, r.shapes)
+    xs = np.stack([features(shape, counts.window) for shape in FIT])
+    return fit(xs, rows, "matmul rows"), fit(xs, idle, "view calls")[0]
+
+__all__ = ["PredictedTable", "PredictionPricer"]
