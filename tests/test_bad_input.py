@@ -144,8 +144,8 @@ def test_failed_save_keeps_the_results(tmp_path, monkeypatch, capsys):
     (dict(depth=0), r"--depth must be a positive int, got 0"),
     (dict(device="tpu"), r"--device 'tpu' is not one a model runs on here; valid: cpu, cuda, "
                          r"cuda:N, mps"),
-    (dict(prompt_length=2047, max_new_tokens=2),
-     r"max_seq_length=2049 exceeds the model's block_size=2048 \(a prompt of 2047 tokens"),
+    (dict(prompt_length=4095, max_new_tokens=2),  # Llama-2's context: 4,096
+     r"max_seq_length=4097 exceeds the model's block_size=4096 \(a prompt of 4095 tokens"),
 ])
 def test_generate_arguments(kwargs, message):
     with pytest.raises(gen.GenerateArgumentError, match=message):
