@@ -184,6 +184,7 @@ def measured():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.slow  # over ~5 s here, all its cases: python -m pytest -m 'not slow' skips it
 def test_counted_exactly_and_outputs_bitwise_the_uncounted_runs(arch, measured):
     m = measured(arch)
     for grad in GRADS:
@@ -254,6 +255,7 @@ def test_both_grad_modes_count_op_for_op(measured):
 
 
 @pytest.mark.parametrize("arch", ["llama", "mixtral", "mamba"])
+@pytest.mark.slow  # over ~5 s here, all its cases: python -m pytest -m 'not slow' skips it
 def test_transformers_generate_counts_every_op(arch):
     """model.generate: the stop check (isin against the end-of-sequence ids) and the
     bookkeeping between steps count too; the tokens are those of the uncounted run."""

@@ -214,6 +214,7 @@ def run_cli(*argv):
     (["--top_k", "0"], "--top_k must be an int >= 1, got 0"),
     (["--device", "tpu"], "--device 'tpu' is not one a model runs on here"),
 ])
+@pytest.mark.slow  # over ~5 s here, all its cases: python -m pytest -m 'not slow' skips it
 def test_cli_exit_code_2_and_one_line(argv, message):
     run = run_cli("--model", "llama-2-7b", "--prompt_length", "2", "--max_new_tokens", "2",
                   "--quiet", *argv)

@@ -72,6 +72,7 @@ def waiting_clock():
     return now
 
 
+@pytest.mark.slow  # over ~5 s here, all its cases: python -m pytest -m 'not slow' skips it
 def test_a_noisy_clock_gives_a_flagged_calibration_never_a_silent_one(monkeypatch):
     monkeypatch.setitem(op_rates.CLOCKS, "wall", waiting_clock())
     cal = calibrate(array_bytes=1 * MB, repeats=1, matmul_n=32, dtypes=("float32",),
@@ -84,6 +85,7 @@ def test_a_noisy_clock_gives_a_flagged_calibration_never_a_silent_one(monkeypatc
     assert spec.calibration_check == check
 
 
+@pytest.mark.slow  # over ~5 s here, all its cases: python -m pytest -m 'not slow' skips it
 def test_a_flagged_calibration_is_written_with_its_checks_but_is_not_the_default(
         monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

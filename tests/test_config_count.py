@@ -120,6 +120,7 @@ def _grouped_weight_reads(stats) -> int:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.slow  # over ~5 s here, all its cases: python -m pytest -m 'not slow' skips it
 def test_moe_counts_on_the_default_experts_path_in_every_dtype(dtype):
     config = transformers.MixtralConfig(**MIXTRAL)
     counter = count_config(config, **sizes(dtype=dtype))

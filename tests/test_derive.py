@@ -225,6 +225,7 @@ def test_a_step_that_breaks_the_fit_is_counted_with_the_rest():
     tiny_args(n_layer=3, sliding_window=4),  # one window for all layers: one kind
     tiny_args(n_layer=3, num_experts=4, num_activated_experts=2),  # MoE, balanced routing
 ], ids=["llama", "gqa", "window", "moe"])
+@pytest.mark.slow  # over ~5 s here, all its cases: python -m pytest -m 'not slow' skips it
 def test_config_only_one_layer_per_kind_equals_every_layer(args):
     every = TransformerPerformanceCounter()
     count_config_only(args, every, batch_size=2, prompt_length=5, max_new_tokens=12,

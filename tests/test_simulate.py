@@ -648,6 +648,7 @@ def llama2_7b():
 @pytest.mark.parametrize("device, entry", [("PIM-AI-4chip", "pim-ai-4chip"),
                                            ("Snapdragon8gen3", "upmem-snapdragon8gen3"),
                                            ("H100", "upmem-h100")])
+@pytest.mark.slow  # over ~5 s here, all its cases: python -m pytest -m 'not slow' skips it
 def test_llama2_7b_decode_on_one_device_is_weight_streaming(llama2_7b, device, entry):
     from perfcounter.devices import get_device_spec
     from perfcounter.trace import ROLES

@@ -257,6 +257,7 @@ CONFIG = dict(model="llama-2-7b", draft_model="llama-2-7b", acceptance_rate=0.8,
     # 2041 prompt + 2 new + k 5 + 1 = 2049 positions > 2048
     (dict(prompt_length=2041, max_new_tokens=2), r"the target's block_size=2048 is too short"),
 ])
+@pytest.mark.slow  # over ~5 s here, all its cases: python -m pytest -m 'not slow' skips it
 def test_bad_speculative_input(change, message):
     with pytest.raises(SpeculativeArgumentError, match=message):
         gen.main(**{**CONFIG, **change})
