@@ -194,8 +194,8 @@ def test_bad_input_is_named():
         gen.main(model="llama-2-7b", precision="fp8", quiet=True)
     with pytest.raises(DeviceSpecError):
         gen.main(model="llama-2-7b", device_spec="h10", quiet=True)
-    with pytest.raises(ValueError, match="max_seq_length=2049 exceeds the model's block_size=2048"):
-        gen.main(model="llama-2-7b", prompt_length=2048, max_new_tokens=1, quiet=True,
+    with pytest.raises(ValueError, match="max_seq_length=4097 exceeds the model's block_size=4096"):
+        gen.main(model="llama-2-7b", prompt_length=4096, max_new_tokens=1, quiet=True,
                  device_spec="h100-sxm")
 
 

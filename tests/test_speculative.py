@@ -254,8 +254,8 @@ CONFIG = dict(model="llama-2-7b", draft_model="llama-2-7b", acceptance_rate=0.8,
     (dict(draft_model=None, draft_checkpoint_path="x"), r"a config-only target takes a "
                                                         r"config-only draft"),
     (dict(draft_model=None), r"--acceptance_rate needs a draft model"),
-    # 2041 prompt + 2 new + k 5 + 1 = 2049 positions > 2048
-    (dict(prompt_length=2041, max_new_tokens=2), r"the target's block_size=2048 is too short"),
+    # 4089 prompt + 2 new + k 5 + 1 = 4097 positions > 4096 (Llama-2's context)
+    (dict(prompt_length=4089, max_new_tokens=2), r"the target's block_size=4096 is too short"),
 ])
 @pytest.mark.slow  # over ~5 s here, all its cases: python -m pytest -m 'not slow' skips it
 def test_bad_speculative_input(change, message):
