@@ -228,13 +228,13 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
         return matmul_rows(pool, dtypes, device, min_time, clock, row_s)
     parts = ["flops"] + (["overheads", "curves", "rows"] if curves else [])
     got, spreads = {}, {}
-    for part in parts:
-        first = measure(part)
-        for _ in range(rounds - 1):
+    for part in parts:  # round 1, part by part (curves and rows use the overheads' row figures)
+        got[part] = measure(part)
+    for _ in range(rounds - 1):  # later rounds over every part again: spread out in time, a
+        for part in parts:  # busy spell of the machine slows one round, not all
             again = measure(part)
-            spreads.update(spread(first, again, f"{part} "))
-            first = best_of(first, again)
-        got[part] = first
+            spreads.update(spread(got[part], again, f"{part} "))
+            got[part] = best_of(got[part], again)
     flags = _flags(got, matmul_n)
     for _ in range(retries):  # the parts a flag names, measured again: the fastest kept
         if not flags:

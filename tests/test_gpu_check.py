@@ -1,0 +1,19 @@
+"""benchmarks/gpu_check.py runs on the CPU as a smoke test: calibrate (tiny), a tiny
+Llama-shaped model counted and timed eagerly and compiled, one row per regime and phase."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+@pytest.mark.slow  # calibrates and compiles a tiny model: ~30 s on 2 cores
+def test_gpu_check_runs_on_the_cpu(capsys):
+    import gpu_check
+    rows = gpu_check.main(device="cpu", repeats=1)
+    assert [(r[1], r[2]) for r in rows] == [("eager", "prefill"), ("eager", "decode"),
+                                           ("compiled", "prefill"), ("compiled", "decode")]
+    assert all(float(r[5]) > 0 for r in rows)
+    out = capsys.readouterr().out
+    assert "| model | regime | phase | measured | predicted | meas/pred | counted |" in out
