@@ -313,6 +313,7 @@ def test_70b_prefill_and_one_decode_equal_every_layer():
 
 
 # -- generate.py and the config-only counts ----------------------------------------------
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_generate_config_only_derived_equals_count_every_step(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(tiny_args(n_layer=3).__dict__))

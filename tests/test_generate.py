@@ -199,6 +199,7 @@ def test_bad_input_is_named():
                  device_spec="h100-sxm")
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_cli_exits_with_the_message():
     run = subprocess.run([sys.executable, "generate.py", "--model", "lama-2-7b"], cwd=REPO,
                          capture_output=True, text=True)

@@ -149,6 +149,7 @@ def test_price_as_bad_input(tiny_gguf, capsys):
                                                "not valid; valid: stored, executed")
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_generate_refuses_an_unknown_price_as():
     run = subprocess.run([sys.executable, "generate.py", "--model", "llama-2-7b", "--quiet",
                           "--price_as", "dequantized"], cwd=REPO, capture_output=True, text=True)

@@ -187,6 +187,7 @@ def test_convert_script_writes_our_layout(tmp_path, hf_llama_dir, hf_tokenizer_f
     torch.testing.assert_close(_our_logits(converted.model, x), _our_logits(direct.model, x))
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_convert_refuses_what_it_cannot_read(tmp_path):
     run = subprocess.run([sys.executable, str(REPO / "scripts" / "convert_hf_checkpoint.py"),
                           "--checkpoint_dir", str(tmp_path / "missing"), "--out_dir", str(tmp_path)],

@@ -129,6 +129,7 @@ def test_sweep_plots(tmp_path):
         f"sweep_m_a+b_{m}.{ext}" for m in ("energy", "latency") for ext in ("png", "svg")]
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_cli_count_plot_and_trace(tmp_path, capsys):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(dict(

@@ -197,6 +197,7 @@ PUBLISHED = {None: 13.32e9, "int8": 6.87e9, "int4-32": 4.38e9}  # gpt-fast's REA
 
 
 @pytest.mark.parametrize("scheme", list(LLAMA_SIZES))
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_llama_2_7b_model_size_as_derived_and_near_published(scheme):
     model, _ = fake_model(ModelArgs.from_name("llama-2-7b"), weights=scheme, dtype=torch.bfloat16)
     size = q.model_size_bytes(model, 1, 208)
@@ -283,6 +284,7 @@ def test_generate_quantization_arguments(kwargs, message):
         gen.main(**{**base, **kwargs})
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_cli_errors_are_one_line_exit_2(capsys):
     assert cli_main(argv=["count", "--model", "smollm2-135m", "--quantize", "int4-256"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -29,6 +29,7 @@ def fixed(n, prompt, output, arrival=None, cached=0):
     return Workload(arrival, np.full(n, prompt), np.full(n, output), np.full(n, cached))
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_vanishing_rate_ttft_is_the_prefill_step_and_tpot_the_decode_steps(dep):
     # requests 1000 s apart: each meets an idle engine. TTFT = the step of one 100-token
     # piece (prompt 100 <= budget 512: one chunk); TPOT = the mean of the decode steps at

@@ -272,6 +272,7 @@ def test_a_real_draft_of_another_vocabulary(checkpoints):
                  prompt_length=3, max_new_tokens=4, quiet=True, device_spec="generic-cpu")
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_cli_speculate_k_0_exits_2_with_one_line():
     run = subprocess.run([sys.executable, "generate.py", "--model", "llama-2-7b", "--draft_model",
                           "llama-2-7b", "--speculate_k", "0", "--acceptance_rate", "0.8"],

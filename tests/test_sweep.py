@@ -20,6 +20,7 @@ def tiny_config(tmp_path):
     return str(path)
 
 
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
 def test_each_combination_counted_once_and_priced_per_device(tiny_config, monkeypatch):
     counted = []
     real = derive.count_generation
