@@ -3,7 +3,7 @@
     python benchmarks/bench_predict.py                  # every configuration (slow: ~30 min)
     python benchmarks/bench_predict.py --quick          # SmolLM2-135M only
     python benchmarks/bench_predict.py --spec cal.yaml  # predict from an existing calibration
-    python benchmarks/bench_predict.py --published      # beside gpt-fast's and torchao's figures
+    python benchmarks/bench_predict.py --published      # = benchmarks/bench_published.py
 
 First `perfcounter calibrate` runs (micro-benchmarks only: it never sees the runs
 below) with the same threads and clock, unless --spec names a calibrated file.
@@ -113,42 +113,11 @@ def run(model, spec, prompt: int, batch: int, steps: int, compiled: bool, repeat
     return out
 
 
-# published measurements (no efficiency used below was fitted to them)
-GPT_FAST_A100 = {"bfloat16": 104.9, "int8": 155.58, "int4-32": 196.80}  # Llama-2-7B tokens/s,
-# gpt-fast README (github.com/pytorch-labs/gpt-fast), A100-80GB, compiled, 200 new tokens
-TORCHAO_3090 = {"prefill": 1.26, "decode": 0.16}  # Llama-2-7B bf16 seconds, 6-token prompt,
-# eager under torchao's counter: ../shared/seeds/004 (torchao's profiler example output)
-
-
-def published() -> list[list[str]]:
-    """Predictions beside gpt-fast's A100 tokens/s and torchao's RTX 3090 latencies, counted
-    from the Llama-2-7B config alone (generate.py config-only, quantized as gpt-fast does)."""
-    import generate
-    rows = []
-    for scheme, tps in GPT_FAST_A100.items():
-        quantize = None if scheme == "bfloat16" else scheme
-        counter = generate.main(model="llama-2-7b", prompt_length=6, max_new_tokens=3,
-                                device_spec="a100", quiet=True, quantize=quantize)["counter"]
-        s = counter.counts["decode"]
-        p = s.prediction("compiled")
-        step = p.latency_s / s.steps
-        rows.append([f"gpt-fast A100, {scheme}, compiled", f"{tps:.2f} tok/s",
-                     f"{1 / step:.1f} tok/s", ratio(1 / tps, step),
-                     f"a100: gemv, elementwise 0.88 (source: device_specs/nvidia.yaml); "
-                     f"others {p.basis.replace('+', ', ')}: predict.DEFAULT_EFFICIENCY, "
-                     f"DEFAULT_OVERHEAD_S"])
-    counter = generate.main(model="llama-2-7b", prompt_length=6, max_new_tokens=2,
-                            device_spec="rtx-3090", quiet=True)["counter"]
-    for label, seconds in TORCHAO_3090.items():
-        s = counter.counts[label]
-        pred = s.prediction("eager").latency_s / s.steps
-        rows.append([f"torchao RTX 3090, bf16, eager, {label}", si(seconds, "s", 3, prefix="m"),
-                     si(pred, "s", 3, prefix="m"), ratio(seconds, pred),
-                     "rtx-3090: predict.DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S (no sourced "
-                     "efficiency)"])
-    head = ["published", "measured", "predicted", "meas/pred", "efficiencies used"]
-    print(format_table(rows, head, markdown=True), flush=True)
-    return rows
+def published() -> list[dict]:
+    """The published GPU rows beside their predictions: benchmarks/bench_published.py."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_published  # noqa: E402  (deferred: only --published needs it)
+    return bench_published.main()
 
 
 def main(*, quick: bool = False, steps: int = 4, repeats: int = 2, threads: int = 1,
