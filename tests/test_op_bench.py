@@ -103,5 +103,5 @@ def test_the_command_refuses_a_missing_gpu_before_counting(capsys, monkeypatch):
 
 
 def test_bad_clock_is_refused():
-    with pytest.raises(ValueError, match="unknown clock 'wallclock'; valid: wall, cpu"):
+    with pytest.raises(ValueError, match="unknown clock 'wallclock'; valid: auto, wall, cpu, thread"):
         B.op_bench(toy_trace(), clock="wallclock")

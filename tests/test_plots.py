@@ -61,8 +61,10 @@ def test_kind_rows_add_up_to_the_prediction_and_the_energy(counted):
             assert sum(r["time_s"] for r in mine) == pytest.approx(on.predicted_latency)
             # neither spec gives op_overhead_s: DEFAULT_OVERHEAD_S, 8 us per op call (cuda;
             # pim-ai-4chip's device_type has no row and takes cuda's), well above the bound
-            pred = on.prediction("eager")
-            assert pred.overhead_s == pytest.approx(pred.op_calls * 8e-6)
+            pred, dispatch = on.prediction("eager"), on.prediction("eager").op_calls * 8e-6
+            # a GPU runs its kernels while the host dispatches: only the excess shows
+            shown = max(dispatch - pred.work_s, 0) if device == "h100-sxm" else dispatch
+            assert pred.overhead_s == pytest.approx(shown)
             assert sum(r["time_s"] for r in mine) > on.roofline_latency
             assert sum(r["energy_j"] for r in mine) == pytest.approx(on.energy_j)
             kinds = {r["kind"] for r in mine if r["time_s"]}

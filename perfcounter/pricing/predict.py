@@ -46,7 +46,8 @@ overhead per fused kernel, one between each pair of extern calls.
 
 Eager on an asynchronous device (ASYNCHRONOUS: a GPU): the host dispatches op after op
 while the device runs the kernels queued before, so the dispatch shows only where it exceeds
-the device's work: overhead_s = max(0, Σ calls x overhead - Σ work).
+the device's work: overhead_s = max(0, Σ calls x overhead - Σ work), each op's overhead
+scaled by the same share (op_predictions), so that the ops still add up to the phase.
 
 CUDA graphs ("cudagraphs": gpt-fast's reduce-overhead, serving engines): the compiled
 program replayed as one graph per step: fused as above, no overhead per kernel, one
@@ -58,7 +59,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from perfcounter.costs import op_info_by_name
 from perfcounter.devices.dtypes import as_dtype, dtype_name
@@ -220,6 +221,10 @@ def op_predictions(trace: Trace, spec, execution: str = "eager") -> list[OpPredi
         out.append(OpPrediction(r, weight_cls, r.calls * per_call,
                                 compute, _memory_s(streamed, r.bytes - streamed, rt), rt.basis,
                                 rows_s))
+    if execution == "eager" and spec.device_type in ASYNCHRONOUS:  # dispatch overlaps kernels:
+        dispatch, work = sum(p.overhead_s for p in out), sum(p.work_s for p in out)
+        shown = max(dispatch - work, 0.0) / dispatch if dispatch else 0.0  # each op its share
+        out = [replace(p, overhead_s=p.overhead_s * shown) for p in out]
     return out
 
 
@@ -256,10 +261,8 @@ def predict(trace: Trace, spec, execution: str = "eager") -> Prediction:
     if execution == "eager":
         for p in ops:
             by_class[p.op_class] = by_class.get(p.op_class, 0.0) + p.latency_s
-        dispatch, work = sum(p.overhead_s for p in ops), sum(p.work_s for p in ops)
-        if spec.device_type in ASYNCHRONOUS:  # the host dispatches ahead of the kernels
-            dispatch = max(dispatch - work, 0.0)
-        return Prediction(execution, dispatch, work, host, by_class,
+        return Prediction(execution, sum(p.overhead_s for p in ops),
+                          sum(p.work_s for p in ops), host, by_class,
                           "+".join(sorted(bases)), sum(p.record.calls for p in ops))
     extern = [p for p in ops if p.op_class in EXTERN]
     fused = [p for p in ops if p.op_class not in EXTERN and p.record.bytes]
