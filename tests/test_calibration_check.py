@@ -16,6 +16,12 @@ from perfcounter.devices.registry import default_spec_and_why
 MB = 1 << 20
 
 
+@pytest.fixture(autouse=True)
+def isolated_home(monkeypatch, tmp_path):
+    """A calibration written by a test lands in a folder of its own, never this machine's."""
+    monkeypatch.setenv("PERFCOUNTER_HOME", str(tmp_path / "home"))
+
+
 def test_best_of_keeps_the_faster_figure_and_spread_says_by_how_much():
     a = {"curves": {"gemv": {"float32": [(1.0, 10e9, 5e9, 2e9)]}}, "rows": {"float32": {2: 4e9}},
          "flops": {"float32": 90e9}}
