@@ -113,6 +113,8 @@ def _devices(args) -> int:
 
 
 def _calibrate(args) -> int:
+    if not args.no_write and args.out is None:
+        calibrated_spec_path()  # a PERFCOUNTER_HOME that is no folder: refused before measuring
     array_bytes = None if args.array_mb is None else int(args.array_mb * (1 << 20))
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     if args.threads is not None:
@@ -188,7 +190,11 @@ def main(*, argv: list[str] | None = None) -> int:
     """Run the command line `argv` (default sys.argv[1:]); returns the exit status."""
     with warnings.catch_warnings():  # the filters quiet_third_party sets end with the call
         quiet_third_party()
-        parser = build_parser()
+        try:
+            parser = build_parser()
+        except DeviceSpecError as exc:  # the environment: a PERFCOUNTER_HOME that is no folder
+            print(f"perfcounter: error: {exc}", file=sys.stderr)
+            return 2
         try:  # a bad flag or output path: one line, exit code 2; --help: 0
             args = parser.parse_args(argv)
         except SystemExit as exc:

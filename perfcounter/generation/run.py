@@ -26,6 +26,7 @@ from perfcounter.devices.spec import EXECUTIONS
 from perfcounter.generation import speculative
 from perfcounter.generation.config_only import resolve_config
 from perfcounter.models.args import ModelArgs
+from perfcounter.models.fit import check_fits
 from perfcounter.models.loading import (check_device, default_checkpoint, fake_model, load_hf_model,
                                         load_model, read_config)
 from perfcounter.models.tokenizer import TokenizerError, encode_prompt
@@ -125,6 +126,7 @@ class Options:
     price_as: str
     execution: str | None = None  # eager | compiled | cudagraphs; None: as --compile says
     clock: str = "wall"  # how phases are timed (PhaseTimer)
+    no_memory_check: bool = False  # a real run: go ahead though it may not fit (models.fit)
     plot: Path | None
     trace: Path | None
     # resolved by check_options
@@ -328,6 +330,10 @@ def load_with_prompt(o: Options, log):
                       o.batch_size, o.device)
     check_length(x.shape[1], o.max_new_tokens, getattr(config, "block_size", None)
                  or getattr(config, "max_position_embeddings", None))
+    if not o.no_memory_check:  # before the KV cache is allocated
+        check_fits(config, batch=o.batch_size, prompt=x.shape[1], new_tokens=o.max_new_tokens,
+                   itemsize=loaded.model.tok_embeddings.weight.element_size(), device=x.device,
+                   kv=o.kv)
     return loaded, x
 
 
