@@ -53,9 +53,11 @@ def test_toy_module_graph_counts(toy):
     # roofline: 256 B / 3.35e12 B/s = 76.4 ps (memory bound). predicted (h100-sxm has no
     # op_efficiency / op_overhead_s: predict.py's defaults): 2 rows is a GEMV, DEFAULT_EFFICIENCY
     # 0.8: memory 256 / 2.68e12 = 95.5 ps; compute charged 8 rows (ROW_BLOCK): 144 * 8 / 2 = 576
-    # FLOPs / (0.8 * 67e12 fp32) = 10.7 ps; + DEFAULT_OVERHEAD_S cuda eager 8 us
+    # FLOPs / (0.8 * 67e12 fp32) = 10.7 ps; + DEFAULT_OVERHEAD_S cuda eager 8 us, of which a
+    # GPU shows what its kernels do not hide: each of the 5 ops keeps 8 us x (1 - W / 40 us),
+    # W the 5 ops' work (each < 300 B at 2.68 TB/s: W < 1 ns), so fc1 = 8 us - W/5 + 95.5 ps
     assert fc1.roofline_s == pytest.approx(76.4e-12, abs=0.1e-12)
-    assert fc1.predicted_s == pytest.approx(8e-6 + 95.5e-12, abs=0.1e-12)
+    assert 8e-6 + 95.5e-12 - 0.2e-9 < fc1.predicted_s < 8e-6 + 95.5e-12
     s = g.stats()
     assert (s["nodes"], s["edges"]) == (6, 6)
     # 5 op calls (layer_norm, addmm, relu, addmm, add), each 8 us of overhead + < 0.1 ns
