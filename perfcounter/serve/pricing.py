@@ -114,7 +114,7 @@ class PricedTable:
             link_s, link_j = pricer.host_link(sub)
             base[s, 0] += link_s
             joules[s, 0] += link_j
-        xs = np.stack([features(shape, counts.window) for shape in _fit_shapes()])
+        xs = np.stack([features(shape, counts.window) for shape in FIT])
         self.compute = fit(xs, comp, "compute seconds")  # [groups, features]
         self.memory = fit(xs, mem, "memory seconds")
         self.base = fit(xs, base, "fixed and host-link seconds")[0]  # [features]
@@ -145,10 +145,6 @@ class PricedTable:
             acc[1] += m
             total += fixed
         return total + sum(max(c, m) for c, m in groups.values()) + self.pricer.host_link(sub)[0]
-
-
-def _fit_shapes():
-    return FIT
 
 
 # -- the cache: one table per (model, dtype) and pricer -------------------------------------
