@@ -6,6 +6,7 @@ import torch
 from perfcounter.devices import DeviceSpec, DeviceSpecError
 from perfcounter.pricing import predict as P
 from perfcounter.pricing.achievable import DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S
+from perfcounter.pricing.per_record import record_predictions
 from perfcounter.trace import OpRecord, Trace
 
 ROLES = ("weight", "kv_cache", "activation", "input", "buffer")
@@ -159,3 +160,28 @@ def test_the_time_per_weight_row_grows_with_activation_rows_in_log_rows():
                                {"weight": 80_000, "activation": 25_600}, {"activation": 51_200})])
     (p,) = P.op_predictions(trace, spec(op_overhead_s={"eager": 0.0, **s.op_overhead_s}))
     assert p.op_class == "gemm" and p.rows_s * 1e6 == pytest.approx(24)
+
+
+# -- each record's share of a prediction (simulations and plots split a phase by record) ----
+def test_each_record_shares_the_prediction_in_every_regime():
+    trace, s = toy(), spec()
+    gemv, adds, attn = record_predictions(trace, s, "eager")
+    # eager: each record alone, its calls x 1 us + its work
+    assert gemv.latency_s * 1e6 == pytest.approx(2 + GEMV_WORK)
+    assert adds.latency_s * 1e6 == pytest.approx(10 + ADDS_WORK)
+    assert attn.latency_s * 1e6 == pytest.approx(2 + ATTN_WORK)
+    gemv, adds, attn = record_predictions(trace, s, "compiled")
+    # compiled: the extern kernels keep 2 calls x 0.5 us + their work; the adds, the only
+    # fused record, take the fused kernels' 6 x 0.5 = 3 us and FUSED_WORK
+    assert gemv.latency_s * 1e6 == pytest.approx(1 + GEMV_WORK)
+    assert attn.latency_s * 1e6 == pytest.approx(1 + ATTN_WORK)
+    assert adds.overhead_s * 1e6 == pytest.approx(3)
+    assert adds.work_s * 1e6 == pytest.approx(FUSED_WORK)
+    # CUDA graphs: 2 launches x 10 us = 20 us shared by work (324.8 : 4 : 34.816 us)
+    times = record_predictions(trace, s, "cudagraphs")
+    work = GEMV_WORK + FUSED_WORK + ATTN_WORK
+    assert times[0].overhead_s * 1e6 == pytest.approx(20 * GEMV_WORK / work)
+    for execution in ("eager", "compiled", "cudagraphs"):
+        whole = P.predict(trace, s, execution)
+        assert sum(t.latency_s for t in record_predictions(trace, s, execution)) \
+            == pytest.approx(whole.latency_s - whole.host_link_s)
