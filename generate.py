@@ -269,7 +269,8 @@ def main(*, prompt: str = "Hello, my name is", prompt_length: int | None = None,
     log = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     spec = get_device_spec(device_spec, dtype=o.dtype) if device_spec else default_device_spec(o.dtype)
     log(f"Device spec: {spec.name} ({spec_reason(spec, device_spec, o.dtype)})")
-    counter = TransformerPerformanceCounter(device_spec=spec, depth=depth, io_model=io_model)
+    counter = TransformerPerformanceCounter(device_spec=spec, depth=depth, io_model=io_model,
+                                            execution=o.execution)  # what unmeasured runs price
     if o.config_only:
         mode = (speculative_config_run if o.speculative else
                 hf_config_run if o.hf_config is not None else config_only_run)

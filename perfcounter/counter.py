@@ -44,6 +44,7 @@ from perfcounter.counting.mode import PerformanceCounterMode
 from perfcounter.counting.module_path import check_depth
 from perfcounter.counts_doc import META_KEY, SCHEMA, SCHEMA_VERSION, read_counts
 from perfcounter.devices import get_device_spec
+from perfcounter.pricing.predict import check_execution
 from perfcounter.report.phase import Comparison, format_stats
 from perfcounter.stats import PerformanceStats
 from perfcounter.stats_dict import Totals
@@ -86,13 +87,15 @@ class TransformerPerformanceCounter:
     """Counts FLOPs and bytes of labelled phases and prices them on a device."""
 
     def __init__(self, device_spec=None, depth: int = 10, io_model: str = "per_op", *,
-                 timer_cls=None):
+                 timer_cls=None, execution: str | None = None):
         """timer_cls: PerformanceTimer, CUDAPerformanceTimer or a subclass (made per block as
         timer_cls(name=label, depth=depth, mode=self.mode)); None: the CUDA one when CUDA
-        is initialized, else PerformanceTimer."""
+        is initialized, else PerformanceTimer. execution: the program (eager, compiled,
+        cudagraphs) predictions price where no run measured a phase (None: eager)."""
         self._depth = check_depth(depth)
         self.device_spec = _resolve_spec(device_spec)
         self.io_model = check_io_model(io_model)
+        self.execution = execution
         self.timer_cls = check_timer_cls(timer_cls)
         self.mode = PerformanceCounterMode(depth=depth)
         self._built: dict[str, PerformanceStats] = {}
@@ -204,13 +207,28 @@ class TransformerPerformanceCounter:
                                                self.io_model, raw, timing)
 
     # -- torchao's accessors --------------------------------------------------
+    @property
+    def execution(self) -> str | None:
+        """The program unmeasured phases are predicted as (see __init__)."""
+        return self._execution
+
+    @execution.setter
+    def execution(self, value: str | None) -> None:
+        self._execution = None if value is None else check_execution(value)
+
     def _current(self, stats: PerformanceStats) -> PerformanceStats:
-        """A phase priced on the counter's current device spec and io model (a phase read
-        from torchao's totals keeps its own figures)."""
-        if stats.totals is not None or (stats.device_spec is self.device_spec
-                                        and stats.io_model == self.io_model):
+        """A phase priced on the counter's current device spec and io model, and predicted
+        as the counter's execution when no run measured it (a phase read from torchao's
+        totals keeps its own figures)."""
+        if stats.totals is not None:
             return stats
-        return dataclasses.replace(stats, device_spec=self.device_spec, io_model=self.io_model)
+        changes = {}
+        if stats.device_spec is not self.device_spec or stats.io_model != self.io_model:
+            changes.update(device_spec=self.device_spec, io_model=self.io_model)
+        if self._execution is not None and stats.latency is None \
+                and stats.execution != self._execution:
+            changes["execution"] = self._execution
+        return dataclasses.replace(stats, **changes) if changes else stats
 
     @property
     def counts(self) -> dict[str, PerformanceStats]:

@@ -14,6 +14,7 @@ from perfcounter.generation.config_only import hf_greedy_generate  # noqa: E402
 from perfcounter.counter import TransformerPerformanceCounter  # noqa: E402
 from perfcounter.models.loading import CheckpointError  # noqa: E402
 from perfcounter.models.args import UnknownModelError  # noqa: E402
+from perfcounter.pricing.predict import predict  # noqa: E402
 from perfcounter.report.profile import ATTRS, format_profile  # noqa: E402
 from perfcounter.trace import KINDS  # noqa: E402
 
@@ -239,3 +240,25 @@ def test_generate_counts_a_transformers_config(llama_dir):
     counter = result["counter"]
     assert result["config_only"] and set(counter.counts) == {"prefill", "decode"}
     assert counter.counts["prefill"].uncounted_ops == {}
+
+
+def test_count_predicts_the_execution_asked(llama_dir, capsys):
+    """`count --execution compiled` prices its prediction as compiled; the JSON says which,
+    and its figure is predict()'s for that regime; op-bench times eager ops and refuses it."""
+    common = ["--model", str(llama_dir), "--prompt_length", "5", "--max_new_tokens", "2",
+              "--precision", "float32", "--device_spec", "h100-sxm", "--json"]
+    docs = {}
+    for execution in ("eager", "compiled", "cudagraphs"):
+        assert cli(argv=["count", *common, "--execution", execution]) == 0
+        docs[execution] = json.loads(capsys.readouterr().out)
+    counter = count_config(llama_dir, **sizes(batch_size=1, new_tokens=2),
+                           device_spec="h100-sxm")
+    for execution, doc in docs.items():
+        assert doc["prefill"]["execution"] == execution
+        expected = predict(counter.counts["prefill"].trace, counter.device_spec, execution)
+        assert doc["prefill"]["predicted_latency_s"] == pytest.approx(expected.latency_s)
+    # on a GPU, a tiny model's eager step is its launches: CUDA graphs predict far less
+    assert docs["cudagraphs"]["decode"]["predicted_latency_s"] \
+        < docs["eager"]["decode"]["predicted_latency_s"] / 2
+    assert cli(argv=["op-bench", "--model", str(llama_dir), "--compile"]) == 2
+    assert "prices eager runs only" in capsys.readouterr().err

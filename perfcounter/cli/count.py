@@ -19,6 +19,7 @@ from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output,
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.devices.calibrate import measurable_device
+from perfcounter.devices.spec import EXECUTIONS
 from perfcounter.format import si
 from perfcounter.generation.config_only import count_config
 from perfcounter.models.args import UnknownModelError
@@ -49,6 +50,7 @@ def count_from_flags(args):
                          f"{e}") from None
     if spec is None:  # this machine's, once the model has counted (its warning after errors)
         counter.device_spec = default_device_spec(dtype)
+    counter.execution = args.execution  # the program its predictions price (no run measured)
     routing = counter.mode.expert_load
     # what was counted: on stderr when stdout carries JSON, so that stdout parses as JSON
     say = functools.partial(print, file=sys.stderr if getattr(args, "json", False) else sys.stdout)
@@ -120,9 +122,9 @@ def _profile(args) -> int:
     return 0
 
 
-def add_count_flags(p) -> None:
-    """The model and run flags, and count_config's own."""
-    add_model_flags(p, executions=("eager",))  # predictions price eager runs here
+def add_count_flags(p, executions=EXECUTIONS) -> None:
+    """The model and run flags (predictions priced as `executions` allow), count_config's own."""
+    add_model_flags(p, executions=executions)
     g = p.add_argument_group("counting")
     g.add_argument("--hf", action="store_true",
                    help="transformers' model for a preset too (Llama, Mistral, Qwen2, Mixtral)")
@@ -144,7 +146,7 @@ def add_parsers(sub) -> None:
                        description="Count a config (as `count` does), then time every distinct "
                        "op signature on a local device, cold, and sum: the eager latency "
                        "predicted op by op (perfcounter/pricing/op_bench.py).")
-    add_count_flags(p)
+    add_count_flags(p, executions=("eager",))  # op by op: an eager run
     p.add_argument("--device", default="cpu", help="local torch device to time on")
     p.set_defaults(run=_op_bench)
 

@@ -109,7 +109,7 @@ def _prediction_lines(s) -> list[str]:
     """The prediction beside the roofline (the roofline is a bound, this is a prediction)."""
     p = s.prediction()
     line = (f"    Latency: {si(p.latency_s, 's')} ({p.execution}: overhead {si(p.overhead_s, 's')} for "
-            f"{p.op_calls:,} op calls + work {si(p.work_s, 's')}; {describe_basis(s.device_spec, p)})")
+            f"{p.op_calls:,} {'op calls' if p.execution == 'eager' else 'kernels'} + work {si(p.work_s, 's')}; {describe_basis(s.device_spec, p)})")
     lines = ["  Prediction (the roofline above is a bound)", line]
     if s.latency is not None:
         lines.append(f"    Measured ÷ predicted: {ratio(s.latency, p.latency_s)} (measured ÷ "
