@@ -33,8 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from perfcounter.counting.breakdown import (SCOPES, add_row, empty_row, flop_counts, io_counts,
-                                             record_scopes)
+from perfcounter.counting.breakdown import add_row, empty_row, flop_counts, io_counts
+from perfcounter.counting.module_kinds import SCOPES, record_scopes
 from perfcounter.counting.module_path import check_depth
 from perfcounter.devices import get_device_spec
 from perfcounter.pricing.energy import Energy, energy

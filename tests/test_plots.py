@@ -10,8 +10,8 @@ import pytest
 from conftest import tiny_args
 from perfcounter.cli.main import main
 from perfcounter.generation.config_only import count_config
-from perfcounter.report.plots import (KINDS, PlotError, check_outputs, kind_rows, module_kind,
-                               sweep_plots, write_plots)
+from perfcounter.report.plots import (KINDS, PlotError, check_outputs, kind_rows, sweep_plots,
+                                      write_plots)
 from perfcounter.simulation.run import simulate
 
 pytest.importorskip("matplotlib")
@@ -23,31 +23,6 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def counted():
     return count_config(tiny_args(), batch_size=1, prompt_length=8, new_tokens=3,
                         device_spec="h100-sxm")
-
-
-@pytest.mark.parametrize("path, kind", [
-    ("LlamaForCausalLM.model.layers.0.self_attn.q_proj", "attention"),
-    ("LlamaForCausalLM.model.layers.0.mlp.down_proj", "mlp"),
-    ("LlamaForCausalLM.model.layers.0.input_layernorm", "norm"),
-    ("LlamaForCausalLM.model.norm", "norm"),
-    ("LlamaForCausalLM.model.embed_tokens", "embedding"),
-    ("LlamaForCausalLM.lm_head", "lm_head"),
-    ("LlamaForCausalLM.model.rotary_emb", "other"),
-    ("Transformer.layers.1.attention.wqkv", "attention"),
-    ("Transformer.layers.1.feed_forward.w2", "mlp"),
-    ("Transformer.tok_embeddings", "embedding"),
-    ("Transformer.output", "lm_head"),
-    ("", "other"),
-])
-def test_module_kind(path, kind):
-    assert module_kind(path) == kind
-
-
-def test_module_kind_by_class():
-    classes = {"M.blocks.0.mix": "GPTNeoXAttention", "M.blocks.0.ff": "SwiGLUFeedForward",
-               "M.blocks.0.ln": "FancyLayerNorm"}
-    assert [module_kind(p, classes) for p in classes] == ["attention", "mlp", "norm"]
-    assert module_kind("M.blocks.0.mix.dense", classes) == "attention"  # inside the attention
 
 
 def test_kind_rows_add_up_to_the_prediction_and_the_energy(counted):

@@ -16,7 +16,8 @@ from perfcounter.pricing.roofline import largest_numel, roofline
 from perfcounter.stats import PerformanceStats
 from perfcounter._util import sum_or_none
 from perfcounter.stats_dict import spec_from_dict
-from perfcounter.counting.breakdown import by_module_and_op, record_scopes
+from perfcounter.counting.breakdown import by_module_and_op
+from perfcounter.counting.module_kinds import record_scopes
 from perfcounter.counting.module_path import check_depth
 from perfcounter.trace import ROLES, OpRecord, Trace
 

@@ -1,6 +1,6 @@
 """Per-module breakdowns of a trace's records: torchao's flop_counts / io_counts shape
-({module path or "Global": {op: n}}, every parent path included) and llm-profiler's
-scopes (transformer, embedding, attn, mlp, lm_head).
+({module path or "Global": {op: n}}, every parent path included); llm-profiler's scopes
+are module_kinds.record_scopes.
 
 Every module that ran is a key of both the FLOPs and the bytes breakdowns, with {}
 when it adds nothing (torchao's tests hold the two summaries to the same keys). A
@@ -13,31 +13,6 @@ from perfcounter.costs.attention import FUSED_ATTENTION, SDPA_SOFTMAX, attention
 from perfcounter.trace import op_packet
 
 GLOBAL = "Global"
-
-# llm-profiler style scopes, matched on exact module path components
-SCOPE_NAMES = {
-    "embedding": frozenset({"embed_tokens", "tok_embeddings", "wte", "word_embeddings",
-                            "embed_in"}),
-    "attn": frozenset({"self_attn", "attention", "attn", "self_attention"}),
-    "mlp": frozenset({"mlp", "feed_forward", "ffn", "block_sparse_moe"}),
-    # the output head, only as a direct child of the root model
-    "lm_head": frozenset({"lm_head", "output", "embed_out"}),
-}
-SCOPES = ("transformer", "embedding", "attn", "mlp", "lm_head")
-
-
-def record_scopes(module: str) -> list[str]:
-    """The scopes a module path belongs to ('transformer' = all but lm_head)."""
-    if not module:
-        return []
-    parts = module.split(".")
-    if len(parts) >= 2 and parts[1] in SCOPE_NAMES["lm_head"]:
-        return ["lm_head"]
-    found = ["transformer"]
-    for scope in ("embedding", "attn", "mlp"):
-        if any(p in SCOPE_NAMES[scope] for p in parts):
-            found.append(scope)
-    return found
 
 
 def by_module_and_op(records, value, op_key=op_packet) -> dict[str, dict]:

@@ -18,8 +18,8 @@ implement those functions, as the costs registry tags them (`per_element=`):
   last path component ends in "norm" (input_layernorm, ffn_norm, norm, …),
   the record that reads the norm's weight is priced as the RMSNorm and the
   module's other records keep their memory time but no compute time.
-The element count of a call is the numel of the largest operand in the
-record's shape signature (the normalized / activated tensor).
+The element count of a call is the numel of the record's largest tensor
+argument (the normalized / activated tensor).
 Softmax inside a fused attention kernel (SDPA) stays in that kernel's FLOPs.
 
 Host link. A device that is not the host (device_type other than "cpu") and
@@ -30,32 +30,20 @@ or the sampled token when sampling runs inside the phase) device→host.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from perfcounter.costs import op_info_by_name
+from perfcounter.counting.module_kinds import NORM, own_kind
 from perfcounter.trace import ROLES, OpRecord, Trace, check_io_model
+from perfcounter.trace_args import tensor_args
 
-_SHAPE = re.compile(r"\[([\d,\s]*)\]")
 _INPUT = ROLES.index("input")
 _WEIGHT = ROLES.index("weight")
 
 
-def largest_numel(shapes: str) -> int:
-    """Numel of the largest shape in a signature like '[6, 4096]x[4096]'."""
-    best = 0
-    for match in _SHAPE.finditer(shapes):
-        n = 1
-        for dim in match.group(1).replace(" ", "").split(","):
-            if dim:
-                n *= int(dim)
-        best = max(best, n)
-    return best
-
-
-def is_norm_module(module: str) -> bool:
-    """A module whose last path component names a norm ('…layers.0.input_layernorm')."""
-    return bool(module) and module.rsplit(".", 1)[-1].lower().endswith("norm")
+def largest_numel(args: tuple) -> int:
+    """Numel of the largest tensor among an op's args (OpRecord.args); 0 without one."""
+    return max((t.numel for t in tensor_args(args)), default=0)
 
 
 def is_integer_dtype(dtype: str) -> bool:
@@ -130,10 +118,10 @@ def op_costs(trace: Trace, spec) -> list[OpCost]:
     # in a norm written op by op, the record reading the weight stands for the
     # whole RMSNorm; a norm module that ran a fused rms_norm op needs no anchor
     anchored = {r.module for r in trace.records
-                if is_norm_module(r.module) and per_element_tag(r.op) == "rmsnorm"}
+                if own_kind(r.module) == NORM and per_element_tag(r.op) == "rmsnorm"}
     costs = []
     for r in trace.records:
-        in_norm = is_norm_module(r.module) and r.module not in anchored
+        in_norm = own_kind(r.module) == NORM and r.module not in anchored
         anchor = in_norm and r.read[_WEIGHT] > 0
         rule, ns = _compute_rule(r, spec, anchor, in_norm)
         if ns is None:
@@ -143,7 +131,7 @@ def op_costs(trace: Trace, spec) -> list[OpCost]:
                     peaks[r.dtype] = peak_flops(spec, r.dtype)
                 compute = r.executed_flops / peaks[r.dtype]
         else:
-            compute = r.calls * largest_numel(r.shapes) * ns * 1e-9
+            compute = r.calls * largest_numel(r.args) * ns * 1e-9
         costs.append(OpCost(r, compute, r.bytes / bandwidth, rule))
     return costs
 

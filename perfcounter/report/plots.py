@@ -16,8 +16,8 @@ roofline by the per-call overhead and the achievable rates); beside it each modu
 kind and the `top` aten ops (by predicted time) of that phase, at predicted FLOP/s.
 
 Bars (`kind_bars`): one panel per phase, one bar per device, stacked by module kind
-(`module_kind`): embedding, attention, mlp, norm, lm_head, other (rotary tables,
-code outside modules), transfers (the host link; a simulation's host, device links
+(counting/module_kinds.py): embedding, attention, mlp, norm, lm_head, other (rotary
+tables, code outside modules), transfers (the host link; a simulation's host, device links
 and all-reduces) and, for energy, static power. Time is each op's predicted seconds
 on the device (predict.op_predictions, eager) plus the host link (the roofline's, as
 predict.predict adds it); energy its FLOPs x pJ/FLOP + bytes x pJ/bit (energy.py's
@@ -32,14 +32,13 @@ import os
 from pathlib import Path
 
 from perfcounter._util import atomic_write, check_writable_target
-from perfcounter.counting.breakdown import record_scopes
+from perfcounter.counting.module_kinds import MODULE_KINDS, module_kind
 from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.pricing.energy import PJ, record_pj_per_flop
-from perfcounter.pricing.roofline import is_norm_module
 from perfcounter.report.trace_events import op_times, source_phases, write_trace
 from perfcounter.trace import op_packet
 
-KINDS = ("embedding", "attention", "mlp", "norm", "lm_head", "other", "transfers", "static")
+KINDS = (*MODULE_KINDS, "transfers", "static")
 COLORS = dict(zip(KINDS, ("#8c564b", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#7f7f7f",
                           "#d62728", "#bcbd22")))
 MISSING = "plots need matplotlib, an optional extra: pip install 'perfcounter[plot]'"
@@ -102,25 +101,6 @@ def _specs(specs, phases) -> list:
         return [own]
     return [get_device_spec(s) if isinstance(s, (str, os.PathLike)) else s
             for s in (specs if isinstance(specs, (list, tuple)) else [specs])]
-
-
-def module_kind(path: str, classes: dict | None = None) -> str:
-    """The kind of a module path: its innermost norm, attention or MLP module by name or
-    class (classes: {path: class name}), the embedding, the lm_head, else "other"."""
-    scopes = record_scopes(path)
-    if "lm_head" in scopes:
-        return "lm_head"
-    chain = [path.rsplit(".", k)[0] for k in range(path.count(".") + 1)] if path else []
-    cls = [(classes or {}).get(p, "").lower() for p in chain]
-    if is_norm_module(path) or (cls and cls[0].endswith("norm")):
-        return "norm"
-    if "embedding" in scopes:
-        return "embedding"
-    if "attn" in scopes or any("attention" in c for c in cls):
-        return "attention"
-    if "mlp" in scopes or any(w in c for c in cls for w in ("mlp", "feedforward", "moe")):
-        return "mlp"
-    return "other"
 
 
 def kind_rows(source, specs=None) -> list[dict]:

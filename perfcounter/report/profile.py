@@ -8,7 +8,7 @@ A scope (llm-profiler's, seeds 000/001, and more):
 - "transformer" (the default): every op under the model but the output head;
 - "attn", "mlp", "embedding", "lm_head": the modules named so in any transformers
   or perfcounter model (self_attn / attention / attn, mlp / feed_forward /
-  block_sparse_moe, ...; breakdown.SCOPES);
+  block_sparse_moe, ...; module_kinds.SCOPES);
 - a module class, "LlamaDecoderLayer", "Linear": every module of that class;
 - a module path or a glob over paths, with or without the root class:
   "model.layers.12.self_attn.k_proj", "model.layers.*.mlp".
@@ -47,7 +47,7 @@ from __future__ import annotations
 import fnmatch
 
 from perfcounter._util import did_you_mean
-from perfcounter.counting.breakdown import SCOPES, record_scopes
+from perfcounter.counting.module_kinds import SCOPES, record_scopes
 from perfcounter.format import scaled
 from perfcounter.trace import KINDS, ROLES
 

@@ -4,11 +4,11 @@
                           max_latency_ms=50)
     print(best.mapping_text()); print(best.simulation.report())
 
-The kinds are those a hardware architect places (sim_trace.module_kind): the
-attention projections (q/k/v/o, wqkv/wo: keyed by leaf name), the attention
-module's own ops (RoPE, cache update, SDPA: by class), the MLP (by class, its
-projections and activation with it), the norms (by class) and the output head
-(lm_head / output: by leaf name). Everything else (embedding, residual adds)
+The kinds are those a hardware architect places (counting/module_kinds.own_kind): the
+attention projections (the Linear children of an attention module: q/k/v/o, wqkv/wo,
+keyed by leaf name), the attention module's own ops (RoPE, cache update, SDPA: keyed by
+class), the MLP (by class, its projections and activation with it), the norms (by class)
+and the output head (lm_head / output: by leaf name). Everything else (embedding, residual adds)
 runs where the previous module ran, as in UPMEM. Every assignment of kinds to
 devices is priced when there are at most MAX_EXHAUSTIVE of them, else a
 coordinate descent (one kind at a time, until nothing improves) looks for one.
@@ -22,9 +22,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from perfcounter.counting.module_kinds import ATTENTION, MLP, OTHER, own_kind
 from perfcounter.simulation.placement import MappingError, resolve_device
 from perfcounter.simulation.run import modules_of, phases_of, simulate
-from perfcounter.simulation.timeline import module_kind
 
 KINDS = {"attention_proj": "attention projections", "attention": "attention", "mlp": "MLP",
          "norm": "norms", "lm_head": "lm_head"}
@@ -37,11 +37,15 @@ def kind_keys(modules) -> dict[str, list[str]]:
     infos = {m.path: m for m in modules}
     out: dict[str, list[str]] = {k: [] for k in KINDS}
     for path, m in infos.items():
-        kind = module_kind(path, m.cls, infos)
-        if kind is None:
-            continue
-        if kind == "mlp" and any(module_kind(a, infos[a].cls, infos) == "mlp"
-                                 for a in _ancestors(path) if a in infos):
+        kind = own_kind(path, m.cls)
+        parent = infos.get(path.rsplit(".", 1)[0]) if "." in path else None
+        if (kind == OTHER and m.cls == "Linear" and parent is not None
+                and own_kind(parent.path, parent.cls) == ATTENTION):
+            kind = "attention_proj"  # a projection of an attention module
+        if kind not in KINDS:
+            continue  # embedding, other: runs where the previous module ran
+        if kind == MLP and any(own_kind(a, infos[a].cls) == MLP
+                               for a in _ancestors(path) if a in infos):
             continue  # an MLP inside an MLP (experts) goes with the outer one
         key = path.rsplit(".", 1)[-1] if kind in ("attention_proj", "lm_head") else m.cls
         if key not in out[kind]:
@@ -118,7 +122,8 @@ def search_mapping(source, candidates: list[str], objective: str = "energy", *,
     def score(combo: tuple) -> tuple:
         if combo not in seen:
             mapping = {k: dev for kind, dev in zip(kinds, combo) for k in groups[kind]}
-            sim = simulate(source, mapping, detail=False, **simulate_kwargs)
+            sim = simulate(source, mapping, detail=False,  # ranked by the bound
+                           **{**simulate_kwargs, "execution": None})
             late = max_latency_ms is not None and per_token_s(sim) * 1e3 > max_latency_ms
             value = sim.energy_j if objective == "energy" else sim.time_s
             other = sim.time_s if objective == "energy" else sim.energy_j

@@ -18,7 +18,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from perfcounter.counting.module_kinds import ATTENTION, MLP, own_kind
 from perfcounter.pricing.energy import record_pj_per_flop
+from perfcounter.pricing.per_record import record_predictions
 from perfcounter.pricing.roofline import op_costs
 from perfcounter.trace import ROLES
 
@@ -150,32 +152,14 @@ def _by_first_run(trace, infos, live) -> list[Step]:
     return steps
 
 
-# -- module kinds (tensor-parallel blocks, the search's groups) -------------------------
-def module_kind(path: str, cls: str, infos: dict) -> str | None:
-    """'attention', 'attention_proj', 'mlp', 'norm', 'lm_head' or None, from class names."""
-    low, leaf = cls.lower(), path.rsplit(".", 1)[-1]
-    parent = infos.get(path.rsplit(".", 1)[0]) if "." in path else None
-    if leaf in ("lm_head", "output"):
-        return "lm_head"
-    if "attention" in low:
-        return "attention"
-    if parent is not None and "attention" in parent.cls.lower() and cls == "Linear":
-        return "attention_proj"
-    if low.endswith("norm"):
-        return "norm"
-    if any(w in low for w in ("mlp", "feedforward", "moe")):
-        return "mlp"
-    return None
-
-
+# -- tensor-parallel blocks (counting/module_kinds.py) -----------------------------------
 def blocks(infos) -> set[str]:
     """The outermost attention and MLP modules: where a tensor-parallel block all-reduces."""
     out = set()
     for path, m in infos.items():
-        kind = module_kind(path, m.cls, infos)
-        if kind in ("attention", "mlp") and not any(
-                a in infos and module_kind(a, infos[a].cls, infos) == kind
-                for a in _ancestors(path)):
+        kind = own_kind(path, m.cls)
+        if kind in (ATTENTION, MLP) and not any(
+                a in infos and own_kind(a, infos[a].cls) == kind for a in _ancestors(path)):
             out.add(path)
     return out
 
@@ -210,19 +194,28 @@ class Prepared:
         # moves when the model, or the ops before it, start on a device
         self.root = trace.modules[0].path if trace.modules else None
         self.input_bytes = trace.compulsory_read[ROLES.index("input")]
-        self.records: dict[tuple, list] = {}  # (spec, elementwise) -> per record costs
-        self.runs: dict[tuple, list] = {}  # (spec, elementwise) -> per step (None: not a RUN)
+        self.records: dict[tuple, list] = {}  # (spec, elementwise, execution) -> per record
+        self.runs: dict[tuple, list] = {}  # the same key -> per step (None: not a RUN)
 
-    def record_costs(self, spec, elementwise: str) -> list[StepCost]:
-        key = (spec, elementwise)
+    def record_costs(self, spec, elementwise: str, execution: str | None = None
+                     ) -> list[StepCost]:
+        """Each record's roofline on `spec`; with an execution, its predicted seconds in that
+        regime instead (per_record.py; the energy stays the same FLOPs and bytes)."""
+        key = (spec, elementwise, execution)
         if key not in self.records:
-            self.records[key] = _price(self.trace, spec, elementwise)
+            if execution is None:
+                self.records[key] = _price(self.trace, spec, elementwise)
+            else:
+                times = record_predictions(self.trace, spec, execution)
+                self.records[key] = [c._replace(latency_s=t.latency_s) for c, t in
+                                     zip(self.record_costs(spec, elementwise), times)]
         return self.records[key]
 
-    def step_costs(self, spec, elementwise: str) -> list[StepCost | None]:
-        key = (spec, elementwise)
+    def step_costs(self, spec, elementwise: str, execution: str | None = None
+                   ) -> list[StepCost | None]:
+        key = (spec, elementwise, execution)
         if key not in self.runs:
-            per = self.record_costs(spec, elementwise)
+            per = self.record_costs(spec, elementwise, execution)
             out = []
             for s in self.steps:
                 if s.kind != Ev.RUN:
