@@ -77,7 +77,10 @@ def test_bad_jsonl_trace(tmp_path, capsys, config):
     (("--qps", "5", "--gpu_memory_utilization", "1.5"), "fraction in (0, 1]"),
     (("--qps", "5", "--max_num_seqs", "0"), "--max_num_seqs 0"),
     (("--qps", "5", "--prefix_hit_rate", "1"), "--prefix_hit_rate 1"),
-    (("--qps", "5", "--mapping", "m.yaml"), "not priced yet"),
+    (("--qps", "5", "--mapping", "m.yaml"), "cannot read mapping file 'm.yaml'"),
+    (("--qps", "5", "--mapping", "{q_proj: pim-ai-4chip}"), "matches no module"),
+    (("--qps", "5", "--mapping", "{wqkv: pim-z}"), "unknown device 'pim-z'"),
+    (("--qps", "5", "--mapping", "{wqkv: host}", "--execution", "compiled"), "give --bound"),
     ((), "give a workload"),
 ])
 def test_bad_options(capsys, config, argv, expected):
@@ -173,3 +176,38 @@ def test_the_regime_is_named_in_text_and_json(capsys, config, tmp_path, flags, l
     assert f"step costs: {label}" in capsys.readouterr().out
     doc = json.loads(path.read_text())
     assert doc["step_costs"] == label and doc["execution"] == execution
+
+
+PIM_FILE = """devices:
+  pim-dimms:
+    device_type: pim
+    vram_GB: 8
+    bandwidth_GBs: 409.6
+    tflops: {bfloat16: 20}
+    mem_pj_per_bit: 0.95
+    host_to_device_bw_GBs: 12.8
+    device_to_host_bw_GBs: 51.2
+    source: "a test part: pim-ai-4chip's figures (upmem.yaml), 8 GB assumed"
+"""
+
+
+def test_a_gpu_beside_a_host_and_pim_placement(capsys, config, tmp_path):
+    spec = write(tmp_path, "pim.yaml", PIM_FILE)
+    mapping = write(tmp_path, "pim_map.yaml", f"TransformerBlock: {spec}:pim-dimms\n"
+                                              f"output: {spec}:pim-dimms\n")
+    code = run("--model", config, "--device_spec", "h100-sxm", "--mapping", mapping,
+               "--host", "generic-cpu", "--find_max_qps", "--slo", "ttft=50ms,tpot=5ms",
+               "--num_requests", "40", "--prompt_length", "32", "--max_new_tokens", "4",
+               "--usd_per_hour", "2", "--save_path", tmp_path / "both.json")
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "step costs: roofline bound; roofline bound under a placement" in text
+    rows = json.loads((tmp_path / "both.json").read_text())
+    assert [r["deployment"] for r in rows] == ["h100-sxm", "placement pim_map.yaml"]
+    assert all(r["execution"] == "bound" and r["j_per_output_token"] > 0
+               and r["usd_per_1m_output_tokens"] > 0 for r in rows)
+    assert run("--model", config, "--mapping", mapping, "--host", "generic-cpu", "--plan") == 0
+    text = capsys.readouterr().out
+    # the host holds the embedding (64 x 32 x 2 B), pim-dimms the rest and the KV cache
+    assert "host: memory 16.00 GB, weights 0.00 GB, no KV cache" in text
+    assert "pim-dimms: memory 8.00 GB" in text and "KV 128 B a token" in text

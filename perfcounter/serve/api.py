@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,11 +30,12 @@ from perfcounter.models.hf_checkpoint import model_args_from_hf
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.memory import MemoryPlan, memory_plan
 from perfcounter.serve.metrics import metrics, parse_slo
+from perfcounter.serve.placement import PlacementPricer, placement_memory
 from perfcounter.serve.predicted import PredictionPricer
 from perfcounter.serve.pricing import RooflinePricer, step_table
 from perfcounter.serve.scheduler import EngineConfig, Run, simulate_engine
 from perfcounter.serve.workload import Workload, check_fits_model
-from perfcounter.serve.placement import PlacementPricer
+from perfcounter.simulation.placement import Mapping
 
 PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 EXECUTIONS = ("eager", "compiled", "cudagraphs", "bound")  # bound: the roofline
@@ -93,16 +95,20 @@ class Deployment:
     usd_source: str | None = None
     notes: list = field(default_factory=list)
     execution: str = "eager"  # the regime its steps are priced in (EXECUTIONS)
+    devices: list = field(default_factory=list)  # a placement's placement.DeviceMemory rows
 
 
 def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat16",
                gpu_memory_utilization: float = 0.9, block_size: int = 16,
                max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
                step_overhead_s: float = 0.0, usd_per_hour: float | None = None,
-               execution: str = "eager", host=None, check_fit: bool = True,
+               execution: str | None = None, host=None, check_fit: bool = True,
                **mapping_options) -> Deployment:
     """A deployment (see the module doc); every limit checked here, before any work;
-    check_fit: refuse a model that leaves no KV cache (False: --plan shows it)."""
+    check_fit: refuse a model that leaves no KV cache (False: --plan shows it).
+    execution: None is "eager" on a device, "bound" under a mapping (the only regime a
+    placement is priced in). mapping_options: PlacementPricer's (devices, allow_unmatched,
+    default_device, peak_fraction, device_link, interconnect)."""
     for name, value, least in (("--block_size", block_size, 1),
                                ("--max_num_batched_tokens", max_num_batched_tokens, 1),
                                ("--max_num_seqs", max_num_seqs, 1)):
@@ -112,41 +118,71 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
         raise ServeError(f"--step_overhead_ms {step_overhead_s * 1e3}: expected a time >= 0")
     if usd_per_hour is not None and not (usd_per_hour >= 0 and math.isfinite(usd_per_hour)):
         raise ServeError(f"--usd_per_hour {usd_per_hour}: expected a price >= 0")
-    check_execution(execution)
     args = resolve_model(model)
     dtype = resolve_precision(precision)
-    try:
-        spec = device_spec if not isinstance(device_spec, str) else \
-            get_device_spec(device_spec, dtype=dtype)
-    except (KeyError, ValueError) as e:
-        raise ServeError(str(e).strip("'\"")) from None
-    plan = memory_plan(args, dtype, spec, gpu_memory_utilization=gpu_memory_utilization,
-                       block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
-                       max_num_seqs=max_num_seqs)
-    if check_fit and not plan.fits:
-        raise ServeError(_no_fit(str(model), spec, plan))
+    fit_options = {"gpu_memory_utilization": gpu_memory_utilization, "block_size": block_size,
+                   "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs}
+    devices: list = []
     if mapping is not None:
-        pricer = PlacementPricer(mapping, host=host, **mapping_options)
-        name = f"{spec.name} memory, steps under mapping {mapping}"
+        if execution not in (None, "bound"):
+            raise ServeError(f"--mapping: steps under a placement are priced at the roofline "
+                             f"bound (as `perfcounter simulate` prices them), not {execution!r}; "
+                             "give --bound")
+        execution = "bound"
+        pricer = PlacementPricer(mapping, args, host=host, **mapping_options)
+        table = step_table(args, dtype, pricer)
+        plan, devices = placement_memory(table, dtype, **fit_options)
+        spec, name = pricer.host, f"placement {mapping_name(mapping)}"
+        prices = [(pricer.devices[d.device], d.device) for d in devices]
     else:
-        pricer = pricer_for(spec, execution)
-        name = spec.name
-    table = step_table(args, dtype, pricer)
-    source = None
-    if usd_per_hour is None and getattr(spec, "usd_per_hour", None) is not None:
-        usd_per_hour = float(spec.usd_per_hour)
-        source = (getattr(spec, "source", {}) or {}).get("usd_per_hour")
-    elif usd_per_hour is not None:
-        source = "--usd_per_hour"
+        execution = check_execution("eager" if execution is None else execution)
+        try:
+            spec = device_spec if not isinstance(device_spec, str) else \
+                get_device_spec(device_spec, dtype=dtype)
+        except (KeyError, ValueError) as e:
+            raise ServeError(str(e).strip("'\"")) from None
+        plan = memory_plan(args, dtype, spec, **fit_options)
+        table, name, prices = None, spec.name, [(spec, spec.name)]
+    if check_fit and not plan.fits:
+        raise ServeError(_no_fit(str(model), name, plan))
+    if table is None:
+        table = step_table(args, dtype, pricer_for(spec, execution))
+    source = "--usd_per_hour" if usd_per_hour is not None else None
+    if usd_per_hour is None:
+        usd_per_hour, source = listed_price(prices)
     engine = EngineConfig(plan.kv_blocks, max_num_batched_tokens, max_num_seqs, block_size,
                           step_overhead_s)
     model_name = model if isinstance(model, str) else type(model).__name__
     return Deployment(name, args, str(model_name), dtype, spec, table, plan, engine,
-                      usd_per_hour, source, execution=execution)
+                      usd_per_hour, source, execution=execution, devices=devices)
 
 
-def _no_fit(model: str, spec, plan: MemoryPlan) -> str:
-    return (f"{model} does not fit on {spec.name}: weights {plan.weight_bytes / 1e9:.2f} GB + "
+def mapping_name(mapping) -> str:
+    """A mapping as a deployment's name: its file's name, else its entries."""
+    if isinstance(mapping, (str, Path)) and "\n" not in str(mapping) \
+            and not str(mapping).lstrip().startswith("{"):
+        return Path(mapping).name
+    entries = Mapping.load(mapping).to_dict()
+    return "{" + ", ".join(f"{k}: {v}" for k, v in entries.items()) + "}"
+
+
+def listed_price(devices) -> tuple[float | None, str | None]:
+    """The sum of the devices' `usd_per_hour` (x tp) and their sources; (None, None) when
+    one of them lists no price. devices: (spec or placement Device, its name)."""
+    total, sources = 0.0, []
+    for dev, label in devices:
+        spec, tp = getattr(dev, "spec", dev), getattr(dev, "tp", 1)
+        price = getattr(spec, "usd_per_hour", None)
+        if price is None:
+            return None, None
+        total += float(price) * tp
+        source = (getattr(spec, "source", None) or {}).get("usd_per_hour")
+        sources.append(f"{label}: {source}" if len(devices) > 1 else str(source))
+    return total, "; ".join(sources)
+
+
+def _no_fit(model: str, where: str, plan: MemoryPlan) -> str:
+    return (f"{model} does not fit on {where}: weights {plan.weight_bytes / 1e9:.2f} GB + "
             f"workspace {plan.workspace_bytes / 1e9:.2f} GB leave no KV cache in "
             f"{plan.usable_bytes / 1e9:.2f} GB usable")
 
@@ -178,10 +214,13 @@ def serve(dep: Deployment, workload: Workload, *, slo=None, usd_per_kwh: float |
     """Simulate `workload` on `dep` and measure it (metrics.py); `execution` (EXECUTIONS):
     price its steps in that regime instead of the deployment's (the same counts)."""
     if execution is not None and execution != dep.execution:
+        if dep.devices:
+            raise ServeError(f"{dep.name}: a placement is priced at the roofline bound only, "
+                             f"not {execution!r}")
         dep = replace(dep, table=step_table(dep.args, dep.dtype, pricer_for(dep.spec, execution)),
                       execution=execution)
     if not dep.plan.fits:
-        raise ServeError(_no_fit(dep.model_name, dep.spec, dep.plan))
+        raise ServeError(_no_fit(dep.model_name, dep.name, dep.plan))
     if usd_per_kwh is not None and not (usd_per_kwh >= 0 and math.isfinite(usd_per_kwh)):
         raise ServeError(f"--usd_per_kwh {usd_per_kwh}: expected a price >= 0")
     check_fits_model(workload, dep.plan.max_model_len)

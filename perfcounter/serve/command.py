@@ -7,7 +7,12 @@
     perfcounter serve --model llama-3-8b --device_spec h100-sxm --find_max_qps --slo ttft=200ms,tpot=50ms
 
 Steps are priced as perfcounter predicts them in `--execution` (eager, compiled,
-cudagraphs; predicted.py), or at the roofline bound with `--bound`.
+cudagraphs; predicted.py), or at the roofline bound with `--bound`. `--mapping FILE`
+(repeatable) serves on a placement (placement.py), priced at the roofline bound as
+`perfcounter simulate` prices it, and so is every --device_spec beside it:
+
+    perfcounter serve --model llama-3-8b --device_spec h100-sxm --mapping pim.yaml \
+        --find_max_qps --slo ttft=500ms,tpot=50ms
 
 `add_arguments(parser)` adds serve's own flags (perfcounter/cli/serve.py adds the shared
 model and run flags and the output files), `run(args)` runs (exit code 0; 2 and one line on
@@ -20,18 +25,25 @@ import json
 import sys
 from pathlib import Path
 
-from perfcounter.devices import default_device_spec
-from perfcounter.serve.errors import ServeError
-from perfcounter.serve.api import qps_values, resolve_precision
-from perfcounter.serve.metrics import parse_slo
-from perfcounter.serve.workload import check_rate, parse_lengths
-from perfcounter.serve.outputs import check_plotting
-from perfcounter.serve.api import deployment
-from perfcounter.serve.workload import read_trace, synthetic
-from perfcounter.serve.api import find_max_qps, qps_values, serve
-from perfcounter.serve.render import plan_text, result_text, table
 from perfcounter._util import atomic_write
-from perfcounter.serve.outputs import write_csv, write_plots, write_trace
+from perfcounter.devices import default_device_spec
+from perfcounter.serve.api import (
+    deployment,
+    find_max_qps,
+    qps_values,
+    resolve_precision,
+    serve,
+)
+from perfcounter.serve.errors import ServeError
+from perfcounter.serve.metrics import parse_slo
+from perfcounter.serve.outputs import (
+    check_plotting,
+    write_csv,
+    write_plots,
+    write_trace,
+)
+from perfcounter.serve.render import plan_text, result_text, table
+from perfcounter.serve.workload import check_rate, parse_lengths, read_trace, synthetic
 
 ROW_KEYS = ("deployment", "qps")
 
@@ -41,8 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     output files are the command line's (perfcounter/cli/serve.py)."""
     g = p.add_argument_group("deployment")
     g.add_argument("--mapping", action="append", default=None,
-                   help="a placement (as `perfcounter simulate --mapping`) pricing the steps; "
-                        "repeat to compare; the memory is --device_spec's")
+                   help="a placement (as `perfcounter simulate --mapping`): its devices price "
+                        "the steps and hold weights and KV cache; repeat to compare, beside "
+                        "any --device_spec (all at the roofline bound)")
     g.add_argument("--host", help="the host of a mapping (default: calibrated CPU, else generic-cpu)")
     g.add_argument("--allow_unmatched", action="store_true", help="mapping keys that match nothing warn")
     g.add_argument("--gpu_memory_utilization", type=float, default=0.9)
@@ -101,20 +114,29 @@ def _check(args) -> None:
 def _deployments(args) -> list:
     if args.precision == "auto":  # no weights run: bfloat16 (cli/flags.py)
         args.precision = "bfloat16"
-    common = dict(precision=args.precision, gpu_memory_utilization=args.gpu_memory_utilization,
-                  block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
-                  max_num_seqs=args.max_num_seqs, step_overhead_s=args.step_overhead_ms * 1e-3,
-                  usd_per_hour=args.usd_per_hour, check_fit=not args.plan,
-                  execution="bound" if args.bound else args.execution)
+    common = {"precision": args.precision,
+              "gpu_memory_utilization": args.gpu_memory_utilization,
+              "block_size": args.block_size, "max_num_batched_tokens": args.max_num_batched_tokens,
+              "max_num_seqs": args.max_num_seqs, "step_overhead_s": args.step_overhead_ms * 1e-3,
+              "usd_per_hour": args.usd_per_hour, "check_fit": not args.plan,
+              "execution": "bound" if args.bound else args.execution}
     model = args.model
-    specs = [default_device_spec(resolve_precision(args.precision))] \
-        if args.device_spec is None else [s.strip() for s in args.device_spec.split(",") if s.strip()]
-    if not specs:
+    specs = [s.strip() for s in (args.device_spec or "").split(",") if s.strip()]
+    if args.device_spec is not None and not specs:
         raise ServeError("--device_spec: expected a device name or YAML path")
-    if args.mapping:
-        return [deployment(model, specs[0], mapping=m, host=args.host,
-                           allow_unmatched=args.allow_unmatched, **common) for m in args.mapping]
-    return [deployment(model, s, **common) for s in specs]
+    if not args.mapping:
+        specs = specs or [default_device_spec(resolve_precision(args.precision))]
+        return [deployment(model, s, **common) for s in specs]
+    # a placement is priced at the roofline bound: every deployment of the table alike
+    if not args.bound and args.execution != "eager":
+        raise ServeError(f"--mapping: steps under a placement are priced at the roofline "
+                         f"bound (as `perfcounter simulate` prices them), not --execution "
+                         f"{args.execution}; give --bound")
+    common["execution"] = "bound"
+    deps = [deployment(model, s, **common) for s in specs]
+    return deps + [deployment(model, mapping=m, host=args.host,
+                              allow_unmatched=args.allow_unmatched, **common)
+                   for m in args.mapping]
 
 
 def _workload_maker(args, block_size: int):
@@ -166,7 +188,7 @@ def _main(args) -> int:
     if len(rows) == 1 and not args.find_max_qps:
         print(result_text(results[0]))
     else:
-        print(f"step costs: {deps[0].table.label}")
+        print(f"step costs: {'; '.join(dict.fromkeys(d.table.label for d in deps))}")
         print(table(rows, first=("deployment", "deployment", 0)))
         for line in notes:
             print(line)

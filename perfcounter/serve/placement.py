@@ -1,20 +1,289 @@
-"""Steps under a placement mapping (`--mapping`): the seam is here, the pricing not yet.
+"""Steps under a placement mapping (`--mapping`): each device's share plus the boundary transfers.
 
-A placement prices a step's whole trace with `perfcounter.simulate` (each module on its
-device, transfers where the device changes). What the step table lacks for it is each
-module's per-call input and output bytes (ModuleInfo) as a function of the step's
-features, which simulate needs for its transfers; until then a mapping is refused in
-one line rather than priced wrongly.
+A mapping is `perfcounter simulate`'s (UPMEM's notation; perfcounter.simulation.placement):
+which device runs each module of perfcounter's model (`tok_embeddings`, `TransformerBlock`,
+`attention`, `wqkv`, `feed_forward`, `output`, globs such as `layers.1?.*`). A step on it
+costs
+
+    Σ_devices (its records' step-table figures at its roofline) / (peak_fraction x tp)
+    + the transfers at the placement's boundaries
+
+The first term is the step table (steps.py) split by device: each record group of a layer
+is priced, layer by layer, on the device that layer's module ran on (pricing.PricedTable
+with that device's share of the repeats), at the roofline bound, as simulate prices ops.
+The second is perfcounter.simulation's own replay of each counted FIT step's whole-model
+trace (layers expanded from the one-layer count): a module entered on another device
+receives its input (activations [tokens, dim] at the step's dtype), the step's input
+(token ids, positions) enters from the host and its logits go back, over the link the
+mapping's devices give (links.py: a device<->device link, else device->host->device), and
+a tensor-parallel block all-reduces. Those bytes are affine in the step's features, so the
+transfer seconds and joules are fitted as the table's figures are (exactly).
+
+Memory (`placement_memory`): each device holds the weights of the modules that run on it;
+the KV cache of a layer lives where its attention runs, so the KV blocks are the fewest
+that any device holding attention layers can store (its memory x utilisation - its
+weights - the activation workspace, over its layers' KV bytes a token). A device without a
+memory size is refused (give `vram_GB` in a device file, FILE.yaml:ENTRY).
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
+import re
+from typing import NamedTuple
+
+import numpy as np
+
+from perfcounter.models.loading import fake_model
 from perfcounter.serve.errors import ServeError
+from perfcounter.serve.memory import (
+    MemoryPlan,
+    element_bytes,
+    kv_bytes_per_token,
+    workspace_bytes,
+)
+from perfcounter.serve.pricing import PricedTable, RooflinePricer
+from perfcounter.serve.steps import FIT, features, fit
+from perfcounter.simulation.placement import (
+    Mapping,
+    MappingError,
+    Plan,
+    default_host,
+    resolve_device,
+)
+from perfcounter.simulation.run import simulate
+from perfcounter.simulation.timeline import PREPARED, Ev, elementwise_spec
+from perfcounter.trace import Trace
+
+_LAYER0 = re.compile(r"\.layers\.0(?=\.|$)")
+
+
+class ModuleRef(NamedTuple):
+    """A module as a mapping sees it: its path and class."""
+
+    path: str
+    cls: str
+
+
+def at_layer(path: str, i: int) -> str:
+    """'Transformer.layers.0.attention' -> 'Transformer.layers.<i>.attention'."""
+    return _LAYER0.sub(f".layers.{i}", path)
+
+
+def model_modules(args) -> list[ModuleRef]:
+    """Every module of perfcounter's model for `args` as a step's trace lists them (no
+    counting: a one-layer fake model, its layer repeated)."""
+    one = dataclasses.replace(args, n_layer=1)
+    model, _ = fake_model(one)
+    root = type(model).__name__
+    out = [ModuleRef(root, root)]
+    for name, mod in model.named_modules():
+        if not name or type(mod).__name__ == "ModuleList":
+            continue
+        path = f"{root}.{name}"
+        n = args.n_layer if _LAYER0.search(path) else 1
+        out += [ModuleRef(at_layer(path, i), type(mod).__name__) for i in range(n)]
+    return out
+
+
+def whole_trace(one: Trace, n_layer: int) -> tuple[Trace, dict]:
+    """A one-layer step trace with its layer repeated n_layer times (records, modules, each
+    parent's children; a parent's own ops keep their place between its children), and
+    {parent path: {segment in `one`: its segment in the whole trace}}."""
+    records = []
+    for r in one.records:
+        copies = range(n_layer) if _LAYER0.search(r.module) else (None,)
+        records += [r if i is None else dataclasses.replace(r, module=at_layer(r.module, i))
+                    for i in copies]
+    modules, segment = [], {}
+    for m in one.modules:
+        if _LAYER0.search(m.path):
+            modules += [dataclasses.replace(m, path=at_layer(m.path, i),
+                                            children=[at_layer(c, i) for c in m.children])
+                        for i in range(n_layer)]
+            continue
+        children, moved = [], {}
+        for k, c in enumerate(m.children, 1):
+            children += [at_layer(c, i) for i in range(n_layer)] if _LAYER0.search(c) else [c]
+            moved[k] = len(children)  # the segment after child k is after its last copy
+        segment[m.path] = moved
+        modules.append(dataclasses.replace(m, children=children))
+    records = [dataclasses.replace(r, segment=segment[r.module].get(r.segment, r.segment))
+               if r.module in segment else r for r in records]
+    return dataclasses.replace(one, records=records, modules=modules), segment
+
+
+class _OnDevice(RooflinePricer):
+    """A device's share of a placed step: its roofline, no host link of its own (the
+    placement's transfers are charged once, by the simulation's replay)."""
+
+    def host_link(self, trace: Trace) -> tuple[float, float]:
+        return 0.0, 0.0
 
 
 class PlacementPricer:
-    """A step priced under a mapping by perfcounter.simulate (not available yet)."""
+    """Steps under `mapping` (see the module doc). Options as perfcounter.simulate takes
+    them: host, devices ({name: DeviceSpec} before the registry), allow_unmatched,
+    default_device, peak_fraction, device_link, interconnect."""
 
-    def __init__(self, mapping, host=None, **options):
-        raise ServeError(f"--mapping {mapping}: serving steps under a placement is not priced "
-                         "yet (the step table has no per-module transfer sizes); price the "
-                         "placement of one generation with `perfcounter simulate`")
+    label = "roofline bound under a placement"
+    execution = "bound"
+
+    def __init__(self, mapping, args, *, host=None, devices=None, allow_unmatched=False,
+                 default_device=None, peak_fraction=None, device_link=None, interconnect=None):
+        try:
+            self.mapping = Mapping.load(mapping)
+            if host is None:
+                host = default_host()
+            elif isinstance(host, str):
+                host = resolve_device(host, None, where="--host", extra=devices)
+            modules = model_modules(args)
+            plan = Plan(self.mapping, modules, host, default_device=default_device,
+                        peak_fraction=peak_fraction, extra=devices)
+            unmatched = self.mapping.unmatched(plan.used, modules)
+        except MappingError as e:
+            raise ServeError(f"--mapping: {e}") from None
+        if unmatched and not allow_unmatched:
+            raise ServeError(f"--mapping: {unmatched[0]} (perfcounter's model: "
+                             f"{len(modules)} modules; --allow_unmatched warns instead)")
+        self.args, self.host, self.devices = args, host, plan.devices
+        self.options = {"host": host, "devices": devices, "allow_unmatched": allow_unmatched,
+                        "default_device": default_device, "peak_fraction": peak_fraction,
+                        "device_link": device_link, "interconnect": interconnect}
+        text = json.dumps(self.mapping.to_dict(), sort_keys=True)
+        self.key = (f"mapping {text} host {host.name} " +
+                    " ".join(f"{k}:{hash(repr(d.spec)):x}" for k, d in plan.devices.items()) +
+                    f" {peak_fraction!r} {default_device!r} {device_link!r} {interconnect!r}")
+        self.static_w = 0.0  # known once the table says which devices run
+
+    def make_table(self, counts) -> PlacedTable:
+        return PlacedTable(counts, self)
+
+
+def _replay(trace: Trace, pricer: PlacementPricer):
+    """simulate()'s replay of one whole-model step: (where each (module, segment) ran,
+    transfer seconds, transfer joules)."""
+    sim = simulate(trace, pricer.mapping, detail=True, **pricer.options)
+    phase = next(iter(sim.phases.values()))
+    runs = [s for s in PREPARED.get(trace).steps if s.kind == Ev.RUN]
+    rows = [row for row in phase.log if not row.transfer]
+    where = {}
+    for step, row in zip(runs, rows, strict=True):
+        for i in step.records:
+            r = trace.records[i]
+            where[(r.module, r.segment)] = row.device
+    moved = [row for row in phase.log if row.transfer]
+    return where, sum(r.duration_s for r in moved), sum(r.energy_j for r in moved)
+
+
+class PlacedTable:
+    """A step's seconds and joules under a placement (the module doc), with the step
+    table's interface (seconds, energy_j, price, counts, label, static_w)."""
+
+    def __init__(self, counts, pricer: PlacementPricer):
+        self.counts, self.pricer, self.label = counts, pricer, pricer.label
+        n = counts.args.n_layer
+        where, moved_s, moved_j, segments = {}, [], [], {}
+        for one in counts.fit_traces:
+            whole, segments = whole_trace(one, n)
+            ran, s, j = _replay(whole, pricer)
+            where.update(ran)
+            moved_s.append([s])
+            moved_j.append([j])
+        self.where = where  # (module path, segment) -> device key
+        xs = np.stack([features(shape, counts.window) for shape in FIT])
+        self.transfer_s = fit(xs, np.array(moved_s), "transfer seconds")[0]  # [features]
+        self.transfer_j = fit(xs, np.array(moved_j), "transfer joules")[0]
+        self.parts = []  # (device key, 1 / (peak_fraction x tp), PricedTable of its share)
+        used = sorted(set(where.values()))
+        for key in used:
+            dev = pricer.devices[key]
+            spec = elementwise_spec(dev.spec, "roofline")
+
+            def share(r, key=key):
+                paths = [at_layer(r.module, i) for i in range(n)] \
+                    if _LAYER0.search(r.module) else [r.module]
+                seg = segments.get(r.module, {}).get(r.segment, r.segment)
+                return sum(where.get((p, seg), "host") == key for p in paths)
+            self.parts.append((key, 1.0 / (dev.fraction * dev.tp),
+                               PricedTable(counts, _OnDevice(spec), repeats=share)))
+        self.has_energy = all(t.has_energy for _, _, t in self.parts)
+        self.static_w = sum(float(pricer.devices[k].spec.static_w or 0.0) * pricer.devices[k].tp
+                            for k in used)
+        pricer.static_w = self.static_w
+
+    def device_seconds(self, f: np.ndarray) -> dict[str, float]:
+        """Each device's busy seconds in a step of features f."""
+        return {key: scale * t.seconds(f) for key, scale, t in self.parts}
+
+    def seconds(self, f: np.ndarray) -> float:
+        return float(sum(self.device_seconds(f).values()) + self.transfer_s @ f)
+
+    def energy_j(self, f: np.ndarray, seconds: float) -> float:
+        """Dynamic joules of every device's share and the transfers + static W x seconds."""
+        dynamic = sum(float(t.joules @ f) for _, _, t in self.parts)
+        return dynamic + float(self.transfer_j @ f) + self.static_w * seconds
+
+    def price(self, pieces) -> float:
+        return self.seconds(features(pieces, self.counts.window))
+
+
+class DeviceMemory(NamedTuple):
+    """One device of a placement: its memory and what it holds (bytes)."""
+
+    device: str
+    memory_bytes: float  # its memory x tp
+    weight_bytes: int
+    kv_bytes_per_token: int  # of the layers whose attention runs on it (0: none)
+    kv_blocks: int | None  # blocks it can hold (None: it holds no KV cache)
+
+
+def placement_memory(table: PlacedTable, dtype, *, gpu_memory_utilization: float,
+                     block_size: int, max_num_batched_tokens: int,
+                     max_num_seqs: int) -> tuple[MemoryPlan, list[DeviceMemory]]:
+    """The memory plan of a placement (the module doc) and each device's row."""
+    args, pricer = table.counts.args, table.pricer
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ServeError(f"--gpu_memory_utilization {gpu_memory_utilization}: expected a "
+                         "fraction in (0, 1]")
+    on = {}
+    for (path, _), key in table.where.items():
+        on.setdefault(path, key)
+    elt = element_bytes(dtype)
+    per_layer_kv = kv_bytes_per_token(args, dtype) // args.n_layer
+    weights, kv = {k: 0 for k, _, _ in table.parts}, {k: 0 for k, _, _ in table.parts}
+    for m in model_modules(args):
+        key = on.get(m.path)
+        if key is None:
+            continue
+        if m.cls == "Attention":
+            kv[key] += per_layer_kv
+    for info in table.counts.fit_traces[0].modules:
+        paths = [at_layer(info.path, i) for i in range(args.n_layer)] \
+            if _LAYER0.search(info.path) else [info.path]
+        for p in paths:
+            if p in on:
+                weights[on[p]] += info.params * elt
+    work = workspace_bytes(args, dtype, max_num_batched_tokens, max_num_seqs)
+    rows, blocks = [], []
+    for key, held_weights in weights.items():
+        dev = pricer.devices[key]
+        if not dev.spec.vram:
+            raise ServeError(f"--mapping: device {dev.spec.name!r} has no memory size "
+                             "(vram_GB); give one in a device file (FILE.yaml:ENTRY)")
+        memory = float(dev.spec.vram) * dev.tp
+        left = memory * gpu_memory_utilization - held_weights - (work if kv[key] else 0)
+        held = max(0, math.floor(left / (block_size * kv[key]))) if kv[key] else None
+        if held is None and left < 0:
+            held = 0  # its weights alone do not fit: nothing can be served
+        rows.append(DeviceMemory(key, memory, held_weights, kv[key], held))
+        if held is not None:
+            blocks.append(held)
+    binding = [r for r in rows if r.kv_bytes_per_token]
+    # the plan's figures are those of the devices holding the KV cache (rows: every device)
+    plan = MemoryPlan(sum(r.memory_bytes for r in binding), gpu_memory_utilization,
+                      sum(r.weight_bytes for r in binding), work * len(binding),
+                      kv_bytes_per_token(args, dtype), block_size, min(blocks, default=0),
+                      args.block_size)
+    return plan, rows

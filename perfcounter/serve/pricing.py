@@ -12,8 +12,9 @@ roofline bound: fixed 0, executed FLOPs / peak at the op's dtype, bytes / bandwi
 roofline.py charges it (the step's inputs in, its output back). Its output says
 "step costs: roofline bound". A prediction with an execution regime (eager,
 compiled, cudagraphs) is predicted.py's `PredictionPricer`, the same three methods
-and its own table. A placement mapping (placement.py) will price whole step traces
-through perfcounter.simulate.
+and its own table. A placement mapping (placement.py) prices each device's share with
+a PricedTable of the records placed there, plus the transfers perfcounter.simulation
+charges at the placement's boundaries.
 
 `pricer.make_table(counts)` prices the counted steps once. `PricedTable(counts, pricer)`
 (the roofline's) prices the counted one-layer FIT traces, sums each group (times the
@@ -88,8 +89,12 @@ class RooflinePricer:
 class PricedTable:
     """A step's seconds and dynamic joules as functions of its features (module doc)."""
 
-    def __init__(self, counts: StepCounts, pricer):
+    def __init__(self, counts: StepCounts, pricer, repeats=None):
+        """repeats(record): how many times a record of a one-layer trace stands in what this
+        table prices (default counts.repeats: the whole model; a placement: one device's
+        share, placement.py)."""
         self.counts, self.pricer = counts, pricer
+        repeats = counts.repeats if repeats is None else repeats
         self.label = pricer.label
         self.static_w = float(getattr(pricer, "static_w", 0.0) or 0.0)
         index = {k: g for g, k in enumerate(counts.keys)}
@@ -105,7 +110,7 @@ class PricedTable:
             if energy is None:
                 self.has_energy = False
             for i, (r, (fixed, c, m)) in enumerate(zip(live, pricer.record_costs(sub))):
-                k, n = index[group_key(r)], counts.repeats(r)
+                k, n = index[group_key(r)], repeats(r)
                 comp[s, k] += c * n
                 mem[s, k] += m * n
                 base[s, 0] += fixed * n

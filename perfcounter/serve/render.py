@@ -15,11 +15,16 @@ def _num(v, digits: int = 2) -> str:
 def plan_text(dep, context: int | None = None, batch: int | None = None) -> str:
     p = dep.plan
     lines = [f"memory plan: {dep.model_name} ({str(dep.dtype).replace('torch.', '')}) on "
-             f"{dep.spec.name}",
+             f"{dep.name}" + (" (the KV cache's devices below)" if dep.devices else ""),
              f"  device memory {p.device_bytes / GB:.2f} GB x {p.gpu_memory_utilization:g} = "
              f"{p.usable_bytes / GB:.2f} GB usable",
              f"  weights {p.weight_bytes / GB:.2f} GB, activation workspace (estimate) "
              f"{p.workspace_bytes / GB:.2f} GB"]
+    for d in dep.devices:  # a placement: each device's memory and what it holds
+        kv = f", KV {d.kv_bytes_per_token:,} B a token: {d.kv_blocks:,} blocks" \
+            if d.kv_bytes_per_token else ", no KV cache"
+        lines.append(f"  {d.device}: memory {d.memory_bytes / GB:.2f} GB, weights "
+                     f"{d.weight_bytes / GB:.2f} GB{kv}")
     if not p.fits:
         lines.append(f"  does not fit: {p.kv_capacity_bytes / GB:.2f} GB left for the KV cache")
         return "\n".join(lines)
