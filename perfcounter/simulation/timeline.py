@@ -20,7 +20,6 @@ from typing import NamedTuple
 
 from perfcounter.counting.module_kinds import ATTENTION, MLP, own_kind
 from perfcounter.pricing.energy import record_pj_per_flop
-from perfcounter.pricing.per_record import record_predictions
 from perfcounter.pricing.roofline import op_costs
 from perfcounter.trace import ROLES
 
@@ -194,28 +193,19 @@ class Prepared:
         # moves when the model, or the ops before it, start on a device
         self.root = trace.modules[0].path if trace.modules else None
         self.input_bytes = trace.compulsory_read[ROLES.index("input")]
-        self.records: dict[tuple, list] = {}  # (spec, elementwise, execution) -> per record
-        self.runs: dict[tuple, list] = {}  # the same key -> per step (None: not a RUN)
+        self.records: dict[tuple, list] = {}  # (spec, elementwise) -> per record costs
+        self.runs: dict[tuple, list] = {}  # (spec, elementwise) -> per step (None: not a RUN)
 
-    def record_costs(self, spec, elementwise: str, execution: str | None = None
-                     ) -> list[StepCost]:
-        """Each record's roofline on `spec`; with an execution, its predicted seconds in that
-        regime instead (per_record.py; the energy stays the same FLOPs and bytes)."""
-        key = (spec, elementwise, execution)
+    def record_costs(self, spec, elementwise: str) -> list[StepCost]:
+        key = (spec, elementwise)
         if key not in self.records:
-            if execution is None:
-                self.records[key] = _price(self.trace, spec, elementwise)
-            else:
-                times = record_predictions(self.trace, spec, execution)
-                self.records[key] = [c._replace(latency_s=t.latency_s) for c, t in
-                                     zip(self.record_costs(spec, elementwise), times)]
+            self.records[key] = _price(self.trace, spec, elementwise)
         return self.records[key]
 
-    def step_costs(self, spec, elementwise: str, execution: str | None = None
-                   ) -> list[StepCost | None]:
-        key = (spec, elementwise, execution)
+    def step_costs(self, spec, elementwise: str) -> list[StepCost | None]:
+        key = (spec, elementwise)
         if key not in self.runs:
-            per = self.record_costs(spec, elementwise, execution)
+            per = self.record_costs(spec, elementwise)
             out = []
             for s in self.steps:
                 if s.kind != Ev.RUN:
