@@ -147,6 +147,18 @@ def test_goodput_energy_and_cost(dep):
     assert m["j_per_request"] == pytest.approx(m["energy_j"] / 50)
 
 
+def test_the_listed_price_and_its_override(dep):
+    # h100-sxm lists $6.88 a GPU-hour (AWS p5.48xlarge $55.04 / 8, its source in the spec)
+    assert dep.usd_per_hour == 6.88 and "p5.48xlarge" in dep.usd_source
+    m = serve(dep, synthetic(20, 32, 8, qps=5)).metrics
+    # $6.88 / 3,600 s x duration / 160 output tokens x 1e6
+    assert m["usd_per_1m_output_tokens"] == pytest.approx(
+        6.88 / 3600 * m["duration"] / 160 * 1e6)
+    d = deployment(TINY, "h100-sxm", usd_per_hour=2.0, execution="bound")
+    assert (d.usd_per_hour, d.usd_source) == (2.0, "--usd_per_hour")
+    assert deployment(TINY, "h100-pcie", execution="bound").usd_per_hour is None  # none listed
+
+
 def test_prefix_hits_skip_compute(dep):
     cold = serve(dep, fixed(1, 320, 2)).metrics["mean_ttft_ms"]
     # 256 of 320 prompt tokens cached: the prefill computes 64 tokens after 256

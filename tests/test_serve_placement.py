@@ -89,6 +89,17 @@ def test_host_and_pim_transfers_and_memory_by_hand():
     assert result["completed"] == 40 and result["j_per_output_token"] > 0
 
 
+def test_a_placement_costs_the_sum_of_its_devices_prices():
+    # pim-a at $1 an hour, the host at $0.5: $1.5 an hour; one device without a price: none
+    priced = {"pim-a": dataclasses.replace(PIM, usd_per_hour=1.0,
+                                           source={**PIM.source, "usd_per_hour": "test"})}
+    host = dataclasses.replace(get_device_spec("generic-cpu"), usd_per_hour=0.5)
+    dep = deployment(TINY, mapping={"TransformerBlock": "pim-a"}, devices=priced, host=host,
+                     **LIMITS)
+    assert dep.usd_per_hour == 1.5 and dep.usd_source.startswith("host: ")
+    assert placed({"TransformerBlock": "pim-a"}).usd_per_hour is None
+
+
 def test_whole_trace_repeats_the_layer():
     dep = placed({"Transformer": "pim-a"})
     one = dep.table.counts.fit_traces[1]

@@ -21,6 +21,8 @@ Our schema (device_specs/*.yaml, and what `perfcounter calibrate` writes):
 Optional figures for placement (simulate.py), each with a source like every
 other number: device_link_GBs / device_link_pj_per_bit, interconnect_GBs /
 interconnect_pj_per_bit, and peak_fraction (achievable / peak, 0 < f <= 1).
+For serving costs (`perfcounter serve`): usd_per_hour, the price of one device an hour
+(a cloud list price per GPU, with its date in the source).
 For predictions (predict.py): op_overhead_us {eager, compiled}, op_efficiency
 {op class: achievable / peak}, op_curves {op class: {dtype: [[working set MB,
 warm GB/s, cold GB/s, GFLOP/s], ...]}}, cache_MB (last-level cache) and matmul_rows
@@ -85,6 +87,7 @@ FIGURES = {
     "rmsnorm_ns_per_element": Figure("rmsnorm_ns_per_element", 1.0),
     "tdp_W": Figure("tdp_w", 1.0),
     "static_W": Figure("static_w", 1.0),
+    "usd_per_hour": Figure("usd_per_hour", 1.0),
     "device_link_GBs": Figure("device_link_bw", 1e9),
     "device_link_pj_per_bit": Figure("device_link_pj_per_bit", 1.0),
     "interconnect_GBs": Figure("interconnect_bw", 1e9),

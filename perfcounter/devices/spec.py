@@ -48,7 +48,8 @@ _POSITIVE = ("bandwidth", "flops_per_s", "vram", "roofline_balancepoint", "cache
              # energy of memory traffic and of a FLOP: never free (0 would print "0 J" silently)
              "mem_pj_per_bit", "pj_per_flop_by_dtype")
 _NON_NEGATIVE = ("host_to_device_pj_per_bit", "device_to_host_pj_per_bit",
-                 "device_link_pj_per_bit", "interconnect_pj_per_bit", "static_w")
+                 "device_link_pj_per_bit", "interconnect_pj_per_bit", "static_w",
+                 "usd_per_hour")
 _FRACTIONS = ("peak_fraction",)
 _TABLES = ("flops_by_dtype", "pj_per_flop_by_dtype")
 _EXPECTED = {"positive": "a positive number", "non-negative": "a non-negative number",
@@ -132,6 +133,7 @@ class DeviceSpec:
     rmsnorm_ns_per_element: float | None = None
     tdp_w: float | None = None
     static_w: float | None = None
+    usd_per_hour: float | None = None  # US$ an hour of one device (a cloud list price)
     profile: str | None = None  # "upmem": one of the UPMEM framework's profiles
     op_overhead_s: dict = field(default_factory=dict)  # {execution: s per op call}
     op_efficiency: dict = field(default_factory=dict)  # {op class: achievable / peak}
