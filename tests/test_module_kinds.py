@@ -69,7 +69,7 @@ def test_one_vocabulary():
 
 
 def test_scopes_are_llm_profilers_names_for_the_kinds():
-    assert record_scopes("LlamaForCausalLM.model.layers.0.self_attn.q_norm") == ["transformer", "attn"]
+    assert record_scopes("M.model.layers.0.self_attn.q_norm") == ["transformer", "attn"]
     assert record_scopes("M.layers.0.block_sparse_moe.experts.0.w1") == ["transformer", "mlp"]
     assert record_scopes("LlamaForCausalLM.lm_head") == ["lm_head"]
     assert record_scopes("LlamaForCausalLM.model.norm") == ["transformer"]

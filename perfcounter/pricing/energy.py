@@ -19,6 +19,7 @@ compute and memory; host link and static count as 0 when unknown.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from perfcounter.pricing.roofline import Roofline, is_integer_dtype
 from perfcounter.trace import Trace
@@ -62,19 +63,46 @@ def record_pj_per_flop(spec, dtype: str) -> float | None:
     return spec.pj_per_flop(None)
 
 
+class RecordEnergy(NamedTuple):
+    """One record's dynamic energy on a device, in pJ; None where the spec lacks the figure."""
+
+    compute_pj: float | None  # executed FLOPs · pJ/FLOP of the record's dtype (0 without FLOPs)
+    memory_pj: float | None  # bytes read + written · 8 · memory pJ/bit
+
+    @property
+    def compute_j(self) -> float | None:
+        return None if self.compute_pj is None else self.compute_pj * PJ
+
+    @property
+    def memory_j(self) -> float | None:
+        return None if self.memory_pj is None else self.memory_pj * PJ
+
+
+def record_energies(records, spec) -> list[RecordEnergy]:
+    """Each record's compute and memory energy on a device, in record order: the one place
+    a record is priced in pJ (the phase's compute energy, plots' bars, the simulator's
+    steps and the serving steps all sum these)."""
+    mem_pj = getattr(spec, "mem_pj_per_bit", None)
+    cache: dict[str, float | None] = {}
+    out = []
+    for r in records:
+        compute = 0.0
+        if r.executed_flops:
+            if r.dtype not in cache:
+                cache[r.dtype] = record_pj_per_flop(spec, r.dtype)
+            pj = cache[r.dtype]
+            compute = None if pj is None else r.executed_flops * pj
+        out.append(RecordEnergy(compute, None if mem_pj is None else r.bytes * 8 * mem_pj))
+    return out
+
+
 def compute_energy_j(trace: Trace, spec) -> float | None:
     """Σ executed FLOPs · pJ/FLOP of their dtype, in J; None when unknown."""
     total_pj = 0.0
-    cache: dict[str, float | None] = {}
-    for r in trace.records:
-        if not r.executed_flops:
-            continue
-        if r.dtype not in cache:
-            cache[r.dtype] = record_pj_per_flop(spec, r.dtype)
-        pj = cache[r.dtype]
-        if pj is None:
+    for e in record_energies(trace.records, spec):
+        if e.compute_pj is None:
             return None
-        total_pj += r.executed_flops * pj
+        total_pj += e.compute_pj  # in order, as a loop (sum() compensates since 3.12)
     return total_pj * PJ
 
 

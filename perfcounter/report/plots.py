@@ -34,7 +34,7 @@ from pathlib import Path
 from perfcounter._util import atomic_write, check_writable_target
 from perfcounter.counting.module_kinds import MODULE_KINDS, module_kind
 from perfcounter.devices import default_device_spec, get_device_spec
-from perfcounter.pricing.energy import PJ, record_pj_per_flop
+from perfcounter.pricing.energy import record_energies
 from perfcounter.report.trace_events import op_times, source_phases, write_trace
 from perfcounter.trace import op_packet
 
@@ -116,19 +116,18 @@ def kind_rows(source, specs=None) -> list[dict]:
         cell[0] += t
         cell[1] += j
     for spec in _specs(specs, phases):
-        mem_pj = (spec.mem_pj_per_bit or 0.0) * 8 * PJ
         for label, stats in phases.items():
             trace = stats.trace
             if trace is None:  # torchao's totals, read from a file: no ops to split
                 continue
             classes = {m.path: m.cls for m in trace.modules}
             kinds = {}
-            for r, t in zip(trace.records, op_times(trace, spec)):
+            for r, t, e in zip(trace.records, op_times(trace, spec),
+                               record_energies(trace.records, spec)):
                 kind = kinds.get(r.module) or kinds.setdefault(r.module,
                                                                module_kind(r.module, classes))
-                pj = (record_pj_per_flop(spec, r.dtype) or 0.0) * PJ if r.executed_flops else 0.0
                 add(label, spec.name, kind, t.predicted_s,
-                    r.executed_flops * pj + r.bytes * mem_pj)
+                    (e.compute_j or 0.0) + (e.memory_j or 0.0))  # a figure lacking: 0 J
             on = stats.on(spec)
             add(label, spec.name, "transfers", on.roofline.host_link_s,
                 on.energy.host_link_j or 0.0)

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from perfcounter.models.args import ModelArgs
-from perfcounter.pricing.energy import PJ, compute_energy_j
+from perfcounter.pricing.energy import PJ, record_energies
 from perfcounter.pricing.roofline import crosses_host_link, host_link_bytes, op_costs
 from perfcounter.serve.steps import (FEATURES, FIT, StepCounts, count_table, features, fit,
                                      group_key)
@@ -61,15 +61,11 @@ class RooflinePricer:
 
     def record_energy_j(self, trace: Trace) -> list[float] | None:
         """Dynamic joules per record (compute + memory); None when the spec lacks a figure."""
-        spec = self.spec
-        if spec.mem_pj_per_bit is None:
-            return None
         out = []
-        for r in trace.records:
-            compute = compute_energy_j(Trace(records=[r]), spec)
-            if compute is None:
+        for e in record_energies(trace.records, self.spec):
+            if e.compute_pj is None or e.memory_pj is None:
                 return None
-            out.append(compute + r.bytes * 8 * spec.mem_pj_per_bit * PJ)
+            out.append(e.compute_j + e.memory_j)
         return out
 
     def host_link(self, trace: Trace) -> tuple[float, float]:

@@ -19,11 +19,10 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from perfcounter.counting.module_kinds import ATTENTION, MLP, own_kind
-from perfcounter.pricing.energy import record_pj_per_flop
+from perfcounter.pricing.energy import record_energies
 from perfcounter.pricing.roofline import op_costs
 from perfcounter.trace import ROLES
 
-PJ = 1e-12
 UPMEM_NS_PER_ELEMENT = {"softmax_ns_per_element": 0.4, "silu_ns_per_element": 0.6,
                         "rmsnorm_ns_per_element": 1.1}  # UPMEM's BaseArchitecture defaults
 
@@ -275,13 +274,6 @@ def _price(trace, spec, elementwise: str) -> list[StepCost]:
     """Each record's roofline (roofline.op_costs) and energy (energy.py's pJ/FLOP by dtype,
     memory pJ/bit) on a device; an energy figure the spec lacks counts 0 J."""
     costs = op_costs(trace, elementwise_spec(spec, elementwise))
-    mem_pj = (getattr(spec, "mem_pj_per_bit", None) or 0.0) * 8 * PJ
-    pj: dict[str, float] = {}
-    out = []
-    for r, c in zip(trace.records, costs):
-        if r.executed_flops and r.dtype not in pj:
-            pj[r.dtype] = (record_pj_per_flop(spec, r.dtype) or 0.0) * PJ
-        out.append(StepCost(c.latency_s, c.compute_s, c.memory_s,
-                            r.executed_flops * pj[r.dtype] if r.executed_flops else 0.0,
-                            r.bytes * mem_pj, r.executed_flops, r.bytes))
-    return out
+    return [StepCost(c.latency_s, c.compute_s, c.memory_s, e.compute_j or 0.0,
+                     e.memory_j or 0.0, r.executed_flops, r.bytes)
+            for r, c, e in zip(trace.records, costs, record_energies(trace.records, spec))]
