@@ -35,7 +35,8 @@ from perfcounter._util import atomic_write, check_writable_target
 from perfcounter.counting.module_kinds import MODULE_KINDS, module_kind
 from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.pricing.energy import record_energies
-from perfcounter.report.trace_events import op_times, source_phases, write_trace
+from perfcounter.report.trace_events import op_times, write_trace
+from perfcounter.simulation.source import SIMULATION, read_source
 from perfcounter.trace import op_packet
 
 KINDS = (*MODULE_KINDS, "transfers", "static")
@@ -106,9 +107,10 @@ def _specs(specs, phases) -> list:
 def kind_rows(source, specs=None) -> list[dict]:
     """{phase, device, kind, time_s, energy_j} per phase, device and module kind; time_s
     predicted (see the module doc)."""
-    if hasattr(source, "phases") and hasattr(source, "mapping"):
+    src = read_source(source, "kind_rows()", ("counter", "stats", "dict", "simulation"))
+    if src.kind == SIMULATION:
         return _simulation_rows(source)
-    phases = source_phases(source)
+    phases = src.stats()
     acc: dict[tuple, list] = {}
 
     def add(label, device, kind, t, j):
@@ -222,7 +224,7 @@ def _points(stats, spec, measured, top: int) -> list[tuple[str, str, float, floa
 
 def roofline_plot(source, spec, base, *, measured: dict | None = None, top: int = 6) -> list[Path]:
     """The roofline of a counted generation on one device (see the module doc)."""
-    phases = source_phases(source)
+    phases = read_source(source, "roofline_plot()").stats()
     spec = _specs(spec, phases)[0]
     fig = _figure(8.0, 5.5)
     ax = fig.add_subplot()
@@ -269,11 +271,12 @@ def write_plots(folder, source, specs=None, *, measured: dict | None = None,
     (name: the source, e.g. source_name("count", "llama-2-7b"); default "simulate" for a
     Simulation, else "count")."""
     folder = Path(folder)
-    simulation = hasattr(source, "phases") and hasattr(source, "mapping")
+    src = read_source(source, "write_plots()", ("counter", "stats", "dict", "simulation"))
+    simulation = src.kind == SIMULATION
     name = name or ("simulate" if simulation else "count")
     written: list[Path] = []
     if not simulation:
-        phases = source_phases(source)
+        phases = src.stats()
         specs = _specs(specs, phases)
         for spec in specs:
             written += roofline_plot(phases, spec, folder / f"{name}_{_safe(spec.name)}_roofline",
@@ -346,14 +349,15 @@ def write_outputs(outputs: tuple, source, specs=None, *, measured: dict | None =
     """The pictures and the trace that check_outputs allowed, of a counter or a Simulation;
     priced on `specs` (default: the counter's device, else this machine's)."""
     folder, trace = outputs
-    simulation = hasattr(source, "phases") and hasattr(source, "mapping")
+    src = read_source(source, "write_outputs()", ("counter", "stats", "dict", "simulation"))
+    simulation = src.kind == SIMULATION
     if not simulation and not specs and all(s.device_spec is None
-                                           for s in source_phases(source).values()):
+                                           for s in src.stats().values()):
         specs = [default_device_spec()]
     written = [] if folder is None else write_plots(folder, source, specs, measured=measured,
                                                     name=name)
     if trace is not None:
-        one = None if simulation else _specs(specs, source_phases(source))[0]
+        one = None if simulation else _specs(specs, src.stats())[0]
         write_trace(trace, source, one, measured=measured)
         written.append(trace)
     for path in written:

@@ -49,6 +49,7 @@ from perfcounter._util import atomic_write
 from perfcounter.devices import get_device_spec
 from perfcounter.pricing.predict import op_predictions
 from perfcounter.pricing.roofline import op_costs
+from perfcounter.simulation.source import RECORDING, SIMULATION, read_source
 from perfcounter.simulation.timeline import Ev, timeline
 
 NS = 1e9
@@ -124,18 +125,6 @@ class _Events:
             if "dur" in e:
                 e["dur"] = _us(e["dur"])
         return {"traceEvents": meta + body, "displayTimeUnit": "ns", "otherData": other}
-
-
-def source_phases(source) -> dict:
-    """{label: PerformanceStats} from a counter, a dict of stats, or one stats."""
-    if hasattr(source, "counts") and hasattr(source, "count"):
-        return dict(source.counts)
-    if isinstance(source, dict):
-        return dict(source)
-    if hasattr(source, "trace") and hasattr(source, "label"):
-        return {source.label: source}
-    raise TypeError(f"trace_events() takes a TransformerPerformanceCounter, PerformanceStats, "
-                    f"a dict of them or a Simulation, got {type(source).__name__}")
 
 
 def _idle(trace, times) -> dict[tuple[str, int], list[int]]:
@@ -305,15 +294,17 @@ def _recording_trace(rec, spec) -> dict:
 def trace_events(source, spec=None, *, measured: dict | None = None) -> dict:
     """The trace-event document (a dict) of a counted generation on one device (`spec`:
     a DeviceSpec or a name; default the stats' own device) or of a Simulation."""
-    if hasattr(source, "phases") and hasattr(source, "mapping"):
+    src = read_source(source, "trace_events()",
+                      ("counter", "stats", "dict", "simulation", "recording"))
+    if src.kind == SIMULATION:
         return _simulation_trace(source)
     if isinstance(spec, str):
         spec = get_device_spec(spec)
-    if hasattr(source, "events") and hasattr(source, "real"):  # graph.Recording
+    if src.kind == RECORDING:  # graph.Recording
         if spec is None:
             raise ValueError("trace_events needs a device to predict on: pass spec=")
         return _recording_trace(source, spec)
-    phases = source_phases(source)
+    phases = src.stats()
     if spec is None:
         spec = next((s.device_spec for s in phases.values()
                      if getattr(s, "device_spec", None) is not None), None)

@@ -42,6 +42,7 @@ from perfcounter.simulation.placement import (HOST, Device, Mapping, MappingErro
                                               default_host, resolve_device)
 from perfcounter.simulation.result import (DeviceResult, FunctionResult, LogRow, ModuleResult,
                                            PhaseResult, Simulation)
+from perfcounter.simulation.source import read_source
 from perfcounter.simulation.timeline import PREPARED, Ev
 from perfcounter.trace import op_packet
 
@@ -253,24 +254,8 @@ class _Replay:
 # -- the API ---------------------------------------------------------------------------------
 def phases_of(source, labels=None) -> dict[str, tuple]:
     """{label: (trace, num_tokens)} from a counter, stats, a trace, or a dict of them."""
-    def one(x, label):
-        if hasattr(x, "trace") and hasattr(x, "num_tokens"):  # PerformanceStats
-            return x.trace, x.num_tokens
-        if hasattr(x, "records") and hasattr(x, "modules"):  # Trace
-            return x, 0
-        raise TypeError(f"simulate(): phase {label!r} is a {type(x).__name__}; expected "
-                        "PerformanceStats or Trace")
-    if hasattr(source, "counts") and hasattr(source, "count"):  # TransformerPerformanceCounter
-        phases = {k: one(v, k) for k, v in source.counts.items()}
-    elif isinstance(source, dict):
-        phases = {k: one(v, k) for k, v in source.items()}
-    elif hasattr(source, "label") and hasattr(source, "trace"):
-        phases = {source.label: one(source, source.label)}
-    elif hasattr(source, "records"):
-        phases = {"phase": one(source, "phase")}
-    else:
-        raise TypeError("simulate() takes a TransformerPerformanceCounter, PerformanceStats, "
-                        f"Trace or a dict of them, got {type(source).__name__}")
+    src = read_source(source, "simulate()", ("counter", "stats", "trace", "dict"))
+    phases = {k: (p.trace, p.num_tokens) for k, p in src.phases.items()}
     if labels is not None:
         missing = [k for k in labels if k not in phases]
         if missing:
