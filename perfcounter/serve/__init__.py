@@ -3,7 +3,8 @@
 Owns workloads (workload.py), the iteration-level scheduler (scheduler.py: vLLM v1 /
 Sarathi-Serve semantics), one engine step counted exactly (ragged.py), the step table
 (steps.py: affine per record group in tokens, sequences and context) and its pricing
-(pricing.py: the pricer seam; placement.py: a mapping through perfcounter.simulate),
+(pricing.py: the pricer seam; placement.py: a mapping's devices, priced through
+perfcounter.simulation),
 the memory fit (memory.py), serving metrics under vLLM's names (metrics.py), text
 (render.py), files (outputs.py) and `perfcounter serve` (command.py).
 
