@@ -147,6 +147,9 @@ class PlacementPricer:
         if unmatched and not allow_unmatched:
             raise ServeError(f"--mapping: {unmatched[0]} (perfcounter's model: "
                              f"{len(modules)} modules; --allow_unmatched warns instead)")
+        for dev in plan.devices.values():  # the host's memory is checked if it holds weights
+            if not dev.is_host and not dev.spec.vram:
+                raise ServeError(_no_memory(dev.spec.name))
         self.args, self.host, self.devices = args, host, plan.devices
         self.options = {"host": host, "devices": devices, "allow_unmatched": allow_unmatched,
                         "default_device": default_device, "peak_fraction": peak_fraction,
@@ -229,6 +232,11 @@ class PlacedTable:
         return self.seconds(features(pieces, self.counts.window))
 
 
+def _no_memory(name: str) -> str:
+    return (f"--mapping: device {name!r} has no memory size (vram_GB); give one in a device "
+            "file (FILE.yaml:ENTRY)")
+
+
 class DeviceMemory(NamedTuple):
     """One device of a placement: its memory and what it holds (bytes)."""
 
@@ -270,8 +278,7 @@ def placement_memory(table: PlacedTable, dtype, *, gpu_memory_utilization: float
     for key, held_weights in weights.items():
         dev = pricer.devices[key]
         if not dev.spec.vram:
-            raise ServeError(f"--mapping: device {dev.spec.name!r} has no memory size "
-                             "(vram_GB); give one in a device file (FILE.yaml:ENTRY)")
+            raise ServeError(_no_memory(dev.spec.name))
         memory = float(dev.spec.vram) * dev.tp
         left = memory * gpu_memory_utilization - held_weights - (work if kv[key] else 0)
         held = max(0, math.floor(left / (block_size * kv[key]))) if kv[key] else None
