@@ -2,7 +2,7 @@
 
 The dispatch mode (mode.py) logs every aten op it sees into a `Block`;
 `build_trace` aggregates one or more blocks into `OpRecord`s, one per (op,
-module, segment, dtype, shape signature). A `Trace` is the records of one
+module, segment, dtype, arguments: shapes, strides, dtypes). A `Trace` is the records of one
 phase plus the per-phase figures that cannot be summed op by op (compulsory
 IO, which counts each storage once). Everything downstream — stats, roofline,
 energy, reports — reads a Trace, so a phase can be re-costed for any device
@@ -20,10 +20,12 @@ Conventions (see DESIGN.md):
 """
 from __future__ import annotations
 
+import ast
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
+from perfcounter import trace_args
 from perfcounter._util import PerfcounterWarning, did_you_mean
 
 KINDS = ("add", "mul", "div", "sqrt", "exp", "special", "cmp")
@@ -50,16 +52,22 @@ def _by_role(d: dict) -> list[int]:
 
 @dataclass(slots=True)
 class OpRecord:
-    """All calls of one op with one shape signature under one module.
+    """All calls of one op with one argument signature under one module.
 
     Every call aggregated here has the same FLOPs and the same byte count, so
-    per-call figures are the totals divided by `calls`.
+    per-call figures are the totals divided by `calls`. args: the op's arguments as
+    data (trace_args.py: each tensor's shape, stride and dtype, scalars as values);
+    `shapes` is their display text, derived from args. The key holds both: records
+    whose text is equal but whose strides differ stay apart (NB: pricing needs it: an
+    elementwise op on a stride-2 view runs 1.6-4.2x its stride-blind prediction, and
+    op_bench times each record on tensors of its own strides); the text keeps scalars
+    of equal value but another type apart (1, 1.0, True).
     """
 
     op: str  # "aten.mm.default"
     module: str  # innermost module path, "" outside any module
     dtype: str  # compute dtype of the op ("bfloat16"), "" when no tensor
-    shapes: str  # shape signature "[6, 4096]x[4096, 4096]"
+    args: tuple = ()  # (TensorArg((6, 4096), (4096, 1), "bfloat16"), TensorArg(...)); () views
     calls: int = 0
     flops: int = 0
     executed_flops: int = 0
@@ -68,14 +76,22 @@ class OpRecord:
     written: list[int] = field(default_factory=_zeros)  # bytes, by ROLES
     has_formula: bool = True
     segment: int = 0  # see the module doc
+    _text: str | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def shapes(self) -> str:
+        """The display text of args ("[6, 4096], [4096, 4096]"): reports, JSON, grouping."""
+        if self._text is None:
+            self._text = trace_args.signature(self.args)
+        return self._text
 
     @property
     def bytes(self) -> int:
         return sum(self.read) + sum(self.written)
 
     @property
-    def key(self) -> tuple[str, str, int, str, str]:
-        return (self.op, self.module, self.segment, self.dtype, self.shapes)
+    def key(self) -> tuple[str, str, int, str, str, tuple]:
+        return (self.op, self.module, self.segment, self.dtype, self.shapes, self.args)
 
     def add(self, other: "OpRecord") -> None:
         """Accumulate another record with the same key into this one."""
@@ -89,15 +105,17 @@ class OpRecord:
             self.written[i] += other.written[i]
 
     def copy(self) -> "OpRecord":
-        return OpRecord(self.op, self.module, self.dtype, self.shapes, self.calls,
-                        self.flops, self.executed_flops, list(self.kinds),
-                        list(self.read), list(self.written), self.has_formula, self.segment)
+        out = OpRecord(self.op, self.module, self.dtype, self.args, self.calls,
+                       self.flops, self.executed_flops, list(self.kinds),
+                       list(self.read), list(self.written), self.has_formula, self.segment)
+        out._text = self._text
+        return out
 
     def to_dict(self) -> dict:
         return {
             "op": self.op, "module": self.module, "dtype": self.dtype,
-            "shapes": self.shapes, "calls": self.calls, "flops": self.flops,
-            "executed_flops": self.executed_flops,
+            "shapes": self.shapes, "args": trace_args.to_json(self.args), "calls": self.calls,
+            "flops": self.flops, "executed_flops": self.executed_flops,
             "kinds": dict(zip(KINDS, self.kinds)),
             "read": dict(zip(ROLES, self.read)),
             "written": dict(zip(ROLES, self.written)),
@@ -107,11 +125,43 @@ class OpRecord:
 
     @classmethod
     def from_dict(cls, d: dict) -> "OpRecord":
-        return cls(d["op"], d["module"], d["dtype"], d["shapes"], d["calls"],
+        args = trace_args.from_json(d["args"]) if "args" in d else args_from_text(d["shapes"], d["dtype"])
+        return cls(d["op"], d["module"], d["dtype"], args, d["calls"],
                    d["flops"], d["executed_flops"],
                    [d["kinds"][k] for k in KINDS],
                    _by_role(d["read"]), _by_role(d["written"]), d["has_formula"],
                    d.get("segment", 0))
+
+
+def args_from_text(text: str, dtype: str) -> tuple:
+    """The args a display text stands for: the one place text is read back, for records
+    written before records kept args (a file of counts) and records written by hand (tests).
+    NB: the text cannot tell a list of sizes from a tensor:
+    every list of integers is taken for a contiguous tensor of the record's dtype (re-count
+    for the real strides and dtypes); a value that is no literal (torch.float32) a Const."""
+    if not text:
+        return ()
+    try:
+        call = ast.parse(f"f({text})", mode="eval").body
+    except SyntaxError:
+        return (trace_args.Const(text),)
+    source = f"f({text})"
+
+    def convert(v):
+        if isinstance(v, (list, tuple)):
+            if v and all(type(n) is int for n in v):
+                return trace_args.contiguous(v, dtype)
+            return tuple(convert(n) for n in v)
+        return v
+
+    def value(node):
+        try:
+            return convert(ast.literal_eval(node))
+        except ValueError:
+            return trace_args.Const(ast.get_source_segment(source, node))
+
+    return (*[value(a) for a in call.args],
+            *[trace_args.Keyword(k.arg, value(k.value)) for k in call.keywords])
 
 
 @dataclass(slots=True)
@@ -302,10 +352,10 @@ def build_trace(blocks: list[Block]) -> Trace:
     records: dict[tuple, OpRecord] = {}
     uncounted: dict[str, int] = {}
     for ((module, segment), plan, roles), n in calls.items():
-        key = (plan.name, module, segment, plan.dtype, plan.shapes)
+        key = (plan.name, module, segment, plan.dtype, plan.shapes, plan.args)  # OpRecord.key
         rec = records.get(key)
         if rec is None:
-            rec = records[key] = OpRecord(plan.name, module, plan.dtype, plan.shapes,
+            rec = records[key] = OpRecord(plan.name, module, plan.dtype, plan.args,
                                           has_formula=plan.has_formula, segment=segment)
         rec.calls += n
         rec.flops += n * plan.flops
@@ -320,8 +370,8 @@ def build_trace(blocks: list[Block]) -> Trace:
         if not plan.has_formula:
             uncounted[plan.name] = uncounted.get(plan.name, 0) + n
     for ((module, segment), name), n in views.items():
-        key = (name, module, segment, "", "")
-        rec = records.get(key) or records.setdefault(key, OpRecord(name, module, "", "",
+        key = (name, module, segment, "", "", ())
+        rec = records.get(key) or records.setdefault(key, OpRecord(name, module, "", (),
                                                                    segment=segment))
         rec.calls += n
     for name in uncounted:

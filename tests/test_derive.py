@@ -16,7 +16,7 @@ from perfcounter.generation.derive import (DecodeSteps, DeriveError, count_gener
 from perfcounter.models.model import Transformer
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.tokenizer import cache_keyword
-from perfcounter.trace import KINDS, ROLES, OpRecord, Trace
+from perfcounter.trace import KINDS, ROLES, OpRecord, Trace, args_from_text
 
 REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("generate", REPO / "generate.py")
@@ -79,10 +79,12 @@ def step(x: int, *, extra: int = 0) -> Trace:
     row), and an index lookup that does not move."""
     zeros = [0] * len(KINDS)
     read = [0, 2 * x * 8 * 4, 64, 0, 0]  # kv_cache: 2*x*8 floats; activation: the new row
-    cat = OpRecord("aten.cat.default", "M.attn", "float32", f"[[1, 2, {x}, 8], [1, 2, 1, 8]], -2",
+    cat = OpRecord("aten.cat.default", "M.attn", "float32",
+                   args_from_text(f"[[1, 2, {x}, 8], [1, 2, 1, 8]], -2", "float32"),
                    calls=2, read=[2 * v for v in read],
                    written=[0, 2 * 2 * (x + 1) * 8 * 4 + extra, 0, 0, 0], kinds=list(zeros))
-    mm = OpRecord("aten.mm.default", "M.mlp", "float32", "[1, 8], [8, 8]", calls=1, flops=128,
+    mm = OpRecord("aten.mm.default", "M.mlp", "float32", args_from_text("[1, 8], [8, 8]", "float32"),
+                  calls=1, flops=128,
                   executed_flops=128, kinds=[64, 64] + zeros[2:], read=[256, 0, 32, 0, 0],
                   written=[0, 0, 32, 0, 0])
     return Trace(records=[cat, mm], compulsory_read=[256, 2 * 2 * x * 8 * 4, 96, 0, 0],
@@ -108,7 +110,8 @@ def test_fit_derives_steps_by_hand():
 def attention_step(x: int) -> Trace:
     """q·kᵀ [4, 1, 8] x [4, 8, x] and p·v [4, 1, x] x [4, x, 8]: one signature at x = 8."""
     def bmm(shapes, flops):
-        return OpRecord("aten.bmm.default", "M.attn", "float32", shapes, calls=1, flops=flops,
+        return OpRecord("aten.bmm.default", "M.attn", "float32", args_from_text(shapes, "float32"),
+                        calls=1, flops=flops,
                         executed_flops=flops, kinds=[flops // 2, flops // 2, 0, 0, 0, 0, 0])
     return Trace(records=[bmm(f"[4, 1, 8], [4, 8, {x}]", 64 * x)]).merge(
         Trace(records=[bmm(f"[4, 1, {x}], [4, {x}, 8]", 64 * x)]))  # same key: summed

@@ -15,7 +15,7 @@ import torch
 from perfcounter.devices import DeviceSpec, get_device_spec
 from perfcounter.pricing.energy import Energy
 from perfcounter.stats import PerformanceStats
-from perfcounter.trace import OpRecord, Trace
+from perfcounter.trace import OpRecord, Trace, args_from_text
 
 PIM_FIGURES = dict(device_type="pim", bandwidth=409.6e9, flops_per_s=20e12,
                    dtype=torch.bfloat16, mem_pj_per_bit=0.95,
@@ -25,7 +25,8 @@ PIM_FIGURES = dict(device_type="pim", bandwidth=409.6e9, flops_per_s=20e12,
 
 
 def decode_trace(steps=1):
-    rec = OpRecord("aten.mm.default", "M.proj", "bfloat16", "[1, 64], [64, 128]", steps,
+    rec = OpRecord("aten.mm.default", "M.proj", "bfloat16", args_from_text("[1, 64], [64, 128]", "bfloat16"),
+                   steps,
                    16_384 * steps, 16_384 * steps, [8192 * steps, 8192 * steps, 0, 0, 0, 0, 0],
                    [16_384 * steps, 0, 0, 128 * steps], [0, 0, 256 * steps, 0])
     return Trace(records=[rec], compulsory_read=[16_384 * steps, 0, 0, 128 * steps],
@@ -99,7 +100,8 @@ def test_missing_figures_are_none_not_zero():
 
 
 def test_integer_ops_use_the_compute_dtype_silently(pim, recwarn):
-    rec = OpRecord("aten.add.Tensor", "M", "int64", "[6], 1", 1, 6, 6, [6, 0, 0, 0, 0, 0, 0],
+    rec = OpRecord("aten.add.Tensor", "M", "int64", args_from_text("[6], 1", "int64"),
+                   1, 6, 6, [6, 0, 0, 0, 0, 0, 0],
                    [0, 0, 48, 0, 0], [0, 0, 48, 0, 0])
     s = PerformanceStats("p", 1, None, Trace(records=[rec]), pim)
     assert s.energy.compute_j == pytest.approx(6 * 0.4e-12)

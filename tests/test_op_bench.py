@@ -6,7 +6,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from perfcounter.pricing import op_bench as B
 from perfcounter.cli.main import main
-from perfcounter.trace import OpRecord, Trace
+from perfcounter.trace import OpRecord, Trace, args_from_text
+from perfcounter.trace_args import contiguous
 
 
 @pytest.fixture(autouse=True)
@@ -17,7 +18,8 @@ def fresh_cache():
 
 
 def timed(op, shapes, dtype="float32", nbytes=384):
-    return B.time_op(op, shapes, dtype, nbytes, min_time=0.001, cold_bytes=1 << 16)
+    return B.time_op(op, args_from_text(shapes, dtype), dtype, nbytes, min_time=0.001,
+                     cold_bytes=1 << 16)
 
 
 def test_times_are_cached_by_signature():
@@ -35,10 +37,10 @@ def test_times_are_cached_by_signature():
     assert B.cache_info() == B.CacheInfo(hits=0, misses=0, currsize=0)
 
 
-def test_a_signature_carries_contiguous_strides_and_typed_scalars():
-    sig, build = B._spec("aten.add.Scalar", "[4, 8], 1", "float32", "cpu")
-    assert sig.args == (("t", (4, 8), (8, 1)), ("int", 1)) and build is not None
-    assert B._spec("aten.add.Scalar", "[4, 8], 1.0", "float32", "cpu")[0] != sig
+def test_a_signature_carries_strides_dtypes_and_typed_scalars():
+    sig, build = B._spec("aten.add.Scalar", (contiguous((4, 8)), 1), "float32", "cpu")
+    assert sig.args == (("t", (4, 8), (8, 1), "float32"), ("int", 1)) and build is not None
+    assert B._spec("aten.add.Scalar", (contiguous((4, 8)), 1.0), "float32", "cpu")[0] != sig
     out = build()()  # the op itself, on inputs of the recorded shape and dtype
     assert out.shape == (4, 8) and out.dtype == torch.float32 and bool((out >= 1).all())
 
@@ -52,12 +54,14 @@ def test_an_op_that_cannot_be_rebuilt_is_timed_as_a_copy():
 
 def toy_trace():
     # 3 matmul calls of one signature, 2 adds, 4 views; a metadata op that costs nothing
-    records = [OpRecord("aten.mm.default", "m", "float32", "[1, 64], [64, 32]", 3, 3 * 4096,
+    records = [OpRecord("aten.mm.default", "m", "float32", args_from_text("[1, 64], [64, 32]", "float32"),
+                        3, 3 * 4096,
                         3 * 4096, read=[3 * 8192, 0, 3 * 256, 0, 0], written=[0, 0, 3 * 128, 0, 0]),
-               OpRecord("aten.add.Tensor", "m", "float32", "[1, 32], [1, 32]", 2, 64, 64,
+               OpRecord("aten.add.Tensor", "m", "float32", args_from_text("[1, 32], [1, 32]", "float32"),
+                        2, 64, 64,
                         read=[0, 0, 512, 0, 0], written=[0, 0, 256, 0, 0]),
-               OpRecord("aten.view.default", "m", "", "", 4),
-               OpRecord("prim.device.default", "m", "", "", 50)]
+               OpRecord("aten.view.default", "m", "", (), 4),
+               OpRecord("prim.device.default", "m", "", (), 50)]
     return Trace(records=records)
 
 
@@ -65,7 +69,7 @@ def test_a_trace_is_the_sum_of_calls_times_seconds_per_signature():
     result = B.op_bench(toy_trace(), min_time=0.001, cold_bytes=1 << 16)
     mm, _ = timed("aten.mm.default", "[1, 64], [64, 32]", nbytes=8192 + 256 + 128)
     add, _ = timed("aten.add.Tensor", "[1, 32], [1, 32]")
-    view, _ = B.time_op("aten.view.default", "[64], [-1]", "float32", 0, min_time=0.001,
+    view, _ = B.time_op("aten.view.default", B.VIEW_ARGS, "float32", 0, min_time=0.001,
                         cold_bytes=1)
     # every lookup above was a hit: the op bench timed each signature once
     assert B.cache_info().misses == 3 and B.cache_info().currsize == 3

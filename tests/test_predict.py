@@ -13,7 +13,7 @@ from perfcounter.devices.op_rates import MAX_CALLS, fill_operands, time_calls
 from perfcounter.devices.spec_file import write_device_specs
 from perfcounter.devices.spec import OP_CLASSES
 from perfcounter.stats import PerformanceStats
-from perfcounter.trace import OpRecord, Trace
+from perfcounter.trace import OpRecord, Trace, args_from_text
 
 F32 = "float32"
 EFF = {"gemv": 0.5, "gemm": 0.8, "attention": 0.25, "elementwise": 0.5, "reduction": 0.4,
@@ -31,7 +31,8 @@ def toy_spec(**kw) -> DeviceSpec:
 def rec(op, shapes, calls, flops, read, written) -> OpRecord:
     """read / written: {role: bytes}."""
     roles = ("weight", "kv_cache", "activation", "input", "buffer")
-    return OpRecord(op, "m", F32 if shapes else "", shapes, calls, flops, flops,
+    return OpRecord(op, "m", F32 if shapes else "", args_from_text(shapes, F32),
+                    calls, flops, flops,
                     read=[read.get(r, 0) for r in roles], written=[written.get(r, 0) for r in roles])
 
 
@@ -67,11 +68,11 @@ def toy_trace() -> Trace:
 
 
 def test_op_classes_come_from_the_registry():
-    assert P.op_class("aten.mm.default", "[1, 100], [100, 200]") == "gemv"
-    assert P.op_class("aten.mm.default", "[16, 100], [100, 200]") == "gemv"  # M <= 16
-    assert P.op_class("aten.mm.default", "[17, 100], [100, 200]") == "gemm"
-    assert P.op_class("aten.bmm.default", "[8, 1, 64], [8, 64, 19]") == "gemv"
-    assert P.op_class("aten.addmm.default", "[200], [64, 100], [100, 200]") == "gemm"
+    assert P.op_class("aten.mm.default", args_from_text("[1, 100], [100, 200]", F32)) == "gemv"
+    assert P.op_class("aten.mm.default", args_from_text("[16, 100], [100, 200]", F32)) == "gemv"  # M <= 16
+    assert P.op_class("aten.mm.default", args_from_text("[17, 100], [100, 200]", F32)) == "gemm"
+    assert P.op_class("aten.bmm.default", args_from_text("[8, 1, 64], [8, 64, 19]", F32)) == "gemv"
+    assert P.op_class("aten.addmm.default", args_from_text("[200], [64, 100], [100, 200]", F32)) == "gemm"
     assert P.op_class("aten._scaled_dot_product_flash_attention_for_cpu.default") == "attention"
     assert P.op_class("aten._softmax.default") == "reduction"
     assert P.op_class("aten.sum.dim_IntList") == "reduction"
@@ -354,13 +355,14 @@ def test_attention_with_an_explicit_mask_is_priced_dense():
     # 16 pairs (executed 640). With a [1,1,4,4] mask the kernel computes every block:
     # 1,024 / 0.25e9 = 4.096 us; without one it skips: 640 / 0.25e9 = 2.56 us (bytes: none)
     def trace(shapes):
-        r = OpRecord("aten._scaled_dot_product_flash_attention_for_cpu.default", "m", F32, shapes,
+        r = OpRecord("aten._scaled_dot_product_flash_attention_for_cpu.default", "m", F32,
+                     args_from_text(shapes, F32),
                      1, 1_024, 640, read=[0] * 5, written=[0] * 5)
         return Trace(records=[r])
     spec = toy_spec(op_overhead_s={"eager": 0.0})
     masked = "[1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8], 0.0, False, [1, 1, 4, 4]"
-    assert P.has_explicit_mask(masked)
-    assert not P.has_explicit_mask("[1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8], 0.0, True")
+    assert P.has_explicit_mask(args_from_text(masked, F32))
+    assert not P.has_explicit_mask(args_from_text("[1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8], 0.0, True", F32))
     assert P.predict(trace(masked), spec).latency_s * 1e6 == pytest.approx(4.096)
     assert P.predict(trace("[1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 4, 8], 0.0, True"),
                      spec).latency_s * 1e6 == pytest.approx(2.56)

@@ -7,7 +7,7 @@ from perfcounter.devices import DeviceSpec, DeviceSpecError
 from perfcounter.pricing import predict as P
 from perfcounter.pricing.achievable import DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S
 from perfcounter.pricing.per_record import record_predictions
-from perfcounter.trace import OpRecord, Trace
+from perfcounter.trace import OpRecord, Trace, args_from_text
 
 ROLES = ("weight", "kv_cache", "activation", "input", "buffer")
 EFF = {"gemv": 0.5, "gemm": 0.8, "attention": 0.25, "elementwise": 0.5, "reduction": 0.4,
@@ -24,7 +24,7 @@ def spec(**kw) -> DeviceSpec:
 
 
 def rec(op, shapes, calls, flops, read, written, dtype="float32") -> OpRecord:
-    return OpRecord(op, "m", dtype, shapes, calls, flops, flops,
+    return OpRecord(op, "m", dtype, args_from_text(shapes, dtype), calls, flops, flops,
                     read=[read.get(r, 0) for r in ROLES], written=[written.get(r, 0) for r in ROLES])
 
 

@@ -13,11 +13,12 @@ from perfcounter.devices import DeviceSpec
 from perfcounter.report.phase import Comparison, format_stats, merged_modules, to_markdown
 from perfcounter.format import format_table, percent, rate, scaled, si
 from perfcounter.stats import PerformanceStats
-from perfcounter.trace import OpRecord, Trace
+from perfcounter.trace import OpRecord, Trace, args_from_text
 
 
 def one_record_trace(flops, nbytes, module="Llama.model"):
-    rec = OpRecord("aten.mm.default", module, "bfloat16", "[6, 4096], [4096, 4096]", 1,
+    rec = OpRecord("aten.mm.default", module, "bfloat16", args_from_text("[6, 4096], [4096, 4096]", "bfloat16"),
+                   1,
                    flops, flops, [flops // 2, flops // 2, 0, 0, 0, 0, 0], [nbytes, 0, 0, 0, 0],
                    [0, 0, 0, 0, 0])
     return Trace(records=[rec], compulsory_read=[nbytes, 0, 0, 0, 0])
@@ -110,7 +111,7 @@ def test_raw_latency_and_overhead_are_both_shown():
 
 
 def test_module_table_merges_layer_indices(rtx3090):
-    recs = [OpRecord("aten.mm.default", f"Llama.model.layers.{i}.mlp", "bfloat16", "", 1, 100,
+    recs = [OpRecord("aten.mm.default", f"Llama.model.layers.{i}.mlp", "bfloat16", (), 1, 100,
                      100, read=[1000, 0, 0, 0, 0]) for i in range(3)]
     s = PerformanceStats("p", 1, 1.0, Trace(records=recs), rtx3090)
     rows = merged_modules(s, 4)
@@ -123,8 +124,8 @@ def test_module_table_merges_layer_indices(rtx3090):
 
 
 def test_scopes_block_appears_for_recognised_parts():
-    recs = [OpRecord("aten.mm.default", "L.model.layers.0.self_attn.q_proj", "bfloat16", "", 1,
-                     240, 240), OpRecord("aten.mm.default", "L.lm_head", "bfloat16", "", 1, 60, 60)]
+    recs = [OpRecord("aten.mm.default", "L.model.layers.0.self_attn.q_proj", "bfloat16", (), 1,
+                     240, 240), OpRecord("aten.mm.default", "L.lm_head", "bfloat16", (), 1, 60, 60)]
     text = format_stats(PerformanceStats("p", 1, 1.0, Trace(records=recs)))
     block = text.split("  Scopes\n")[1].splitlines()
     assert block[1].split()[:3] == ["transformer", "1", "240"]

@@ -19,13 +19,14 @@ from perfcounter.stats_dict import spec_from_dict
 from perfcounter.counting.breakdown import by_module_and_op
 from perfcounter.counting.module_kinds import record_scopes
 from perfcounter.counting.module_path import check_depth
-from perfcounter.trace import ROLES, OpRecord, Trace
+from perfcounter.trace import ROLES, OpRecord, Trace, args_from_text
 
 
 def mm_record(m, k, n, module="M.lin", dtype="bfloat16", elem=2, calls=1):
     """x[m, k] (input) @ w[k, n] (weight) -> [m, n] (activation), `calls` times."""
     flops = 2 * m * n * k * calls
-    return OpRecord("aten.mm.default", module, dtype, f"[{m}, {k}], [{k}, {n}]", calls,
+    return OpRecord("aten.mm.default", module, dtype, args_from_text(f"[{m}, {k}], [{k}, {n}]", dtype),
+                    calls,
                     flops, flops, [flops // 2, flops // 2, 0, 0, 0, 0, 0],
                     [k * n * elem * calls, 0, 0, m * k * elem * calls, 0],
                     [0, 0, m * n * elem * calls, 0, 0])
@@ -208,24 +209,28 @@ def test_spec_from_dict_drops_subclass_fields(toy):
 # -- per-element costs and the host link -----------------------------------------
 
 def test_largest_numel_reads_the_mode_signature():
-    assert largest_numel("[1, 4, 6, 6], -1, False") == 144  # 1*4*6*6
-    assert largest_numel("[4096], [1, 6, 4096]") == 24576  # 6 * 4096
-    assert largest_numel("") == 0
+    assert largest_numel(args_from_text("[1, 4, 6, 6], -1, False", "float32")) == 144  # 1*4*6*6
+    assert largest_numel(args_from_text("[4096], [1, 6, 4096]", "float32")) == 24576  # 6 * 4096
+    assert largest_numel(()) == 0
 
 
 def test_per_element_costs_replace_flops():
     spec = DeviceSpec(device_type="pim", name="pe", bandwidth=1e12, flops_per_s=1e12,
                       dtype=torch.bfloat16, softmax_ns_per_element=0.1,
                       silu_ns_per_element=0.15, rmsnorm_ns_per_element=0.275)
-    softmax = OpRecord("aten._softmax.default", "M.attn", "bfloat16", "[1, 4, 6, 6], -1, False",
+    softmax = OpRecord("aten._softmax.default", "M.attn", "bfloat16",
+                       args_from_text("[1, 4, 6, 6], -1, False", "bfloat16"),
                        2, 1000, 1000, read=[0, 0, 576, 0, 0], written=[0, 0, 576, 0, 0])
-    silu = OpRecord("aten.silu.default", "M.mlp", "bfloat16", "[1, 6, 48]", 1, 288, 288,
+    silu = OpRecord("aten.silu.default", "M.mlp", "bfloat16", args_from_text("[1, 6, 48]", "bfloat16"),
+                    1, 288, 288,
                     read=[0, 0, 576, 0, 0], written=[0, 0, 576, 0, 0])
     # a norm written out op by op: pow (no weight) and the weight multiply
     pow_ = OpRecord("aten.pow.Tensor_Scalar", "M.layers.0.input_layernorm", "float32",
-                    "[1, 6, 32], 2", 1, 192, 192, read=[0, 0, 768, 0, 0], written=[0, 0, 768, 0, 0])
+                    args_from_text("[1, 6, 32], 2", "float32"),
+                                   1, 192, 192, read=[0, 0, 768, 0, 0], written=[0, 0, 768, 0, 0])
     scale = OpRecord("aten.mul.Tensor", "M.layers.0.input_layernorm", "bfloat16",
-                     "[32], [1, 6, 32]", 1, 192, 192, read=[64, 0, 384, 0, 0],
+                     args_from_text("[32], [1, 6, 32]", "bfloat16"),
+                                    1, 192, 192, read=[64, 0, 384, 0, 0],
                      written=[0, 0, 384, 0, 0])
     line = roofline(Trace(records=[softmax, silu, pow_, scale]), spec)
     # softmax 2 calls * 144 elements * 0.1 ns = 28.8 ns; SiLU 288 * 0.15 ns = 43.2 ns;
@@ -260,7 +265,7 @@ def test_spec_without_bandwidth_is_not_priced():
 
 def test_by_module_and_op_rolls_records_up_every_parent():
     recs = [mm_record(4, 6, 5, module="M.a"), mm_record(4, 6, 5, module="M.b.c"),
-            OpRecord("aten.add.Tensor", "", "bfloat16", "[4]", 1, 4, 4)]
+            OpRecord("aten.add.Tensor", "", "bfloat16", args_from_text("[4]", "bfloat16"), 1, 4, 4)]
     # 240 FLOPs per matmul; the add outside any module counts under Global only
     assert by_module_and_op(recs, lambda r: r.flops) == {
         "Global": {"aten.mm": 480, "aten.add": 4}, "M": {"aten.mm": 480},

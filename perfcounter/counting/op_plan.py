@@ -16,7 +16,8 @@ that is constant across calls with the same op, shapes, dtypes and other
 arguments — the FLOPs (from perfcounter.costs), which tensors are read and how
 many bytes (`Read`), which are written in place (`Write`), which outputs are new
 storages (`Output`) — and the call's tensors in argument order. Plans are kept
-in `PLANS` (`cache_info()`, `cache_clear()`), keyed by a typed signature: scalar
+in `PLANS` (`cache_info()`, `cache_clear()`), keyed by a typed signature (each
+tensor's shape, stride and dtype: a plan keeps the arguments as data, `arg_data`); scalar
 arguments carry their type, since 1 and 1.0 hash alike but write different dtypes;
 a DATA op's numbers are part of its key and reach its formula as keywords.
 """
@@ -35,6 +36,7 @@ from perfcounter.counting import op_data
 from perfcounter.counting.storage import (ACTIVATION, FRESH, JOINED, SKIP, flat_tensors,
                                           reported_role)
 from perfcounter.trace import ROLES
+from perfcounter.trace_args import Const, Keyword, plain, signature, tensor_arg
 
 aten = torch.ops.aten
 Tensor = torch.Tensor
@@ -159,7 +161,8 @@ class OpPlan:
 
     name: str  # "aten.mm.default"
     dtype: str  # compute dtype ("bfloat16"), "" when no tensor
-    shapes: str  # readable signature "[6, 4096], [4096, 4096]"
+    args: tuple  # the arguments as data (trace_args): tensors' shape, stride and dtype
+    shapes: str  # their display text "[6, 4096], [4096, 4096]" (trace_args.signature)
     cost: costs.Cost
     has_formula: bool
     reads: tuple[Read, ...]
@@ -239,6 +242,7 @@ def plan_for(func, args, kwargs, out, kind, data: tuple = ()) -> tuple[OpPlan, l
         if isinstance(a, Tensor):
             tensors.append(a)
             key.append(a.shape)
+            key.append(_stride(a))
             key.append(a.dtype)
         elif type(a) is list or type(a) is tuple:
             key.append(len(a))
@@ -246,6 +250,7 @@ def plan_for(func, args, kwargs, out, kind, data: tuple = ()) -> tuple[OpPlan, l
                 if isinstance(b, Tensor):
                     tensors.append(b)
                     key.append(b.shape)
+                    key.append(_stride(b))
                     key.append(b.dtype)
                 else:
                     key.append(type(b))
@@ -292,7 +297,7 @@ def _make_plan(func, args, kwargs, out, tensors, data=()) -> OpPlan:
         except Exception as e:  # a formula that cannot price these arguments
             has_formula = False
             warnings.warn(f"perfcounter: cost formula for {name} failed on "
-                          f"{_signature(args, kwargs)}: {e!r}; counting its bytes only", PerfcounterWarning, stacklevel=4)
+                          f"{signature(arg_data(args, kwargs))}: {e!r}; counting its bytes only", PerfcounterWarning, stacklevel=4)
     write_only = info is not None and info.write_only
     reads, writes = [], []
     for i, t in enumerate(tensors):
@@ -320,22 +325,36 @@ def _make_plan(func, args, kwargs, out, tensors, data=()) -> OpPlan:
     dups = tuple((a.index, b.index) for k, a in enumerate(reads) for b in reads[k + 1:]
                  if tensors[a.index].shape == tensors[b.index].shape
                  and tensors[a.index].dtype == tensors[b.index].dtype)
-    return OpPlan(name, dtype, _signature(args, kwargs), cost, has_formula, tuple(reads),
+    data_args = arg_data(args, kwargs)
+    return OpPlan(name, dtype, data_args, signature(data_args), cost, has_formula, tuple(reads),
                   tuple(writes), tuple(outputs), out_role,
                   info is not None and info.cache_write, info is not None and info.attention, dups)
 
 
-def _signature(args, kwargs) -> str:
-    """Readable argument signature: tensor shapes, then scalars that change the cost."""
+def _stride(t: Tensor) -> tuple[int, ...]:
+    """t's strides; () for a layout without them (sparse)."""
+    try:
+        return t.stride()
+    except RuntimeError:
+        return ()
 
-    def fmt(x):
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def arg_data(args, kwargs) -> tuple:
+    """The call's arguments as data (trace_args.py): each tensor's shape, stride (dims of
+    size 1 canonical) and dtype, lists as tuples, keywords after the positional ones, plain scalars as their values."""
+
+    def data(x):
         if isinstance(x, Tensor):
-            return str(list(x.shape))
+            return tensor_arg(x.shape, _stride(x), _dtype_name(x.dtype))
         if isinstance(x, (list, tuple)):
-            return "[" + ", ".join(fmt(v) for v in x) + "]"
-        return repr(x)
+            return tuple(data(v) for v in x)
+        return x if plain(x) else Const(repr(x))
 
-    return ", ".join([fmt(a) for a in args] + [f"{k}={fmt(v)}" for k, v in kwargs.items()])
+    return (*[data(a) for a in args], *[Keyword(k, data(v)) for k, v in kwargs.items()])
 
 
 def _schema_args(func, args, kwargs, n_tensors) -> list[tuple[bool, str]]:

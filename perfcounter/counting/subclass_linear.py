@@ -41,6 +41,7 @@ from perfcounter import costs
 from perfcounter.counting.op_plan import OpPlan, Output, Place, Read
 from perfcounter.counting.storage import ACTIVATION, WEIGHT, storage_id
 from perfcounter.quant.stored import STORED, is_packed, packed_parts
+from perfcounter.trace_args import TensorArg, signature, tensor_arg
 
 aten = torch.ops.aten
 Tensor = torch.Tensor
@@ -161,11 +162,20 @@ class StoredLinears:
         tensors = [x, *layer.parts] if layer.linear else [*layer.parts, x]
         if bias is not None:
             tensors.append(bias)
-        key = (x.shape, x.dtype, out.dtype, bias is not None)
+        key = (x.shape, x.stride(), x.dtype, out.dtype, bias is not None)
         plan = layer.plans.get(key)
         if plan is None:
             plan = layer.plans[key] = _make_plan(layer, x, out, bias, tensors)
         return plan, tensors
+
+
+def _arg(t: Tensor, tag: str = "") -> TensorArg:
+    """t as its plan's argument (a subclass without strides: none)."""
+    try:
+        stride = tuple(t.stride())
+    except (RuntimeError, NotImplementedError):
+        stride = ()
+    return tensor_arg(t.shape, stride, _dtype_name(t.dtype), tag)
 
 
 def _make_plan(layer: _Layer, x: Tensor, out: Tensor, bias, tensors: list) -> OpPlan:
@@ -176,14 +186,13 @@ def _make_plan(layer: _Layer, x: Tensor, out: Tensor, bias, tensors: list) -> Op
         cost = costs.op_info(aten.linear).formula(costs.Shape(x.shape, x.dtype), w_shape, b_shape)
         first, share, place = 1, 1, Place.REGION
         dtype = executed_dtype(w, x.dtype)
-        shapes = f"{list(x.shape)}, {layer.tag}{list(w.shape)}" + \
-            (f", {list(bias.shape)}" if bias is not None else "")
+        args = (_arg(x), _arg(w, layer.tag)) + ((_arg(bias),) if bias is not None else ())
     else:
         cost = costs.ZERO  # an embedding reads one row per index and computes nothing
         first, place = 0, Place.ROWS
         share = (x.numel(), w.shape[0])  # rows read, of rows stored
         dtype = _dtype_name(out.dtype)
-        shapes = f"{layer.tag}{list(w.shape)}, {list(x.shape)}"
+        args = (_arg(w, layer.tag), _arg(x))
     reads = []
     for i, t in enumerate(tensors):
         nbytes = t.numel() * t.element_size()
@@ -195,5 +204,5 @@ def _make_plan(layer: _Layer, x: Tensor, out: Tensor, bias, tensors: list) -> Op
         else:
             reads.append(Read(i, nbytes, t.element_size(), Place.REGION))
     name = "aten.linear.default" if layer.linear else "aten.embedding.default"
-    return OpPlan(name, dtype, shapes, cost, True, tuple(reads), (),
+    return OpPlan(name, dtype, args, signature(args), cost, True, tuple(reads), (),
                   (Output(0, out.numel() * out.element_size()),), ACTIVATION, False, False, ())

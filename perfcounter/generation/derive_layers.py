@@ -149,7 +149,7 @@ def expand_layers(base: Trace, base_kinds: list[str], kinds: list[str],
             raise DeriveError(f"{key[0]} under {key[1] or 'top level'} does not add up per layer")
         if any(f):
             r = named[key]
-            records.append(OpRecord(r.op, r.module, r.dtype, r.shapes, f[0], f[1], f[2],
+            records.append(OpRecord(r.op, r.module, r.dtype, r.args, f[0], f[1], f[2],
                                     f[3:KINDS_END], f[KINDS_END:KINDS_END + N_ROLES], f[KINDS_END + N_ROLES:], r.has_formula, r.segment))
     per_layer: list[list[OpRecord]] = [[] for _ in range(nb)]
     for r in base.records:

@@ -1,10 +1,11 @@
 """The affine model of decode steps: fit on two counted steps, checked on the others.
 
 A decode step at context length x (the tokens already in the cache) has the same
-records at every x — op, module, segment, dtype and shape signature with its numbers
-taken out — and every figure is affine in x with integer coefficients (a + b·x): each
-record's calls, FLOPs, executed FLOPs, primitive counts and bytes by role, each number
-in its shape signature, and the step's compulsory bytes by role and valid KV-cache bytes
+records at every x — op, module, segment, dtype and arguments with their integers
+taken out (trace_args.pattern) — and every figure is affine in x with integer
+coefficients (a + b·x): each record's calls, FLOPs, executed FLOPs, primitive counts and
+bytes by role, each integer of its arguments (shapes, strides, integer scalars: the
+arguments are rebuilt from them, trace_args.with_numbers), and the step's compulsory bytes by role and valid KV-cache bytes
 read. `fit_steps` fits it on two counted steps and checks it on the others;
 `StepFit.total` sums any steps in integers. Also here: the record arithmetic that
 derive_layers.py shares (`difference`, `keyed_records`, `record_figures`, ...).
@@ -13,11 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import re
 
 from perfcounter.trace import KINDS, ROLES, OpRecord, Trace
+from perfcounter.trace_args import numbers, pattern, with_numbers
 
-_NUM = re.compile(r"\d+")
 KINDS_END, N_ROLES = 3 + len(KINDS), len(ROLES)  # record figures: calls, flops, executed, kinds, read, written
 
 
@@ -89,41 +89,40 @@ def difference(a: Trace, b: Trace, *, modules: bool = True) -> str | None:
 class _Line:
     """One record of a decode step as a function of d = x - x0."""
 
-    key: tuple  # what `_groups` keys its record by: op, module, segment, dtype, ..., pieces
-    text: str  # its shape signature at x0
-    nums: list[str]  # the numbers in it, as written
+    key: tuple  # what `_groups` keys its record by: op, module, segment, dtype, ..., pattern
+    args0: tuple  # its arguments at x0
+    nums: list[int]  # their integers (trace_args.numbers)
     num_slopes: list[int]
     at: list[int]  # figures at x0
     slope: list[int]
     fixed: bool  # nothing moves with x
 
-    def shapes(self, d: int) -> str:
+    def args(self, d: int) -> tuple:
         if not any(self.num_slopes):
-            return self.text
-        nums = [n if not s else str(int(n) + s * d) for n, s in zip(self.nums, self.num_slopes)]
-        return "".join(p + n for p, n in zip(self.key[-1], nums + [""]))
+            return self.args0
+        return with_numbers(self.args0, [n + s * d for n, s in zip(self.nums, self.num_slopes)])
 
     def figures(self, d: int) -> list[int]:
         return self.at if self.fixed else _line(self.at, self.slope, d)
 
     def record(self, d: int, figures: list[int]) -> OpRecord:
         f, (op, module, segment, dtype, has_formula, _) = figures, self.key
-        return OpRecord(op, module, dtype, self.shapes(d), f[0], f[1], f[2], f[3:KINDS_END],
+        return OpRecord(op, module, dtype, self.args(d), f[0], f[1], f[2], f[3:KINDS_END],
                         f[KINDS_END:KINDS_END + N_ROLES], f[KINDS_END + N_ROLES:], has_formula, segment)
 
     def lowest(self, d: int) -> int:
         if self.fixed:
             return 0  # counted figures, never negative
-        nums = [int(n) + s * d for n, s in zip(self.nums, self.num_slopes)]
-        return min(_line(self.at, self.slope, d) + nums)
+        moving = [n + s * d for n, s in zip(self.nums, self.num_slopes) if s]  # sizes, strides
+        return min(_line(self.at, self.slope, d) + moving)
 
 
-def _groups(trace: Trace) -> dict[tuple, list[tuple[OpRecord, list[str]]]]:
-    """Records by everything but the numbers in their signature, in order."""
+def _groups(trace: Trace) -> dict[tuple, list[tuple[OpRecord, list[int]]]]:
+    """Records by everything but the integers of their arguments, in order."""
     out: dict[tuple, list] = {}
     for r in trace.records:
-        key = (r.op, r.module, r.segment, r.dtype, r.has_formula, tuple(_NUM.split(r.shapes)))
-        out.setdefault(key, []).append((r, _NUM.findall(r.shapes)))
+        key = (r.op, r.module, r.segment, r.dtype, r.has_formula, pattern(r.args))
+        out.setdefault(key, []).append((r, numbers(r.args)))
     return out
 
 
@@ -151,7 +150,7 @@ class StepFit:
         for key, recs in groups.items():
             for r, _ in recs:
                 line = next(lines, None)
-                if (line is None or line.key != key or line.shapes(d) != r.shapes
+                if (line is None or line.key != key or line.args(d) != r.args
                         or line.figures(d) != record_figures(r)):
                     return False
         if next(lines, None) is not None:
@@ -199,9 +198,8 @@ def _fit_pair(x0: int, t0: Trace, g0: dict, x1: int, t1: Trace, g1: dict) -> Ste
         for (r0, n0), (r1, n1) in zip(recs, g1[key]):
             f0, f1 = record_figures(r0), record_figures(r1)
             slope = zeros if f0 == f1 else _slopes(f0, f1, dx)
-            num_slopes = [0] * len(n0) if n0 == n1 else _slopes([int(n) for n in n0],
-                                                                [int(n) for n in n1], dx)
-            lines.append(_Line(key, r0.shapes, n0, num_slopes, f0, slope,
+            num_slopes = [0] * len(n0) if n0 == n1 else _slopes(n0, n1, dx)
+            lines.append(_Line(key, r0.args, n0, num_slopes, f0, slope,
                                slope is zeros and n0 == n1))
     at = phase_figures(t0)
     return StepFit(x0, lines, at, _slopes(at, phase_figures(t1), dx), t0.modules)

@@ -1,7 +1,7 @@
 """Op-level benchmark: a trace's eager latency on this machine, from its op signatures alone.
 
-For each distinct op signature of a trace (op, argument shapes, dtype, strides:
-every input is made contiguous), `op_bench` makes inputs on a local device,
+For each distinct op signature of a trace (op, each argument's shape, stride and dtype,
+typed scalars), `op_bench` makes inputs on a local device,
 times the op cold — input sets rotated so that, up to `cold_bytes` in all, each
 call finds its operands out of cache — and sums calls x seconds per call over
 the trace. It needs no weights: a trace counted from a config alone (under
@@ -9,19 +9,19 @@ FakeTensorMode) is enough, and it may be called under FakeTensorMode (inputs
 are made real). It checks predict.py: the op-level sum is what the ops cost
 here one by one, with their dispatch, without the model's Python between them.
 
-Arguments come back from the record's signature ("[1, 576], [576, 960], dim=1")
-read against the op's schema: a Tensor argument becomes a tensor of that shape
-(integer indices of zeros, masks of True, the rest of the record's dtype); a
-scalar keeps its value. An op that cannot be rebuilt so (an argument that is
-not a Python literal, a call that fails) is timed as a proxy: a copy that moves
-the record's bytes per call; the result counts those. Records without a shape
-signature (views, metadata) cost one view call each.
+Arguments come back from the record's args (trace_args.py): a tensor becomes one of
+its shape, strides (as_strided on a storage that holds them: a strided view stays
+strided) and dtype (integers zero, so indices are valid; booleans True; floats
+random); a scalar keeps its value, a dtype, layout or memory format its torch
+object. An op that cannot be rebuilt so (a quantized weight's storage, another
+value such as a device, a call that fails) is timed as a proxy: a copy that moves
+the record's bytes per call; the result counts those. Records without arguments
+(views, metadata) cost one view call each.
 
 Times are cached per signature, device and clock: `cache_info()`, `cache_clear()`.
 """
 from __future__ import annotations
 
-import ast
 import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -33,16 +33,18 @@ from perfcounter.devices.calibrate import measurable_device
 from perfcounter.devices.op_rates import check_clock, last_level_cache_bytes, time_calls
 from perfcounter.pricing.predict import op_class
 from perfcounter.trace import Trace
+from perfcounter.trace_args import Const, Keyword, TensorArg, contiguous, signature
 
 MiB = 1 << 20
 MAX_SETS = 64  # input sets rotated at most, whatever the size
+VIEW_ARGS = (contiguous((64,)), (-1,))  # what a view record's call is timed as
 
 
 class Signature(NamedTuple):
     """What an op's time depends on: the cache key (scalars typed: 1 and 1.0 differ)."""
 
     op: str
-    args: tuple  # ("t", shape, strides) per tensor, (type name, value) per scalar
+    args: tuple  # ("t", shape, stride, dtype) per tensor, (type name, value) per scalar
     dtype: str
     device: str
     clock: str
@@ -80,82 +82,80 @@ def _overload(name: str):
         return None
 
 
-def _parse(shapes: str):
-    """(positional values, {keyword: value}) of a record's signature; None when some
-    argument is not a Python literal."""
-    try:
-        call = ast.parse(f"f({shapes})", mode="eval").body
-        return ([ast.literal_eval(a) for a in call.args],
-                {k.arg: ast.literal_eval(k.value) for k in call.keywords})
-    except (SyntaxError, ValueError, TypeError):
-        return None
+def _typed(x):
+    """A hashable key of one argument, scalars typed (1 and 1.0 hash alike)."""
+    kind = type(x)
+    if kind is TensorArg:
+        return ("t", x.shape, x.stride, x.dtype)
+    if kind is tuple:
+        return ("[", tuple(_typed(v) for v in x))
+    if kind is Keyword:
+        return ("keyword", x.name, _typed(x.value))
+    return (kind.__name__, x.text if kind is Const else x)
 
 
-def _is_tensor_type(arg, many: bool = False) -> bool:
-    text = str(arg.type)
-    return text.startswith("List[Tensor") or text.startswith("List[Optional[Tensor") if many \
-        else text in ("Tensor", "Optional[Tensor]")
+_TORCH_VALUES = (torch.dtype, torch.layout, torch.memory_format)
 
 
-def _freeze(value):
-    """Lists as tuples, all the way down (a cache key must hash)."""
-    return tuple(_freeze(v) for v in value) if isinstance(value, (list, tuple)) else value
+def _rebuildable(x) -> bool:
+    """Whether an argument can be made here: no quantized storage, no value but a dtype,
+    layout or memory format."""
+    kind = type(x)
+    if kind is TensorArg:
+        return not x.tag
+    if kind is tuple:
+        return all(_rebuildable(v) for v in x)
+    if kind is Keyword:
+        return _rebuildable(x.value)
+    if kind is Const:
+        name = x.text.removeprefix("torch.")
+        return x.text.startswith("torch.") and isinstance(getattr(torch, name, None), _TORCH_VALUES)
+    return True
 
 
-def _strides(shape) -> tuple[int, ...]:
-    out, step = [], 1
-    for d in reversed(shape):
-        out.append(step)
-        step *= max(d, 1)
-    return tuple(reversed(out))
+def _tensor(t: TensorArg, device: str):
+    """A tensor of t's shape, strides and dtype (see the module doc)."""
+    dtype = getattr(torch, t.dtype, None)
+    dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
+    stride = t.stride or contiguous(t.shape).stride
+    size = 1 + sum((n - 1) * st for n, st in zip(t.shape, stride)) if all(t.shape) else 0
+    if dtype.is_floating_point or dtype.is_complex:
+        base = torch.rand(size, device=device).to(dtype)
+    elif dtype == torch.bool:
+        base = torch.ones(size, dtype=dtype, device=device)
+    else:
+        base = torch.zeros(size, dtype=dtype, device=device)
+    return base.as_strided(t.shape, stride)
 
 
-def _spec(op, shapes: str, dtype: str, device: str, clock: str = "wall"):
-    """(Signature, builder of one input set) of a record; (Signature, None) when the op
-    cannot be rebuilt from its signature."""
-    parsed, overload = _parse(shapes), _overload(op)
-    if parsed is None or overload is None:
-        return Signature(op, (("raw", shapes),), dtype, device, clock), None
-    args, kwargs = parsed
-    schema = {a.name: a for a in overload._schema.arguments}
-    order = list(overload._schema.arguments)
-    if len(args) > len(order) or any(k not in schema for k in kwargs):
-        return Signature(op, (("raw", shapes),), dtype, device, clock), None
-    floating = getattr(torch, dtype, None) if dtype else None
-    floating = floating if isinstance(floating, torch.dtype) else torch.float32
-    slots = [(order[i], v) for i, v in enumerate(args)] + [(schema[k], v) for k, v in kwargs.items()]
+def _value(x, device: str):
+    kind = type(x)
+    if kind is TensorArg:
+        return _tensor(x, device)
+    if kind is tuple:
+        return [_value(v, device) for v in x]
+    if kind is Const:
+        return getattr(torch, x.text.removeprefix("torch."))
+    return x
 
-    def kind(arg, value):
-        if _is_tensor_type(arg) and isinstance(value, list) and all(isinstance(d, int) for d in value):
-            return ("t", tuple(value), _strides(value))
-        if _is_tensor_type(arg, many=True) and isinstance(value, list):
-            return ("ts", tuple(("t", tuple(v), _strides(v)) if isinstance(v, list) else
-                                (type(v).__name__, v) for v in value))
-        return (type(value).__name__, _freeze(value))
 
-    key = tuple(kind(a, v) for a, v in slots)
-
-    def tensor(arg_name: str, shape):
-        if arg_name in ("index", "indices", "indices_or_sections") or "index" in arg_name:
-            return torch.zeros(shape, dtype=torch.long, device=device)
-        if "mask" in arg_name or arg_name == "condition":
-            return torch.ones(shape, dtype=torch.bool, device=device)
-        return torch.rand(shape, device=device).to(floating)
+def _spec(op, args: tuple, dtype: str, device: str, clock: str = "wall"):
+    """(Signature, builder of one input set) of a record's args; (Signature, None) when
+    the op cannot be rebuilt from them."""
+    overload = _overload(op)
+    positional = [a for a in args if type(a) is not Keyword]
+    named = {a.name: a.value for a in args if type(a) is Keyword}
+    names = {a.name for a in overload._schema.arguments} if overload is not None else set()
+    if (overload is None or not _rebuildable(args) or len(positional) > len(names)
+            or any(k not in names for k in named)):
+        return Signature(op, (("raw", signature(args)),), dtype, device, clock), None
 
     def build():
-        values = {}
-        for (arg, value), k in zip(slots, key):
-            if k[0] == "t":
-                values[arg.name] = tensor(arg.name, k[1])
-            elif k[0] == "ts":
-                values[arg.name] = [tensor(arg.name, s[1]) if s[0] == "t" else s[1] for s in k[1]]
-            else:
-                values[arg.name] = value
-        positional = [values[a.name] for a in order[:len(args)]]
-        named = {k: values[k] for k in kwargs}
-        return lambda: overload(*positional, **named)
+        values = [_value(a, device) for a in positional]
+        keywords = {k: _value(v, device) for k, v in named.items()}
+        return lambda: overload(*values, **keywords)
 
-    return Signature(op, key, dtype, device, clock), build
+    return Signature(op, tuple(_typed(a) for a in args), dtype, device, clock), build
 
 
 def _proxy(nbytes: int, device: str):
@@ -181,12 +181,13 @@ class OpBenchResult:
                 "signatures": self.signatures, "proxies": self.proxies, "device": self.device}
 
 
-def time_op(op: str, shapes: str, dtype: str, nbytes: int, *, device="cpu",
+def time_op(op: str, args: tuple, dtype: str, nbytes: int, *, device="cpu",
             min_time: float = 0.01, cold_bytes: int | None = None,
             clock: str = "wall") -> tuple[float, bool]:
-    """(seconds per call, timed as a proxy) of one op signature on `device`, cold; cached."""
+    """(seconds per call, timed as a proxy) of one op with `args` (OpRecord.args) on
+    `device`, cold; cached."""
     dev = str(measurable_device(device, "benchmark ops on"))
-    sig, build = _spec(op, shapes, dtype, dev, check_clock(clock))
+    sig, build = _spec(op, args, dtype, dev, check_clock(clock))
     if sig in _CACHE:
         _STATS["hits"] += 1
         return _CACHE[sig]
@@ -217,23 +218,23 @@ def op_bench(trace: Trace, device="cpu", *, min_time: float = 0.01,
     op times read from `clock` ("wall" or "cpu", see op_rates.CLOCKS)."""
     dev = str(measurable_device(device, "benchmark ops on"))
     check_clock(clock)
-    view_s, _ = time_op("aten.view.default", "[64], [-1]", "float32", 0, device=dev,
+    view_s, _ = time_op("aten.view.default", VIEW_ARGS, "float32", 0, device=dev,
                         min_time=min_time, cold_bytes=1, clock=clock)
     total, by_class, proxies, seen = 0.0, {}, 0, set()
     for r in trace.records:
         if r.op.startswith("prim."):  # metadata queries, not op calls
             continue
         calls = max(r.calls, 1)
-        if not r.shapes:
+        if not r.args:
             seconds, proxy = view_s, False
         else:
-            seconds, proxy = time_op(r.op, r.shapes, r.dtype, r.bytes // calls, device=dev,
+            seconds, proxy = time_op(r.op, r.args, r.dtype, r.bytes // calls, device=dev,
                                      min_time=min_time, cold_bytes=cold_bytes, clock=clock)
-            key = (r.op, r.shapes, r.dtype)
+            key = (r.op, r.shapes, r.args, r.dtype)
             if key not in seen:
                 seen.add(key)
                 proxies += proxy
-        cls = op_class(r.op, r.shapes)
+        cls = op_class(r.op, r.args)
         by_class[cls] = by_class.get(cls, 0.0) + r.calls * seconds
         total += r.calls * seconds
     return OpBenchResult(total, by_class, len(seen), proxies, dev)

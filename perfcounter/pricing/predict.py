@@ -58,7 +58,6 @@ Host-link transfers are taken from the roofline and added as they are.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 
 from perfcounter.costs import op_info_by_name
@@ -68,6 +67,7 @@ from perfcounter.pricing.achievable import (  # noqa: F401 (re-exported: predict
     gemv_row_s, is_calibrated, measured_dtype, overhead, rate, rows_flops)
 from perfcounter.pricing.roofline import is_integer_dtype, roofline
 from perfcounter.trace import ROLES, OpRecord, Trace
+from perfcounter.trace_args import tensor_args
 
 SKINNY_ROWS = 16  # a matmul of at most this many rows is a GEMV: it streams its weight
 # A skinny matmul of a few rows computes about as long as more rows: CPU GEMM kernels work in
@@ -85,26 +85,21 @@ _WEIGHT = ROLES.index("weight")
 # run one after another on the thread that dispatches them
 ASYNCHRONOUS = ("cuda", "mps", "tpu")
 _STREAMED = (_WEIGHT, ROLES.index("kv_cache"))
-_SHAPE = re.compile(r"\[([\d,\s]*)\]")
 _FAMILY = {"matmul": "gemm", "attention": "attention", "norms": "reduction",
            "reductions": "reduction", "indexing": "indexing", "elementwise": "elementwise",
            "movement": "elementwise"}
 
 
-def _dims(shapes: str) -> list[list[int]]:
-    return [[int(d) for d in m.group(1).replace(" ", "").split(",") if d]
-            for m in _SHAPE.finditer(shapes)]
-
-
-def matmul_rows(op: str, shapes: str) -> int:
-    """Rows of a matmul's left operand (M): the first operand of >= 2 dims; batched
+def matmul_rows(op: str, args: tuple) -> int:
+    """Rows of a matmul's left operand (M): the first tensor of args of >= 2 dims; batched
     matmuls (bmm, baddbmm) count one matrix's rows, the others flatten leading dims."""
-    return matmul_mk(op, shapes)[0]
+    return matmul_mk(op, args)[0]
 
 
-def matmul_mk(op: str, shapes: str) -> tuple[int, int]:
+def matmul_mk(op: str, args: tuple) -> tuple[int, int]:
     """(rows M, inner dim K) of a matmul's left operand (see matmul_rows); (1, 1) unknown."""
-    for dims in _dims(shapes):
+    for t in tensor_args(args):
+        dims = t.shape
         if len(dims) >= 2:
             return (dims[-2] if "bmm" in op else math.prod(dims[:-1])), max(dims[-1], 1)
     return 1, 1
@@ -116,7 +111,7 @@ def gemv_weight(r: OpRecord) -> tuple[str, float]:
     to 9, else "gemv"; its weight rows N per call). NB: a matmul without weight bytes
     (attention's) is a "gemv" of no weight rows."""
     calls = max(r.calls, 1)
-    m, k = matmul_mk(r.op, r.shapes)
+    m, k = matmul_mk(r.op, r.args)
     nk = r.flops / calls / (2 * m)  # N x K (x batch) of one call: flops = 2 M N K
     weight = r.read[_WEIGHT] / calls
     if weight <= 0 or nk <= 0:
@@ -125,7 +120,7 @@ def gemv_weight(r: OpRecord) -> tuple[str, float]:
     return ("gemv_int4" if bits <= 5.5 else "gemv_int8" if bits <= 9 else "gemv"), nk / k
 
 
-def op_class(op: str, shapes: str = "") -> str:
+def op_class(op: str, args: tuple = ()) -> str:
     """An op record's class (OP_CLASSES), from the op registry: the family file of
     its cost formula, its attention flag and its per-element tag. NB: an op the
     registry does not know is priced as elementwise."""
@@ -138,21 +133,21 @@ def op_class(op: str, shapes: str = "") -> str:
         return "reduction"
     family = info.formula.__module__.rsplit(".", 1)[-1] if info.formula else "elementwise"
     cls = _FAMILY.get(family, "elementwise")
-    if cls == "gemm" and matmul_rows(op, shapes) <= SKINNY_ROWS:
+    if cls == "gemm" and matmul_rows(op, args) <= SKINNY_ROWS:
         return "gemv"
     return cls
 
 
-def has_explicit_mask(shapes: str) -> bool:
+def has_explicit_mask(args: tuple) -> bool:
     """Whether an attention record's operands include a mask tensor (a tensor after q, k,
     v whose last two dims are [Sq, Sk]). Fused kernels (CPU flash, memory-efficient)
     compute every block under an explicit mask: they skip blocks only for is_causal, so
     such a call is priced at its dense FLOPs, not at the pairs the mask keeps."""
-    dims = _dims(shapes)
+    dims = [t.shape for t in tensor_args(args)]
     if len(dims) < 4 or len(dims[0]) < 2 or len(dims[1]) < 2:
         return False
     scores = [dims[0][-2], dims[1][-2]]
-    return any(len(d) >= 2 and d[-2:] == scores for d in dims[3:])
+    return any(len(d) >= 2 and list(d[-2:]) == scores for d in dims[3:])
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,21 +192,21 @@ def op_predictions(trace: Trace, spec, execution: str = "eager") -> list[OpPredi
     for r in trace.records:
         if r.op.startswith("prim."):  # metadata queries, not op calls
             continue
-        cls = op_class(r.op, r.shapes)
+        cls = op_class(r.op, r.args)
         calls = max(r.calls, 1)
         rows_s, weight_cls = 0.0, cls
         if cls in ("gemv", "gemm"):  # a GEMV priced by its weight's dtype; float weights pay
             weight_cls, weight_rows = gemv_weight(r)  # per weight row
             if weight_cls == "gemv" and not is_integer_dtype(r.dtype):
                 rows_s = r.calls * weight_rows * gemv_row_s(spec, r.dtype,
-                                                            matmul_rows(r.op, r.shapes))
+                                                            matmul_rows(r.op, r.args))
             weight_cls = weight_cls if cls == "gemv" else cls
         rt = rate(spec, weight_cls, r.dtype, r.bytes / calls)
         streamed = r.bytes if cold else 0
-        flops = r.flops if cls == "attention" and has_explicit_mask(r.shapes) \
+        flops = r.flops if cls == "attention" and has_explicit_mask(r.args) \
             else r.executed_flops
         achieved = rt.flops_per_s
-        if cls in ("gemv", "gemm") and (rows := matmul_rows(r.op, r.shapes)) > 1:
+        if cls in ("gemv", "gemm") and (rows := matmul_rows(r.op, r.args)) > 1:
             by_rows = rows_flops(spec, r.dtype, rows) if not is_integer_dtype(r.dtype) else None
             if by_rows is not None:
                 achieved = by_rows

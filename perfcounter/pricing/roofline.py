@@ -18,8 +18,8 @@ implement those functions, as the costs registry tags them (`per_element=`):
   last path component ends in "norm" (input_layernorm, ffn_norm, norm, …),
   the record that reads the norm's weight is priced as the RMSNorm and the
   module's other records keep their memory time but no compute time.
-The element count of a call is the numel of the largest operand in the
-record's shape signature (the normalized / activated tensor).
+The element count of a call is the numel of the record's largest tensor
+argument (the normalized / activated tensor).
 Softmax inside a fused attention kernel (SDPA) stays in that kernel's FLOPs.
 
 Host link. A device that is not the host (device_type other than "cpu") and
@@ -30,28 +30,20 @@ or the sampled token when sampling runs inside the phase) device→host.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from perfcounter.costs import op_info_by_name
 from perfcounter.counting.module_kinds import NORM, own_kind
 from perfcounter.trace import ROLES, OpRecord, Trace, check_io_model
+from perfcounter.trace_args import tensor_args
 
-_SHAPE = re.compile(r"\[([\d,\s]*)\]")
 _INPUT = ROLES.index("input")
 _WEIGHT = ROLES.index("weight")
 
 
-def largest_numel(shapes: str) -> int:
-    """Numel of the largest shape in a signature like '[6, 4096]x[4096]'."""
-    best = 0
-    for match in _SHAPE.finditer(shapes):
-        n = 1
-        for dim in match.group(1).replace(" ", "").split(","):
-            if dim:
-                n *= int(dim)
-        best = max(best, n)
-    return best
+def largest_numel(args: tuple) -> int:
+    """Numel of the largest tensor among an op's args (OpRecord.args); 0 without one."""
+    return max((t.numel for t in tensor_args(args)), default=0)
 
 
 def is_integer_dtype(dtype: str) -> bool:
@@ -139,7 +131,7 @@ def op_costs(trace: Trace, spec) -> list[OpCost]:
                     peaks[r.dtype] = peak_flops(spec, r.dtype)
                 compute = r.executed_flops / peaks[r.dtype]
         else:
-            compute = r.calls * largest_numel(r.shapes) * ns * 1e-9
+            compute = r.calls * largest_numel(r.args) * ns * 1e-9
         costs.append(OpCost(r, compute, r.bytes / bandwidth, rule))
     return costs
 

@@ -115,7 +115,7 @@ class _FlowMode(CountingMode):
     def _note(self, entry, inputs, out, seconds) -> None:
         (module, segment), plan, roles = entry
         read, written = plan.contribution(roles)
-        rec = OpRecord(plan.name, module, plan.dtype, plan.shapes, 1, plan.flops,
+        rec = OpRecord(plan.name, module, plan.dtype, plan.args, 1, plan.flops,
                        plan.executed_flops, list(plan.cost.kinds), list(read), list(written),
                        plan.has_formula, segment)
         index, sources, seen = len(self.events), [], set()

@@ -96,10 +96,10 @@ class PredictedTable:
         self.has_energy = self.bound.has_energy
         spec, self.execution = pricer.spec, pricer.execution
         self.samples = [counts.sample[k] for k in counts.keys]
-        self.classes = [op_class(s.op, s.shapes) for s in self.samples]
+        self.classes = [op_class(s.op, s.args) for s in self.samples]
         self.matmul = np.array([c in ("gemv", "gemm") for c in self.classes])
         self.extern = np.array([c in EXTERN for c in self.classes])
-        self.dense = np.array([c == "attention" and has_explicit_mask(s.shapes)
+        self.dense = np.array([c == "attention" and has_explicit_mask(s.args)
                                for c, s in zip(self.classes, self.samples)])
         self.weights = [gemv_weight(s) if m else None for s, m in zip(self.samples, self.matmul)]
         self.rows, self.idle_calls = _rows_and_idle_calls(counts, self.matmul)
@@ -224,7 +224,7 @@ def _rows_and_idle_calls(counts: StepCounts, matmul: np.ndarray):
                     raise StepModelError(f"{r.op} in {r.module}: several matmuls of one group "
                                          "in a step; a prediction needs each one's rows")
                 seen.add(g)
-                rows[s, g] = matmul_rows(r.op, r.shapes)
+                rows[s, g] = matmul_rows(r.op, r.args)
     xs = np.stack([features(shape, counts.window) for shape in FIT])
     return fit(xs, rows, "matmul rows"), fit(xs, idle, "view calls")[0]
 

@@ -11,7 +11,7 @@ Its figures are affine, record group by record group, in six features:
     causal_pairs = Σ window_pairs(n_i, c_i + n_i)  (what a causal kernel computes)
 
 A record group is the records of one op, module (layer index taken out), segment,
-dtype and shape pattern (the numbers in its signature taken out), so one group
+dtype and argument pattern (their integers taken out: trace_args.pattern), so one group
 holds the same op of every piece: in an engine the pieces' attention is one varlen
 kernel, priced as one record. `count_table` counts a model of one decoder layer of
 each kind (perfcounter's model: one kind) at the FIT shapes (ragged.count_step),
@@ -39,11 +39,11 @@ from perfcounter.models.args import ModelArgs
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.ragged import Piece, count_step
 from perfcounter.trace import ROLES, OpRecord, Trace
+from perfcounter.trace_args import pattern
 
 FEATURES = ("step", "tokens", "seqs", "kv_positions", "dense_pairs", "causal_pairs")
 FIT = ([(1, 0)], [(1, 127)], [(8, 0)], [(8, 56)], [(32, 0)], [(24, 40)],
        [(1, 30), (1, 90)], [(16, 0), (1, 47), (4, 12)], [(1, 5), (1, 9), (1, 200)])
-_NUM = re.compile(r"\d+")
 _LAYER = re.compile(r"\.layers\.\d+(?=\.|$)")
 _NFIG = 3 + 7 + 2 * len(ROLES)  # calls, flops, executed, kinds, read, written
 
@@ -72,12 +72,12 @@ class GroupKey(NamedTuple):
     segment: int
     dtype: str
     has_formula: bool
-    pattern: tuple  # the shape signature's text between its numbers
+    pattern: tuple  # the arguments but their integers (trace_args.pattern)
 
 
 def group_key(r: OpRecord) -> GroupKey:
     return GroupKey(r.op, _LAYER.sub(".layers.*", r.module), r.segment, r.dtype, r.has_formula,
-                    tuple(_NUM.split(r.shapes)))
+                    pattern(r.args))
 
 
 def _figures(r: OpRecord) -> list[int]:
@@ -93,7 +93,7 @@ class StepCounts:
     keys: list  # GroupKey per group
     coef: np.ndarray  # [groups, figures, features]
     layers: np.ndarray  # [groups] how many times the group repeats (n_layer or 1)
-    sample: dict  # GroupKey -> a counted record (module path and signature for trace_at)
+    sample: dict  # GroupKey -> a counted record (module path and args for trace_at)
     window: int | None
     fit_traces: list  # the counted one-layer traces of FIT, in order (pricers fit on them)
     compulsory: np.ndarray  # [features] the whole model's compulsory bytes (read + written)
@@ -125,7 +125,7 @@ class StepCounts:
                 continue
             for i in range(int(self.layers[g])):
                 module = key.module.replace(".layers.*", f".layers.{i}")
-                records.append(OpRecord(r.op, module, r.dtype, r.shapes, v[0], v[1], v[2],
+                records.append(OpRecord(r.op, module, r.dtype, r.args, v[0], v[1], v[2],
                                         v[3:10], v[10:10 + len(ROLES)], v[10 + len(ROLES):],
                                         r.has_formula, r.segment))
         return Trace(records=records, modules=[])
