@@ -204,6 +204,8 @@ def _encode(x):
         return {"keyword": x.name, "value": _encode(x.value)}
     if kind is Const:
         return {"const": x.text}
+    if kind is float and not math.isfinite(x):  # strict JSON has no inf, nan
+        return {"float": repr(x)}
     return x
 
 
@@ -222,7 +224,9 @@ def _decode(x):
             return Keyword(x["keyword"], _decode(x["value"]))
         if "const" in x:
             return Const(x["const"])
-        raise ValueError(f"an op argument {x!r:.60} is none of tensor, keyword, const")
+        if "float" in x:
+            return float(x["float"])
+        raise ValueError(f"an op argument {x!r:.60} is none of tensor, keyword, const, float")
     if not isinstance(x, _PLAIN):
         raise TypeError(f"an op argument {x!r:.60} is no JSON scalar")
     return x

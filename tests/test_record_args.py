@@ -1,6 +1,7 @@
 """A record's arguments as data (trace_args.py): shapes, strides and dtypes as tuples, built
 when counting, derived for other context lengths, written to JSON and read back."""
 import json
+import math
 
 import pytest
 import torch
@@ -71,12 +72,12 @@ def test_numbers_and_pattern_rebuild_args():
 
 def test_to_dict_from_dict_round_trips_the_args():
     args = (TensorArg((2, 4), (8, 2), "bfloat16"), (contiguous((3,), "int64"), None), 0.5,
-            Keyword("dim", -1), Keyword("dtype", Const("torch.float32")), True, "tanh",
+            Keyword("dim", -1), Keyword("dtype", Const("torch.float32")), True, "tanh", -math.inf,
             TensorArg((4, 4), (4, 1), "float32", "Int8WeightTensor"))
     r = OpRecord("aten.foo.default", "M.a", "bfloat16", args, 2, 10, 8, segment=1)
-    d = json.loads(json.dumps(r.to_dict()))
+    d = json.loads(json.dumps(r.to_dict(), allow_nan=False))  # strict JSON: -inf spelled out
     assert d["shapes"] == ("[2, 4], [[3], None], 0.5, dim=-1, dtype=torch.float32, True, "
-                           "'tanh', Int8WeightTensor[4, 4]")
+                           "'tanh', -inf, Int8WeightTensor[4, 4]")
     back = OpRecord.from_dict(d)
     assert back == r and back.key == r.key and back.shapes == r.shapes
     assert type(back.args[5]) is bool and type(back.args[2]) is float
@@ -96,7 +97,7 @@ def test_a_record_written_before_args_is_read_from_its_text():
 def test_a_bad_args_field_names_what_is_wrong():
     d = OpRecord("aten.neg.default", "M", "float32", (contiguous((2,)),), 1).to_dict()
     d["args"] = [{"sizes": [2]}]
-    with pytest.raises(ValueError, match="none of tensor, keyword, const"):
+    with pytest.raises(ValueError, match="none of tensor, keyword, const, float"):
         OpRecord.from_dict(d)
 
 
