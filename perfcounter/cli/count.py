@@ -15,7 +15,7 @@ import json
 import sys
 
 from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output,
-                                   config_of, precision_of)
+                                   config_of, precision_of, refuse)
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.devices.calibrate import measurable_device
@@ -101,12 +101,26 @@ def _count(args) -> int:
     return 0
 
 
+# the flags that count a model: what `profile --counts` (a saved count) cannot honour
+COUNTING = ("--prompt_length", "--max_new_tokens", "--batch_size", "--precision", "--execution",
+            "--device_spec", "--quantize", "--weight_dtype", "--group_size", "--kv_dtype", "--hf",
+            "--cache", "--expert_load", "--io_model", "--depth", "--price_as")
+
+
 def _profile(args) -> int:
     attrs = args.attr or ["FLOPS"]
     if attrs == ["ALL"]:
         attrs = list(ATTRS)
     if (args.model is None) == (args.counts is None):
         raise ValueError("give the model to count, --model, or a saved count, --counts (one)")
+    if args.counts is not None:
+        refuse(args, {"--save_path": "--counts reads a count already saved; nothing is counted "
+                      "to save"} | {f: f"--counts reads a saved count; {f} applies when --model "
+                                    "is counted" for f in COUNTING})
+    elif args.save_path is None:  # the figures profile prints depend on no device
+        refuse(args, {f: "profile's figures (FLOPs by kind, params, bytes) depend on no device; "
+                      f"{f} prices only what --save_path writes"
+                      for f in ("--device_spec", "--execution")})
     if args.counts is not None:
         counter = TransformerPerformanceCounter.from_json(args.counts)
     else:

@@ -59,6 +59,9 @@ PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": t
 PRECISION_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16",
                      "fp32": "float32", "float": "float32"}
 EXECUTIONS = ("eager", "compiled", "cudagraphs")
+_UNSET = object()  # a dest no flag has set yet (Parser.parse_known_args: `given`)
+_ACCUMULATE = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction,
+               argparse._ExtendAction)  # actions that add to a dest's value (append, count)
 DEFAULTS = dict(model=None, prompt_length=128, max_new_tokens=128, batch_size=1,
                 precision="auto", execution="eager", device_spec=None, quantize=None,
                 weight_dtype=None, group_size=None, kv_dtype=None, save_path=None)
@@ -108,7 +111,30 @@ class Parser(argparse.ArgumentParser):
             snake = "--" + name[2:].replace("-", "_")
             if name.startswith("--") and name not in known and snake in known:
                 args[i] = snake + eq + value
+        namespace = argparse.Namespace() if namespace is None else namespace
+        defaults = {}  # dest -> the action whose default it takes, for the dests this parse fills
+        for a in self._actions:
+            if a.dest != argparse.SUPPRESS and not hasattr(namespace, a.dest) \
+                    and not isinstance(a, _ACCUMULATE):  # those read their current value
+                defaults.setdefault(a.dest, a)
+                if a.default is not argparse.SUPPRESS and defaults[a.dest].default is \
+                        argparse.SUPPRESS:
+                    defaults[a.dest] = a  # argparse's: the first default that is not SUPPRESS
+        for dest in defaults:
+            setattr(namespace, dest, _UNSET)  # argparse leaves a present attribute alone
         parsed, extras = super().parse_known_args(args, namespace)
+        given = set(getattr(parsed, "_given", ()))
+        given |= {a.dest for a in self._actions if isinstance(a, _ACCUMULATE)
+                  and getattr(parsed, a.dest, a.default) is not a.default}  # a new list, count
+        for dest, a in defaults.items():
+            if getattr(parsed, dest) is not _UNSET:
+                given.add(dest)
+            elif a.default is argparse.SUPPRESS:
+                delattr(parsed, dest)
+            else:
+                typed = isinstance(a.default, str) and callable(a.type)
+                setattr(parsed, dest, a.type(a.default) if typed else a.default)
+        parsed._given = frozenset(given)
         unknown = [a.split("=")[0] for a in extras if a.startswith("-") and len(a) > 1]
         if unknown and self._subparsers is None:
             self.error(f"unrecognized arguments: {' '.join(extras)}"
@@ -121,6 +147,19 @@ class Parser(argparse.ArgumentParser):
             options = re.findall(r"'([^']*)'", choice.group(2))
             message += did_you_mean(choice.group(1), options)
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def given(args) -> frozenset:
+    """The dests of the flags given on the command line (a Parser's parse; any spelling)."""
+    return getattr(args, "_given", frozenset())
+
+
+def refuse(args, why: dict) -> None:
+    """A flag the command cannot honour here, {"--flag": why}: refused when it was given,
+    a ValueError on one line (exit code 2) naming the flag and why, before any work."""
+    for flag, reason in why.items():
+        if flag.removeprefix("--") in given(args):
+            raise ValueError(f"{flag}: {reason}")
 
 
 class _Deprecated(argparse.Action):
@@ -162,8 +201,8 @@ class _Execution(argparse.Action):
         value = self.const if self.nargs == 0 else values
         if value not in self.priced:
             parser.error(f"{option_string} ({value}): {parser.prog} prices "
-                         f"{', '.join(self.priced)} runs only; generate.py and perfcounter serve "
-                         f"price {', '.join(EXECUTIONS)}")
+                         f"{', '.join(self.priced)} runs only (it times or records ops one by "
+                         f"one); the other commands price {', '.join(EXECUTIONS)}")
         setattr(namespace, self.dest, value)
 
 
@@ -311,6 +350,7 @@ def generate_keywords(args) -> dict:
     --config as its config; --prompt TEXT replaces the synthetic --prompt_length prompt;
     --execution other than eager times a compiled run."""
     kw = dict(vars(args))
+    kw.pop("_given", None)
     model, checkpoint, config = kw.pop("model"), kw.pop("checkpoint_path"), kw.pop("config")
     if model is not None and checkpoint is None and config is None:
         try:

@@ -23,7 +23,7 @@ import torch
 
 from perfcounter._util import atomic_write
 from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output, check_output,
-                                   config_of, precision_of)
+                                   config_of, precision_of, refuse)
 from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.generation.config_only import fake_hf_model, hf_config, resolve_config
 from perfcounter.models.args import ModelArgs
@@ -77,6 +77,8 @@ def _files(base: str, levels: list[str], formats: list[str]) -> list[tuple[str, 
 
 
 def run(args) -> int:
+    refuse(args, {"--max_new_tokens": "graph records one forward (the prefill, or with --phase "
+                  "decode one decode step after it) and generates no tokens"})
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
@@ -132,7 +134,7 @@ def add_parser(sub) -> None:
     p.add_argument("--hf", action="store_true", help="transformers' model for a preset too")
     p.add_argument("--phase", default="prefill", choices=["prefill", "decode"],
                    help="the forward recorded: the prefill, or one decode step after it "
-                        "(--max_new_tokens plays no part: one forward is recorded)")
+                        "(one forward is recorded: --max_new_tokens is refused)")
     p.add_argument("--depth", type=int, default=10, help="module depth the counter tracks")
     p.add_argument("--level", default="both", choices=list(LEVELS),
                    help="module graph, op graph, or both")

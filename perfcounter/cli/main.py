@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import warnings
@@ -30,7 +31,7 @@ import torch
 
 from perfcounter._util import settle_objects
 from perfcounter.cli.count import add_parsers as add_count
-from perfcounter.cli.flags import Parser, add_output
+from perfcounter.cli.flags import Parser, add_output, refuse
 from perfcounter.cli.graph import add_parser as add_graph
 from perfcounter.cli.serve import add_parser as add_serve
 from perfcounter.cli.simulate import add_parser as add_simulate
@@ -92,6 +93,12 @@ def _describe(spec: DeviceSpec) -> str:
 
 
 def _devices(args) -> int:
+    if args.names:
+        refuse(args, {"--type": "NAMEs are shown whatever their type; --type filters the list "
+                      "of every device"})
+    if args.names or args.json:
+        refuse(args, {"--wide": "--wide widens the table's source column; NAMEs and --json "
+                      "print no table"})
     for path in args.spec or []:
         register_device_specs(path)
     if args.names:
@@ -113,9 +120,20 @@ def _devices(args) -> int:
 
 
 def _calibrate(args) -> int:
-    if not args.no_write and args.out is None:
+    if args.no_write:
+        refuse(args, {"--out": "--no_write writes no file", "--name": "--name names the entry "
+                      "written; --no_write writes none"})
+    elif args.out is None:
         calibrated_spec_path()  # a PERFCOUNTER_HOME that is no folder: refused before measuring
+    for flag, value, what in (("--array_mb", args.array_mb, "MiB per triad array"),
+                              ("--repeats", args.repeats, "triad runs"),
+                              ("--matmul_n", args.matmul_n, "the matmul size n"),
+                              ("--min_time", args.min_time, "seconds of matmuls per dtype")):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{flag} {value:g}: expected {what}, a number > 0")
     array_bytes = None if args.array_mb is None else int(args.array_mb * (1 << 20))
+    if array_bytes == 0:
+        raise ValueError(f"--array_mb {args.array_mb:g}: expected at least one byte (1e-6 MiB)")
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     if args.threads is not None:
         if args.threads < 1:

@@ -38,7 +38,7 @@ import torch
 
 from perfcounter._util import atomic_write
 from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output,
-                                   model_source, precision_of)
+                                   model_source, precision_of, refuse)
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.generation.config_only import count_hf_config, greedy_generate
 from perfcounter.generation.derive import count_generation
@@ -149,8 +149,31 @@ def _link(bw_gbs, pj, name: str):
         raise MappingError(f"--{name}_pj_per_bit: {e}") from None
 
 
-def run(args) -> int:
+# the flags that count a model: what a saved count (--counts) cannot honour
+COUNTING = ("--model", "--config", "--checkpoint_path", "--prompt_length", "--max_new_tokens",
+            "--batch_size", "--precision", "--quantize", "--weight_dtype", "--group_size",
+            "--kv_dtype", "--hf", "--depth")
 
+
+def _unused(args) -> dict:
+    """{flag: why} for the flags given that this run could not honour (refused, not ignored)."""
+    why = {}
+    if args.counts is not None:
+        why |= {f: f"--counts prices a saved count; {f} applies when a model is counted"
+                for f in COUNTING}
+    if args.default_device is not None:
+        why["--device_spec"] = ("--default_device already says where unmapped modules run; "
+                                "give one of the two")
+    if args.search is None:
+        why |= {f: f"{f} goes with --search energy|latency"
+                for f in ("--max_latency_ms", "--save_mapping")}
+    else:
+        why["--allow_unmatched"] = "--search builds the mapping: it has no keys to match"
+    return why
+
+
+def run(args) -> int:
+    refuse(args, _unused(args))  # one line, before any work
     outputs = check_outputs(args.plot, args.trace)  # paths checked while parsing; matplotlib
     if args.search is None and args.devices:
         raise MappingError("--devices goes with --search energy|latency")
