@@ -334,17 +334,17 @@ class PerformanceStats:
     def energy_per_token_j(self) -> float | None:
         return None if self.energy is None else self.energy.per_token_j(self.num_tokens)
 
-    def on(self, device_spec, io_model: str | None = None) -> "PerformanceStats":
-        """The same phase priced on another device (a DeviceSpec, a registry
-        name or a YAML path). Nothing was measured there: latency is None."""
+    def on(self, device_spec, io_model: str | None = None, execution: str | None = None):
+        """This phase priced on another device (spec, name or YAML path), run `execution`."""
         if self.trace is None:
             raise ValueError(f"phase {self.label!r} was built from torchao's totals: it has no "
                              "per-op records to price on another device")
         if isinstance(device_spec, str):
             device_spec = get_device_spec(device_spec)
+        where = f"not measured on {getattr(device_spec, 'name', 'this device')}"
         return PerformanceStats(self.label, self.num_tokens, None, self.trace, device_spec,
-                                io_model or self.io_model, None,
-                                f"not measured on {getattr(device_spec, 'name', 'this device')}")
+                                io_model or self.io_model, None, where, None,
+                                execution or self.execution)
 
     # -- breakdowns ----------------------------------------------------------
     def modules(self, depth: int | None = None) -> dict[str, dict]:

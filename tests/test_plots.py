@@ -96,6 +96,9 @@ def test_simulation_bars(counted, tmp_path):
     assert sorted(p.name for p in files) == sorted(
         f"simulate_host+pim-ai-4chip_{m}_by_kind.{ext}" for m in ("time", "energy")
         for ext in ("png", "svg"))
+    # the simulation's log is the roofline bound per module: the axis says so, not "predicted"
+    svg = (tmp_path / "simulate_host+pim-ai-4chip_time_by_kind.svg").read_text()
+    assert "roofline-bound time" in svg and "predicted time" not in svg
 
 
 def test_sweep_plots(tmp_path):
@@ -104,6 +107,12 @@ def test_sweep_plots(tmp_path):
             for p in ("prefill", "decode")]
     assert sorted(p.name for p in sweep_plots(tmp_path, rows)) == [
         f"sweep_m_a+b_{m}.{ext}" for m in ("energy", "latency") for ext in ("png", "svg")]
+    assert "roofline latency" in (tmp_path / "sweep_m_a+b_latency.svg").read_text()
+    # rows with a prediction: bars of the predicted latency, the bound beside them as ticks
+    rows = [dict(r, predicted_latency_s=r["latency_s"] * 3, execution="compiled") for r in rows]
+    sweep_plots(tmp_path, rows)
+    svg = (tmp_path / "sweep_m_a+b_latency.svg").read_text()
+    assert "predicted latency, compiled" in svg and "roofline bound" in svg
 
 
 @pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it

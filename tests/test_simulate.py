@@ -15,6 +15,7 @@ from torch import nn
 import perfcounter
 from perfcounter import TransformerPerformanceCounter, simulate
 from perfcounter.devices import DeviceSpec
+from perfcounter.pricing.predict import predict
 from perfcounter.simulation.placement import Mapping, MappingError, resolve_device
 from perfcounter.simulation.links import Link
 from perfcounter.simulation.result import COMPONENTS
@@ -150,6 +151,48 @@ def test_two_linears_on_two_devices_by_hand(two):
         ("TwoLinears.b", "dev-a->host->dev-b"), ("TwoLinears.b", ""), ("(output)", "dev-b->host")]
     # starts: 0; 160; 160 + 176 = 336; 336 + 160 + 80 = 576; 576 + 52 = 628 ns
     assert [r.start_s for r in p.log] == pytest.approx([0, 160e-9, 336e-9, 576e-9, 628e-9])
+
+
+def test_the_prediction_stands_beside_the_bound_by_hand(two):
+    # the same placement, each op predicted run eager: 1 us per op call, GEMVs at half of
+    # each device's peaks (op_efficiency gemv 0.5); the views (aten.t, no byte) pay their call
+    eff = {"gemv": 0.5}
+    devices = {"dev-a": replace(DEV_A, op_overhead_s={"eager": 1e-6}, op_efficiency=eff),
+               "dev-b": replace(DEV_B, op_overhead_s={"eager": 1e-6}, op_efficiency=eff)}
+    s = simulate(two, {"a": "dev-a", "b": "dev-b,t"}, devices=devices, host=HOST)
+    p = s.phases["decode"]
+    assert p.time_s == pytest.approx(708e-9)  # the bound, as above
+    # a: t + mm = 2 calls x 1 us + max(64 / 0.5e9 = 128 ns, 176 B / 0.5e9 = 352 ns) = 2,352 ns
+    assert p.devices["dev-a"].predicted_busy_s == pytest.approx(2352e-9)
+    # b: 2 x 1 us + max(32 / 2e9 = 16 ns, 104 B / 1e9 = 104 ns) = 2,104 ns
+    assert p.devices["dev-b"].predicted_busy_s == pytest.approx(2104e-9)
+    # the same transfers: 160 + 160 + 80 + 80 = 480 ns; 480 + 2,352 + 2,104 = 4,936 ns
+    assert p.predicted_s == pytest.approx(4936e-9)
+    assert p.predicted_tokens_per_s == pytest.approx(1 / 4936e-9)
+    assert s.options["execution"] == "eager"
+    doc = s.to_dict()["phases"]["decode"]
+    assert doc["predicted_s"] == pytest.approx(4936e-9)
+    assert "predicted" in s.report(log_summary=True)
+    # peak_fraction scales the bound alone: the prediction's rates are achievable already
+    slow = simulate(two, {"a": "dev-a", "b": "dev-b,t"}, devices=devices, host=HOST,
+                    peak_fraction=0.5).phases["decode"]
+    assert slow.time_s > p.time_s and slow.predicted_s == pytest.approx(4936e-9)
+    assert simulate(two, {"a": "dev-a"}, devices=devices, host=HOST,
+                    execution=None).phases["decode"].predicted_s is None
+    with pytest.raises(ValueError, match="unknown execution 'fast'"):
+        simulate(two, {"a": "dev-a"}, devices=devices, host=HOST, execution="fast")
+
+
+@pytest.mark.parametrize("execution", ["eager", "compiled", "cudagraphs"])
+def test_on_one_device_the_prediction_is_predicts(tiny_counter, execution):
+    spec = perfcounter.get_device_spec("h100-sxm")
+    s = simulate(tiny_counter, None, default_device="h100-sxm", execution=execution)
+    for label, stats in tiny_counter.counts.items():
+        whole = predict(stats.trace, spec, execution)
+        # every record's share, views included, on the one device: the phase's prediction
+        # (less the host link, which the simulation prices as its own transfers)
+        assert s.phases[label].devices["h100-sxm"].predicted_busy_s == pytest.approx(
+            whole.latency_s - whole.host_link_s)
 
 
 def test_without_t_the_change_of_device_still_moves_the_input(two):

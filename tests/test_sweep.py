@@ -9,8 +9,10 @@ import perfcounter.cli.sweep as sweep_command
 import perfcounter.generation.derive as derive
 from conftest import tiny_args
 from perfcounter import TransformerPerformanceCounter
-from perfcounter.generation.config_only import count_config_only
+from perfcounter.generation.config_only import count_config_only, greedy_generate
 from perfcounter.cli.sweep import parse_list, sweep, to_csv, to_text
+from perfcounter.devices import get_device_spec
+from perfcounter.pricing.predict import predict
 
 
 @pytest.fixture
@@ -82,3 +84,22 @@ def test_parse_list():
     with pytest.raises(ValueError, match="--model: empty list"):
         parse_list(" , ", "model")
     assert to_csv([]) == "\n"
+
+
+def test_the_prediction_stands_beside_the_bound_in_the_regime_asked(tiny_config):
+    rows = {e: sweep([tiny_config], [1], [8], [2], ["h100-sxm"], dtype=torch.float32,
+                     execution=e) for e in ("eager", "cudagraphs")}
+    spec = get_device_spec("h100-sxm", dtype=torch.float32)
+    counter = TransformerPerformanceCounter(device_spec=spec)
+    derive.count_generation(tiny_args(n_layer=3), counter, batch_size=1, prompt_length=8,
+                            max_new_tokens=2, dtype=torch.float32, generate=greedy_generate)
+    for execution, got in rows.items():
+        decode = next(r for r in got if r["phase"] == "decode")
+        whole = predict(counter.counts["decode"].trace, spec, execution)
+        assert decode["execution"] == execution
+        assert decode["predicted_latency_s"] == pytest.approx(whole.latency_s, rel=1e-12)
+        # one decode step made 1 token: tokens/s predicted = 1 / its seconds
+        assert decode["predicted_tokens_per_s"] == pytest.approx(1 / decode["predicted_latency_s"])
+        assert decode["latency_s"] <= decode["predicted_latency_s"]  # the bound is below
+    head = to_text(rows["eager"]).splitlines()[0].split()
+    assert head[12:18] == ["roofline", "bound", "predicted", "tok/s", "roofline", "tok/s"]

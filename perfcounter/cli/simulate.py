@@ -185,7 +185,7 @@ def run(args) -> int:
                   device_link=_link(args.device_link_GBs, args.device_link_pj_per_bit,
                                     "device_link"),
                   interconnect=_link(args.interconnect_GBs, args.interconnect_pj_per_bit,
-                                     "interconnect"))
+                                     "interconnect"), execution=args.execution)
     try:
         counter = count(args)
     except (KeyError, OSError) as exc:  # an unknown preset, a missing file: one line
@@ -218,7 +218,7 @@ def add_parser(sub) -> None:
     """Register `perfcounter simulate` on the command's subparsers."""
     p = sub.add_parser("simulate", help="place layers on devices (UPMEM's layer mapping) and "
                        "price time and energy per phase", description=__doc__.split("\n\n")[0])
-    add_model_flags(p, legacy_paths=True, executions=("eager",))  # roofline-based
+    add_model_flags(p, legacy_paths=True)  # the bound, and the prediction run --execution
     g = p.add_argument_group("model")
     g.add_argument("--counts", type=Path, help="a counter saved with to_json or --save_counts: "
                    "price it, don't count")

@@ -11,7 +11,9 @@ kind, three decode steps counted, the others derived), and re-priced on every
 device: one row per combination, device and phase. Figures: FLOPs, per-op and
 compulsory IO, roofline latency and bound (with --mapping: the simulated time of
 the placement, `simulate.simulate`, the device placing the modules no key
-places), tokens/s and J/token, the KV cache's size, and the memory footprint —
+places), the predicted latency beside it in the --execution asked (predict.py:
+each op's overhead and achievable rate; with --mapping the simulation's
+prediction), tokens/s by each, J/token, the KV cache's size, and the memory footprint —
 weights + KV cache + the largest op's activations (inputs and outputs of one
 call, the peak an eager run needs at least) — against the device's memory
 (`fits`: no when it exceeds it, n/a when the spec has no size).
@@ -49,8 +51,8 @@ from perfcounter.simulation.run import simulate
 from perfcounter.trace import ROLES
 
 HEAD = ["model", "batch", "prompt", "new", "device", "phase", "tokens", "GFLOPs", "per_op GB",
-        "compulsory GB", "latency", "bound", "tokens/s", "J/token", "KV GB", "footprint GB",
-        "memory GB", "fits"]
+        "compulsory GB", "roofline", "bound", "predicted", "tok/s roofline", "tok/s predicted",
+        "J/token", "KV GB", "footprint GB", "memory GB", "fits"]
 _ACT = ROLES.index("activation")
 
 
@@ -98,11 +100,11 @@ def footprint(args, model, counter, batch: int, max_seq: int, itemsize: int,
 
 def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=None,
           dtype=torch.bfloat16, io_model: str = "per_op", progress: bool = False,
-          quantize=(None,), kv_dtypes=(None,)) -> list[dict]:
+          quantize=(None,), kv_dtypes=(None,), execution: str = "eager") -> list[dict]:
     """One dict per (model, batch, prompt, new tokens, weight scheme, KV dtype, device, phase);
     see the module doc. quantize: weight schemes (None: float; "int8", "int4-32", ... or
-    quantize.WeightScheme); kv_dtypes: None (float), "int8", "fp8"."""
-
+    quantize.WeightScheme); kv_dtypes: None (float), "int8", "fp8"; execution: the program
+    the predicted latency prices (eager, compiled, cudagraphs)."""
 
     specs = [get_device_spec(d, dtype=dtype) for d in devices]  # a bad name fails first
     schemes = [q if isinstance(q, quantization.WeightScheme) else quantization.parse_scheme(q)
@@ -116,7 +118,7 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
     rows = []
     for name, batch, prompt, new, scheme, kv in combos:
         args = _model_args(name)
-        counter = TransformerPerformanceCounter(io_model=io_model)
+        counter = TransformerPerformanceCounter(io_model=io_model, execution=execution)
         make = None if scheme is None and kv is None else partial(
             fake_model, weights=scheme, kv=kv, dtype=dtype)
         model = count_generation(args, counter, batch_size=batch, prompt_length=prompt,
@@ -126,15 +128,16 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
         for spec in specs:
             sim = None
             if mapping is not None:
-                sim = simulate(counter, mapping, default_device=spec.name, detail=False)
+                sim = simulate(counter, mapping, default_device=spec.name, detail=False,
+                               execution=execution)
             for label, stats in counter.counts.items():
                 s = stats.on(spec, io_model)
                 if sim is None:
-                    latency, bound = s.roofline_latency, s.bound
+                    latency, bound, predicted = s.roofline_latency, s.bound, s.predicted_latency
                     tps, jpt = s.roofline_token_throughput, s.energy_per_token_j
                 else:
                     phase = sim.phases[label]
-                    latency, bound = phase.time_s, None
+                    latency, bound, predicted = phase.time_s, None, phase.predicted_s
                     tps, jpt = phase.tokens_per_s, phase.j_per_token
                 rows.append({
                     "model": name, "batch": batch, "prompt": prompt, "new": new,
@@ -142,7 +145,10 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
                     "device": spec.name, "phase": label, "tokens": s.num_tokens,
                     "flops": s.total_flops, "per_op_bytes": s.trace.per_op_bytes,
                     "compulsory_bytes": s.trace.compulsory_bytes, "latency_s": latency,
-                    "bound": bound, "tokens_per_s": tps, "j_per_token": jpt,
+                    "bound": bound, "execution": execution, "predicted_latency_s": predicted,
+                    "tokens_per_s": tps,
+                    "predicted_tokens_per_s": s.num_tokens / predicted if predicted else None,
+                    "j_per_token": jpt,
                     "kv_cache_bytes": need.kv_cache, "footprint_bytes": need.total,
                     "weights_bytes": need.weights, "activations_bytes": need.activations,
                     "memory_bytes": spec.vram,
@@ -158,14 +164,16 @@ def _cells(row: dict) -> list[str]:
     return [model, row["batch"], row["prompt"], row["new"], row["device"], row["phase"],
             row["tokens"], scaled(row["flops"], "G", 1), scaled(row["per_op_bytes"], "G", 2),
             scaled(row["compulsory_bytes"], "G", 2), si(row["latency_s"], "s"),
-            row["bound"] or "n/a", rate(row["tokens_per_s"], "tok/s"), si(row["j_per_token"], "J"),
+            row["bound"] or "n/a", si(row["predicted_latency_s"], "s"),
+            rate(row["tokens_per_s"], "tok/s"), rate(row["predicted_tokens_per_s"], "tok/s"),
+            si(row["j_per_token"], "J"),
             scaled(row["kv_cache_bytes"], "G", 2), scaled(row["footprint_bytes"], "G", 1),
             scaled(row["memory_bytes"], "G", 0), fits]
 
 
 def to_text(rows: list[dict], *, markdown: bool = False) -> str:
     return format_table([_cells(r) for r in rows], HEAD, align="l" + "r" * 3 + "ll" + "r" * 5
-                        + "l" + "r" * 6, markdown=markdown, rule=not markdown)
+                        + "l" + "r" * 8, markdown=markdown, rule=not markdown)
 
 
 def to_csv(rows: list[dict]) -> str:
@@ -180,7 +188,7 @@ def to_csv(rows: list[dict]) -> str:
 def add_parser(sub) -> None:
     p = sub.add_parser("sweep", help="count models config-only and price every combination "
                        "of batch, lengths and devices", description=__doc__.split("\n\n")[0])
-    add_model_flags(p, lists=True, executions=("eager",))  # the roofline, a bound
+    add_model_flags(p, lists=True)  # the roofline, a bound; the prediction in --execution
     p.add_argument("--mapping", default=None, help="layer -> device mapping (YAML/JSON): price "
                    "the placement, each --device_spec running the modules it does not place")
     p.add_argument("--io_model", default="per_op", choices=["per_op", "compulsory"],
@@ -213,7 +221,7 @@ def run(args) -> int:
     rows = sweep([str(config_of(m)) for m in parse_list(args.model, "model")],
                  devices=parse_list(args.device_spec or default_device_spec(dtype).name,
                                     "device_spec"),
-                 mapping=mapping, dtype=dtype, io_model=args.io_model,
+                 mapping=mapping, dtype=dtype, io_model=args.io_model, execution=args.execution,
                  progress=sys.stderr.isatty(),
                  quantize=[None if q == "none" else q for q in schemes],
                  kv_dtypes=[None if k == "none" else k for k in parse_list(args.kv_dtype or "none",

@@ -114,7 +114,7 @@ def print_report(o: Options, out: Outcome, counter, s: Summary, spec, log) -> No
                                                                spec.name))
     if o.placement is not None:  # the counted run re-priced with its layers placed on devices
         print(RULE + f"\nSimulated placement: {o.mapping}")
-        print(simulate(counter, o.placement).report())
+        print(simulate(counter, o.placement, execution=o.execution).report())
     if not o.quiet:
         print(RULE + "\nTransformerPerfCounter")
         counter.print_summary(show=True)

@@ -124,7 +124,7 @@ def kind_rows(source, specs=None) -> list[dict]:
                 continue
             classes = {m.path: m.cls for m in trace.modules}
             kinds = {}
-            for r, t, e in zip(trace.records, op_times(trace, spec),
+            for r, t, e in zip(trace.records, op_times(trace, spec, stats.execution),
                                record_energies(trace.records, spec)):
                 kind = kinds.get(r.module) or kinds.setdefault(r.module,
                                                                module_kind(r.module, classes))
@@ -144,7 +144,7 @@ def _simulation_rows(sim) -> list[dict]:
         classes = {m.path: m.cls for m in phase.modules}
         if not phase.log:
             raise ValueError("this simulation has no per-module log: simulate(..., detail=True)")
-        for r in phase.log:
+        for r in phase.log:  # its times: each module's roofline bound on its device
             kind = "transfers" if r.transfer else module_kind(r.module, classes)
             cell = rows.setdefault((label, r.device, kind), [0.0, 0.0])
             cell[0] += r.duration_s
@@ -153,15 +153,17 @@ def _simulation_rows(sim) -> list[dict]:
             static = d.energy_by_component_j.get("static", 0.0)
             if static:
                 rows.setdefault((label, key, "static"), [0.0, 0.0])[1] += static
-    return [{"phase": p, "device": d, "kind": k, "time_s": t, "energy_j": j}
+    return [{"phase": p, "device": d, "kind": k, "time_s": t, "energy_j": j, "bound": True}
             for (p, d, k), (t, j) in rows.items()]
 
 
 def kind_bars(rows: list[dict], base, metric: str = "time") -> list[Path]:
     """Stacked bars of `metric` ("time" or "energy") by module kind: a panel per phase, a
-    bar per device. Writes base.png and base.svg."""
+    bar per device. Writes base.png and base.svg. The time axis says "predicted" only
+    when it is (a simulation's rows, marked "bound", are the roofline's)."""
     key, unit = {"time": ("time_s", "s"), "energy": ("energy_j", "J")}[metric]
-    name = "predicted time" if metric == "time" else metric
+    bound = any(r.get("bound") for r in rows)
+    name = metric if metric != "time" else "roofline-bound time" if bound else "predicted time"
     phases = list(dict.fromkeys(r["phase"] for r in rows))
     devices = list(dict.fromkeys(r["device"] for r in rows))
     fig = _figure(max(4.0, 2.2 * len(phases) + 0.6 * len(devices) * len(phases)), 4.5)
@@ -202,7 +204,7 @@ def _points(stats, spec, measured, top: int) -> list[tuple[str, str, float, floa
     """(label, marker group, FLOPs per byte, FLOP/s) of a phase, its kinds and top ops: the
     phase at measured FLOP/s when timed, else predicted; kinds and ops at predicted."""
     trace = stats.trace
-    times = op_times(trace, spec)
+    times = op_times(trace, spec, stats.execution)
     classes = {m.path: m.cls for m in trace.modules}
     groups: dict[tuple, list] = {}
     for r, t in zip(trace.records, times):
@@ -311,20 +313,30 @@ def sweep_plots(folder, rows: list[dict]) -> list[Path]:
     devices = list(dict.fromkeys(r["device"] for r in rows))
     phases = list(dict.fromkeys(r["phase"] for r in rows))
     width = 0.8 / max(len(devices), 1)
-    for key, name, unit in (("latency_s", "latency", "s"), ("j_per_token", "energy", "J/token")):
+    predicted = all(r.get("predicted_latency_s") for r in rows)  # else the bound alone
+    execution = rows[0].get("execution", "eager") if rows else "eager"
+    for key, name, unit in (("predicted_latency_s" if predicted else "latency_s", "latency", "s"),
+                            ("j_per_token", "energy", "J/token")):
         fig = _figure(max(5.0, 1.2 * len(combos) * len(phases)), 4.5)
         axes = fig.subplots(1, max(len(phases), 1), squeeze=False)[0]
         for ax, phase in zip(axes, phases):
             for i, device in enumerate(devices):
-                values = {(r["model"], r["batch"], r["prompt"], r["new"]): r[key] for r in rows
-                          if r["device"] == device and r["phase"] == phase}
-                ax.bar([c + i * width for c in range(len(combos))],
-                       [values.get(c) or 0.0 for c in combos], width, label=device)
+                mine = {(r["model"], r["batch"], r["prompt"], r["new"]): r for r in rows
+                        if r["device"] == device and r["phase"] == phase}
+                x = [c + i * width for c in range(len(combos))]
+                ax.bar(x, [(mine[c][key] or 0.0) if c in mine else 0.0 for c in combos], width,
+                       label=device)
+                if name == "latency" and predicted:  # the bound beside it, a black tick
+                    ax.scatter(x, [mine[c]["latency_s"] if c in mine else float("nan")
+                                   for c in combos], marker="_", s=200, color="black",
+                               label="roofline bound" if i == 0 else None, zorder=3)
             ax.set_xticks([c + 0.4 - width / 2 for c in range(len(combos))],
                           [f"{m}\nb{b} p{p} n{n}" for m, b, p, n in combos], fontsize=7)
             ax.set_yscale("log")
             ax.set_title(phase)
-            ax.set_ylabel(f"{name} ({unit})")
+            ax.set_ylabel(f"predicted {name}, {execution} ({unit})"
+                          if name == "latency" and predicted else
+                          f"{'roofline ' if name == 'latency' else ''}{name} ({unit})")
         axes[0].legend(fontsize=8)
         fig.suptitle(f"sweep: {name} per device")
         written += _save(fig, Path(folder) / f"{stem}_{name}")

@@ -9,8 +9,9 @@ One device (a counter, {label: PerformanceStats} or one stats): a process named
 after the device; on its "predicted" thread the phases are top-level slices, one
 after the other; inside each phase the modules nest as they ran (sim_trace.timeline:
 ENTER / RUN / EXIT, the time order of one forward) and inside each module its ops,
-each as long as its predicted seconds on the device, run eagerly
-(predict.op_predictions: per-call overhead + achievable rates); each op's args hold
+each as long as its predicted seconds on the device, run as the phase's execution
+(eager unless a run said otherwise; per_record.py: each op's share of the phase's
+prediction, per-call overhead + achievable rates); each op's args hold
 `predicted_s` and `roofline_s` (its roofline bound, roofline.op_costs) and a phase
 lasts the sum of its ops' predictions (the host link is not drawn). Metadata ops
 (prim.*) are no op calls: predicted 0 s, they have no slice; ops that move no bytes
@@ -29,9 +30,9 @@ bookkeeping left out).
 A simulation (simulate.Simulation, with detail): a "generation" process holds the
 phases; each device is a process with an "ops" thread (each module's ops on it, the
 simulator's log rows) and a "transfers" thread (host links, device links,
-all-reduces), and its own FLOPs / bytes counters. Its times are the simulator's own
-(its roofline-based log), not op_predictions: a placement prices modules per device,
-not op calls, so there is no per-op prediction to draw.
+all-reduces), and its own FLOPs / bytes counters. Its times are the simulator's log:
+the roofline bound of each module's ops on its device (the simulation's predicted
+figures are per phase and device, beside the bound, in its report and JSON).
 
 Format: every event has name, ph, ts, pid, tid; a complete event ("X") has dur;
 ts and dur are in microseconds, written from integer nanoseconds (three decimals),
@@ -47,7 +48,7 @@ from typing import NamedTuple
 
 from perfcounter._util import atomic_write
 from perfcounter.devices import get_device_spec
-from perfcounter.pricing.predict import op_predictions
+from perfcounter.pricing.per_record import record_predictions
 from perfcounter.pricing.roofline import op_costs
 from perfcounter.simulation.source import RECORDING, SIMULATION, read_source
 from perfcounter.simulation.timeline import Ev, timeline
@@ -61,17 +62,17 @@ _RANK = {"phase": 0, "module": 1, "transfer": 1, "op": 2}
 class OpTime(NamedTuple):
     """One record's seconds on a device: predicted, and its roofline bound."""
 
-    predicted_s: float  # predict.op_predictions, eager: overhead + max(compute, memory)
+    predicted_s: float  # its share of the phase's prediction (per_record.py), overhead + work
     roofline_s: float  # roofline.op_costs: max(compute, memory) at peak, no overhead
     bound: str  # the roofline's: "memory" or "compute"
 
 
-def op_times(trace, spec) -> list[OpTime]:
-    """Predicted and roofline seconds of every record of `trace` on `spec`, aligned with
-    trace.records. NB: prim.* records (metadata, no op call) are predicted 0 s."""
-    predicted = {id(p.record): p.latency_s for p in op_predictions(trace, spec, "eager")}
-    return [OpTime(predicted.get(id(c.record), 0.0), c.latency_s, c.bound)
-            for c in op_costs(trace, spec)]
+def op_times(trace, spec, execution: str = "eager") -> list[OpTime]:
+    """Predicted (run `execution`: each record's share, per_record.py) and roofline seconds
+    of every record of `trace` on `spec`, aligned with trace.records. NB: prim.* records
+    (metadata, no op call) are predicted 0 s."""
+    return [OpTime(t.latency_s, c.latency_s, c.bound) for t, c in
+            zip(record_predictions(trace, spec, execution), op_costs(trace, spec))]
 
 
 def _us(ns: int) -> float:
@@ -147,7 +148,7 @@ def _device_trace(phases: dict, spec, measured: dict) -> dict:
         trace = stats.trace
         if trace is None:
             continue
-        times = op_times(trace, spec)
+        times = op_times(trace, spec, stats.execution)
         infos = {m.path: m for m in trace.modules}
         idle, placed = _idle(trace, times), set()
         start, stack = clock, []

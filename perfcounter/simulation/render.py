@@ -45,6 +45,10 @@ def _header(sim) -> str:
              f"{default}"
              f", elementwise model {opts.get('elementwise_model')}, "
              f"overlap {'on' if opts.get('overlap') else 'off'}"]
+    if opts.get("execution"):
+        lines.append(f"time: the bound (every op at peak x peak fraction); predicted: run "
+                     f"{opts['execution']}, each op at its device's achievable rate for its "
+                     f"kernel class plus its overheads (pricing/predict.py)")
     rows = []
     for key, d in sim.devices.items():
         rows.append([key, d.get("device_type") or "-", si(d.get("bandwidth"), "B/s", 1),
@@ -62,21 +66,27 @@ def _summary(sim) -> str:
     for label, p in sim.phases.items():
         comp = p.energy_by_component_j
         rows.append([label, str(p.num_tokens), si(p.time_s, "s"), rate(p.tokens_per_s, "tokens/s"),
+                     si(p.predicted_s, "s"), rate(p.predicted_tokens_per_s, "tokens/s"),
                      _j(p.energy_j), _j(p.j_per_token)] + [_j(comp[k]) for k in _COMPONENT_NAMES])
+    predicted = [p.predicted_s for p in sim.phases.values()]
     rows.append(["total", str(sum(p.num_tokens for p in sim.phases.values())), si(sim.time_s, "s"),
-                 "", _j(sim.energy_j), ""] + [""] * len(_COMPONENT_NAMES))
-    return format_table(rows, ["phase", "tokens", "time", "throughput", "energy", "J/token"]
+                 "", si(None if None in predicted else sum(predicted), "s"), "",
+                 _j(sim.energy_j), ""] + [""] * len(_COMPONENT_NAMES))
+    return format_table(rows, ["phase", "tokens", "bound", "throughput", "predicted",
+                               "throughput", "energy", "J/token"]
                         + list(_COMPONENT_NAMES.values()), rule=True)
 
 
 def _log_summary(label, p) -> str:
     rows = []
     for key, d in p.devices.items():
-        rows.append([key, si(d.busy_s, "s"), si(d.compute_s, "s"), si(d.memory_s, "s"),
+        rows.append([key, si(d.busy_s, "s"), si(d.predicted_busy_s, "s"),
+                     si(d.compute_s, "s"), si(d.memory_s, "s"),
                      si(d.transfer_s, "s"), si(d.flops, "FLOP"), si(d.bytes, "B"),
                      si(d.host_to_device_bytes, "B"), si(d.device_to_host_bytes, "B"),
                      si(d.device_link_bytes + d.allreduce_bytes, "B"), _j(d.energy_j)])
-    head = ["device", "busy", "compute", "memory", "transfer", "FLOPs", "bytes", "host->dev",
+    head = ["device", "busy", "predicted", "compute", "memory", "transfer", "FLOPs", "bytes",
+            "host->dev",
             "dev->host", "dev<->dev", "energy"]
     return f"{label}: per device\n" + format_table(rows, head, indent=2, rule=True)
 

@@ -46,6 +46,7 @@ class DeviceResult:
     device_link_bytes: float = 0.0  # received over a device<->device link
     allreduce_bytes: float = 0.0  # sent per device by its tensor-parallel all-reduces
     energy_by_component_j: dict = field(default_factory=_components)
+    predicted_busy_s: float | None = None  # its ops predicted (simulate's execution)
 
     @property
     def time_s(self) -> float:
@@ -125,6 +126,11 @@ class PhaseResult:
     modules: list = field(default_factory=list)  # ModuleResult, in first-run order (detail)
     functions: list = field(default_factory=list)  # FunctionResult (detail)
     log: list = field(default_factory=list)  # LogRow in time order (detail)
+    predicted_s: float | None = None  # the phase predicted (simulate's execution), time_s a bound
+
+    @property
+    def predicted_tokens_per_s(self) -> float | None:
+        return self.num_tokens / self.predicted_s if self.num_tokens and self.predicted_s else None
 
     @property
     def energy_by_component_j(self) -> dict[str, float]:
@@ -148,9 +154,11 @@ class PhaseResult:
 
     def to_dict(self) -> dict:
         return {"label": self.label, "num_tokens": self.num_tokens, "steps": self.steps,
-                "time_s": self.time_s, "energy_j": self.energy_j,
-                "energy_by_component_j": self.energy_by_component_j,
-                "tokens_per_s": self.tokens_per_s, "j_per_token": self.j_per_token,
+                "time_s": self.time_s, "predicted_s": self.predicted_s,
+                "energy_j": self.energy_j, "energy_by_component_j": self.energy_by_component_j,
+                "tokens_per_s": self.tokens_per_s,
+                "predicted_tokens_per_s": self.predicted_tokens_per_s,
+                "j_per_token": self.j_per_token,
                 "devices": {k: d.to_dict() for k, d in self.devices.items()},
                 "modules": [m.to_dict() for m in self.modules],
                 "functions": [f.to_dict() for f in self.functions],

@@ -37,6 +37,7 @@ import warnings
 from dataclasses import astuple
 
 from perfcounter._util import PerfcounterWarning
+from perfcounter.pricing.predict import check_execution
 from perfcounter.simulation.links import Link, Links
 from perfcounter.simulation.placement import (HOST, Device, Mapping, MappingError, Plan,
                                               default_host, resolve_device)
@@ -54,9 +55,12 @@ class _Replay:
     """A phase's forward replayed under a plan: the clock, each device's account, the log."""
 
     def __init__(self, prep, plan: Plan, links: Links, elementwise: str, overlap: bool,
-                 notes: set, detail: bool):
+                 notes: set, detail: bool, execution: str | None = None):
+        """execution None: each op at its roofline on its device (x peak fraction); else
+        its predicted seconds run that way (per_record.py: achievable rates, overheads)."""
         self.prep, self.plan, self.links, self.notes = prep, plan, links, notes
         self.elementwise, self.overlap, self.detail = elementwise, overlap, detail
+        self.execution = execution
         self.acc: dict[str, DeviceResult] = {}
         self.clock = self.wt = self.wc = 0.0  # finished windows; this window's transfer, compute
         self.log: list[LogRow] = []
@@ -168,7 +172,7 @@ class _Replay:
 
     def run(self, step, j: int, dev: Device, costs) -> None:
         c = costs[dev.key][j]
-        scale = 1.0 / (dev.fraction * dev.tp)
+        scale = 1.0 / ((dev.fraction if self.execution is None else 1.0) * dev.tp)
         t = c.latency_s * scale
         a = self.account(dev)
         a.compute_s += c.compute_s * scale
@@ -192,7 +196,7 @@ class _Replay:
             m.energy_j += c.compute_j + c.memory_j
         self.log.append(LogRow(step.module, dev.key, start, t, c.bytes, c.flops,
                                c.compute_j + c.memory_j, ""))
-        per = self.prep.record_costs(dev.spec, self.elementwise)
+        per = self.prep.record_costs(dev.spec, self.elementwise, self.execution)
         for i in step.records:
             r, rc = self.prep.trace.records[i], per[i]
             op = op_packet(r.op)
@@ -238,7 +242,8 @@ class _Replay:
                     self.transfer(cur, dev, nbytes, path, False)
                     cur = dev
                 if dev.key not in costs:
-                    costs[dev.key] = prep.step_costs(dev.spec, self.elementwise)
+                    costs[dev.key] = prep.step_costs(dev.spec, self.elementwise,
+                                                     self.execution)
                 self.run(step, j, cur, costs)
             elif cur.tp > 1 and path in prep.blocks:
                 self.allreduce(cur, prep.infos[path].output_bytes * step.count, path)
@@ -298,7 +303,8 @@ def _link(value, name: str) -> Link | None:
 def simulate(source, mapping=None, *, host=None, default_device: str | None = None,
              devices: dict | None = None, allow_unmatched: bool = False,
              elementwise_model: str = "roofline", overlap: bool = False, peak_fraction=None,
-             device_link=None, interconnect=None, labels=None, detail: bool = True) -> Simulation:
+             device_link=None, interconnect=None, labels=None, detail: bool = True,
+             execution: str | None = "eager") -> Simulation:
     """Price every counted phase of `source` (a TransformerPerformanceCounter,
     PerformanceStats, Trace, or {label: either}) with its modules placed by `mapping`
     (a dict, a YAML / JSON file or inline text in UPMEM's notation; see placement.py).
@@ -315,9 +321,16 @@ def simulate(source, mapping=None, *, host=None, default_device: str | None = No
     device_link, interconnect: Link(bw B/s, pJ/bit) between any two non-host devices, and
       within a tensor-parallel group; without them transfers go through the host.
     labels: the phases to price (default all); detail=False skips modules, ops and log.
+    execution: beside the bound (every op at peak x peak_fraction, UPMEM's simulator's
+      assumption), the phase predicted run eager, compiled or cudagraphs: each op at its
+      device's achievable rate for its kernel class and paying its overheads (predict.py;
+      peak_fraction and elementwise_model do not apply), the same transfers
+      (PhaseResult.predicted_s, DeviceResult.predicted_busy_s); None: the bound alone.
     """
     phases = phases_of(source, labels)
     mapping = Mapping.load(mapping)
+    if execution is not None:
+        check_execution(execution)
     if elementwise_model not in ELEMENTWISE_MODELS:
         raise MappingError(f"unknown elementwise_model {elementwise_model!r}; valid: "
                            f"{', '.join(ELEMENTWISE_MODELS)}")
@@ -340,7 +353,15 @@ def simulate(source, mapping=None, *, host=None, default_device: str | None = No
     results = {label: _Replay(PREPARED.get(trace), plan, links, elementwise_model, bool(overlap),
                               notes, detail).replay(label, tokens)
                for label, (trace, tokens) in phases.items()}
+    if execution is not None:  # the prediction beside the bound: the same replay, re-priced
+        for label, (trace, tokens) in phases.items():
+            predicted = _Replay(PREPARED.get(trace), plan, links, elementwise_model,
+                                bool(overlap), notes, False, execution).replay(label, tokens)
+            results[label].predicted_s = predicted.time_s
+            for key, a in predicted.devices.items():
+                results[label].devices[key].predicted_busy_s = a.busy_s
     options = {"elementwise_model": elementwise_model, "overlap": bool(overlap),
+               "execution": execution,
                "default_device": None if plan.default is None else plan.default.key,
                **{name: None if link is None else list(astuple(link))
                   for name, link in (("device_link", links.device_link),

@@ -122,7 +122,8 @@ def search_mapping(source, candidates: list[str], objective: str = "energy", *,
     def score(combo: tuple) -> tuple:
         if combo not in seen:
             mapping = {k: dev for kind, dev in zip(kinds, combo) for k in groups[kind]}
-            sim = simulate(source, mapping, detail=False, **simulate_kwargs)
+            sim = simulate(source, mapping, detail=False,  # ranked by the bound
+                           **{**simulate_kwargs, "execution": None})
             late = max_latency_ms is not None and per_token_s(sim) * 1e3 > max_latency_ms
             value = sim.energy_j if objective == "energy" else sim.time_s
             other = sim.time_s if objective == "energy" else sim.energy_j

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 from perfcounter.counting.module_kinds import ATTENTION, MLP, own_kind
 from perfcounter.pricing.energy import record_energies
+from perfcounter.pricing.per_record import record_predictions
 from perfcounter.pricing.roofline import op_costs
 from perfcounter.trace import ROLES
 
@@ -192,28 +193,70 @@ class Prepared:
         # moves when the model, or the ops before it, start on a device
         self.root = trace.modules[0].path if trace.modules else None
         self.input_bytes = trace.compulsory_read[ROLES.index("input")]
-        self.records: dict[tuple, list] = {}  # (spec, elementwise) -> per record costs
-        self.runs: dict[tuple, list] = {}  # (spec, elementwise) -> per step (None: not a RUN)
+        self.riders = _riders(trace, self.steps)
+        self.records: dict[tuple, list] = {}  # (spec, elementwise, execution) -> per record
+        self.runs: dict[tuple, list] = {}  # the same key -> per step (None: not a RUN)
 
-    def record_costs(self, spec, elementwise: str) -> list[StepCost]:
-        key = (spec, elementwise)
+    def record_costs(self, spec, elementwise: str, execution: str | None = None
+                     ) -> list[StepCost]:
+        """Each record's roofline on `spec`; with an execution, its predicted seconds in that
+        regime instead (per_record.py; the energy stays the same FLOPs and bytes)."""
+        key = (spec, elementwise, execution)
         if key not in self.records:
-            self.records[key] = _price(self.trace, spec, elementwise)
+            if execution is None:
+                self.records[key] = _price(self.trace, spec, elementwise)
+            else:
+                times = record_predictions(self.trace, spec, execution)
+                self.records[key] = [c._replace(latency_s=t.latency_s) for c, t in
+                                     zip(self.record_costs(spec, elementwise), times)]
         return self.records[key]
 
-    def step_costs(self, spec, elementwise: str) -> list[StepCost | None]:
-        key = (spec, elementwise)
+    def step_costs(self, spec, elementwise: str, execution: str | None = None
+                   ) -> list[StepCost | None]:
+        key = (spec, elementwise, execution)
         if key not in self.runs:
-            per = self.record_costs(spec, elementwise)
+            per = self.record_costs(spec, elementwise, execution)
             out = []
-            for s in self.steps:
+            for j, s in enumerate(self.steps):
                 if s.kind != Ev.RUN:
                     out.append(None)
                     continue
-                sums = [sum(col) * s.share for col in zip(*(per[i] for i in s.records))]
+                riders = self.riders.get(j, ()) if execution is not None else ()
+                sums = [sum(col) * s.share for col in zip(*(per[i] for i in s.records + riders))]
                 out.append(StepCost(*sums) if sums else StepCost(0, 0, 0, 0, 0, 0, 0))
             self.runs[key] = out
         return self.runs[key]
+
+
+def _riders(trace, steps) -> dict[int, tuple]:
+    """Records the timeline leaves out (views, metadata: no byte, no FLOP) by the RUN steps
+    that carry them when a prediction pays their op calls: their own module and segment's
+    steps, else their module's first segment's, else the nearest enclosing module's, else
+    the first RUN step. Steps that repeat one scope (a module called several times, each
+    standing for its share) all carry them; otherwise the first does."""
+    scopes: dict[tuple[str, int], list[int]] = {}
+    for j, s in enumerate(steps):
+        if s.kind == Ev.RUN and s.records:
+            scopes.setdefault((s.module, trace.records[s.records[0]].segment), []).append(j)
+    placed = {i for s in steps if s.kind == Ev.RUN for i in s.records}
+    first = next(iter(scopes.values()), None)
+    out: dict[int, tuple] = {}
+    for i, r in enumerate(trace.records):
+        if i in placed or r.op.startswith("prim.") or first is None:
+            continue
+        target, module = scopes.get((r.module, r.segment)), r.module
+        while target is None:
+            own = sorted(seg for m, seg in scopes if m == module)
+            if own:
+                target = scopes[(module, own[0])]
+            elif not module:
+                target = first
+            else:
+                module = module.rsplit(".", 1)[0] if "." in module else ""
+        same = [j for j in target if steps[j].records == steps[target[0]].records]
+        for j in same:
+            out[j] = out.get(j, ()) + (i,)
+    return out
 
 
 class _PrepKey(NamedTuple):
