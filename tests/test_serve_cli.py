@@ -80,7 +80,6 @@ def test_bad_jsonl_trace(tmp_path, capsys, config):
     (("--qps", "5", "--mapping", "m.yaml"), "cannot read mapping file 'm.yaml'"),
     (("--qps", "5", "--mapping", "{q_proj: pim-ai-4chip}"), "matches no module"),
     (("--qps", "5", "--mapping", "{wqkv: pim-z}"), "unknown device 'pim-z'"),
-    (("--qps", "5", "--mapping", "{wqkv: host}", "--execution", "compiled"), "give --bound"),
     ((), "give a workload"),
 ])
 def test_bad_options(capsys, config, argv, expected):
@@ -191,20 +190,27 @@ PIM_FILE = """devices:
 """
 
 
-def test_a_gpu_beside_a_host_and_pim_placement(capsys, config, tmp_path):
+@pytest.mark.parametrize("flags, execution, labels", [
+    ((), "eager", "predicted, eager; predicted, eager, under a placement"),  # the default
+    (("--execution", "cudagraphs"), "cudagraphs",
+     "predicted, cudagraphs; predicted, cudagraphs, under a placement"),
+    (("--bound",), "bound", "roofline bound; roofline bound under a placement")])
+def test_a_gpu_beside_a_host_and_pim_placement(capsys, config, tmp_path, flags, execution,
+                                                labels):
+    # one rule for every deployment of the table: --execution (default eager), or --bound
     spec = write(tmp_path, "pim.yaml", PIM_FILE)
     mapping = write(tmp_path, "pim_map.yaml", f"TransformerBlock: {spec}:pim-dimms\n"
                                               f"output: {spec}:pim-dimms\n")
     code = run("--model", config, "--device_spec", "h100-sxm", "--mapping", mapping,
                "--host", "generic-cpu", "--find_max_qps", "--slo", "ttft=50ms,tpot=5ms",
                "--num_requests", "40", "--prompt_length", "32", "--max_new_tokens", "4",
-               "--usd_per_hour", "2", "--save_path", tmp_path / "both.json")
+               "--usd_per_hour", "2", "--save_path", tmp_path / "both.json", *flags)
     text = capsys.readouterr().out
     assert code == 0, text
-    assert "step costs: roofline bound; roofline bound under a placement" in text
+    assert f"step costs: {labels}" in text
     rows = json.loads((tmp_path / "both.json").read_text())
     assert [r["deployment"] for r in rows] == ["h100-sxm", "placement pim_map.yaml"]
-    assert all(r["execution"] == "bound" and r["j_per_output_token"] > 0
+    assert all(r["execution"] == execution and r["j_per_output_token"] > 0
                and r["usd_per_1m_output_tokens"] > 0 for r in rows)
     assert run("--model", config, "--mapping", mapping, "--host", "generic-cpu", "--plan") == 0
     text = capsys.readouterr().out

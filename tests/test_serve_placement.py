@@ -5,11 +5,14 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 
 from perfcounter.devices import get_device_spec
+from perfcounter.devices.spec import DeviceSpec
 from perfcounter.models.args import ModelArgs
 from perfcounter.serve import ServeError, deployment, serve, synthetic
 from perfcounter.serve.placement import model_modules, whole_trace
+from perfcounter.serve.ragged import Piece, count_step
 from perfcounter.serve.steps import features
 
 TINY = ModelArgs(block_size=4608, vocab_size=64, n_layer=2, n_head=4, n_local_heads=2, dim=32,
@@ -23,6 +26,7 @@ PIM = dataclasses.replace(get_device_spec("pim-ai-4chip"), name="pim-a", vram=8e
                           device_link_pj_per_bit=2.0)
 DEVICES = {"pim-a": PIM, "pim-b": dataclasses.replace(PIM, name="pim-b")}
 STEPS = ([(8, 0)], [(1, 100), (1, 50), (16, 3)], [(40, 7)])
+REGIMES = ("eager", "compiled", "cudagraphs")
 
 
 @pytest.fixture(autouse=True)
@@ -32,16 +36,18 @@ def quiet():
         yield
 
 
-def placed(mapping):
-    return deployment(TINY, mapping=mapping, devices=DEVICES, host="generic-cpu", **LIMITS)
+def placed(mapping, execution="bound"):
+    return deployment(TINY, mapping=mapping, devices=DEVICES, host="generic-cpu",
+                      execution=execution, **LIMITS)
 
 
-def test_the_whole_model_on_one_device_is_the_single_device_table():
+@pytest.mark.parametrize("execution", ("bound", *REGIMES))
+def test_the_whole_model_on_one_device_is_the_single_device_table(execution):
     # the root on pim-a: every op there, the step's input in and its logits back over the
-    # host link, as the single-device roofline charges them
-    one = deployment(TINY, PIM, execution="bound", **LIMITS)
-    dep = placed({"Transformer": "pim-a"})
-    assert dep.execution == "bound" and dep.name == "placement {Transformer: pim-a}"
+    # host link, as the single-device pricing charges them, in each regime
+    one = deployment(TINY, PIM, execution=execution, **LIMITS)
+    dep = placed({"Transformer": "pim-a"}, execution)
+    assert dep.execution == execution and dep.name == "placement {Transformer: pim-a}"
     for pieces in STEPS:
         f = features(pieces)
         assert dep.table.seconds(f) == pytest.approx(one.table.seconds(f), rel=1e-9)
@@ -118,7 +124,8 @@ def test_whole_trace_repeats_the_layer():
     ({"attention": "pim-z"}, {}, "unknown device 'pim-z'"),
     ({"q_proj": "pim-a"}, {}, "mapping key 'q_proj' (pim-a) matches no module"),  # HF names
     ({"attention": "pim-a,x"}, {}, "unknown option 'x'"),
-    ({"attention": "pim-a"}, {"execution": "compiled"}, "give --bound"),
+    ({"attention": "pim-a"}, {"execution": "warp"}, "execution 'warp'"),
+    ({"attention": "pim-a"}, {"peak_fraction": 0.5}, "peak_fraction scales the roofline bound"),
     ({"attention": "pim-ai-4chip"}, {}, "'pim-ai-4chip' has no memory size"),
 ])
 def test_bad_mappings_in_one_line(mapping, options, expected):
@@ -127,7 +134,88 @@ def test_bad_mappings_in_one_line(mapping, options, expected):
     assert expected in str(e.value) and "\n" not in str(e.value)
 
 
-def test_a_placement_is_not_repriced_in_another_regime():
-    dep = placed({"Transformer": "pim-a"})
-    with pytest.raises(ServeError, match="roofline bound only"):
-        serve(dep, synthetic(4, 8, 2, qps=1), execution="eager")
+def test_a_placement_is_repriced_in_another_regime_from_the_same_counts():
+    dep = placed({"TransformerBlock": "pim-a"})  # the bound
+    work = synthetic(20, 16, 4, qps=5, seed=0)
+    again = serve(dep, work, execution="cudagraphs")
+    want = serve(placed({"TransformerBlock": "pim-a"}, "cudagraphs"), work)
+    assert again.to_dict()["step_costs"] == "predicted, cudagraphs, under a placement"
+    assert again.metrics["mean_ttft_ms"] == want.metrics["mean_ttft_ms"]
+    assert again.metrics["mean_ttft_ms"] > serve(dep, work).metrics["mean_ttft_ms"]
+
+
+# two toy parts of round figures: 1 GB/s, 1 TFLOP/s, every kernel class at 100 % of them
+_CLASSES = ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing")
+
+
+def _toy(name, device_type, **overhead_s):
+    return DeviceSpec(device_type=device_type, name=name, dtype=torch.bfloat16, bandwidth=1e9,
+                      flops_by_dtype={torch.bfloat16: 1e12, torch.float32: 1e12}, vram=8e9,
+                      host_to_device_bw=1e9, device_to_host_bw=1e9,
+                      op_efficiency={c: 1.0 for c in _CLASSES}, op_overhead_s=overhead_s)
+
+
+TOY_HOST = _toy("toy-host", "cpu", eager=1e-6, compiled=2e-6, cudagraphs=5e-6)
+TOY_PIM = _toy("toy-pim", "pim", eager=1e-6, compiled=2e-6, cudagraphs=7e-6)
+
+
+def toy_placed(execution):
+    return deployment(TINY, mapping={"TransformerBlock": "toy-pim"}, host=TOY_HOST,
+                      devices={"toy-pim": TOY_PIM}, execution=execution, **LIMITS)
+
+
+def test_each_device_share_is_priced_in_the_regime_by_hand():
+    # one decode at context 7; the host runs the embedding and the root's ops before the
+    # layers (embedding 136 B, index 72 B, to_copy 48 B: 256 B), toy-pim the rest; every op
+    # streams (tiny FLOPs at 1 TFLOP/s): its bytes at 1 GB/s, i.e. 1 ns a byte
+    pieces = [(1, 7)]
+    f = features(pieces)
+    records = [r for r in count_step(TINY, [Piece(*p) for p in pieces]).records
+               if not r.op.startswith("prim.")]
+    assert sum(r.bytes for r in records) == 52_240
+    assert sum(r.calls for r in records) == 210  # op calls, views included
+    bound, eager = toy_placed("bound"), toy_placed("eager")
+    # transfers, the same in every regime: [1, 32] x 2 B in (64 ns), [1, 64] x 2 B of
+    # logits back (128 ns)
+    assert bound.table.transfer_s @ f == pytest.approx(192e-9, rel=1e-9)
+    np.testing.assert_allclose(eager.table.transfer_s, bound.table.transfer_s, rtol=1e-12)
+    # the bound: 52,240 B x 1 ns + 192 ns = 52.432 us
+    assert bound.table.seconds(f) == pytest.approx(52.432e-6, rel=1e-9)
+    # eager: at 100 % of peak each op's work is its roofline; 210 op calls x 1 us more:
+    # 262.432 us, the host's share 256 ns + 3 calls x 1 us = 3.256 us
+    assert eager.table.seconds(f) == pytest.approx(262.432e-6, rel=1e-9)
+    assert eager.table.device_seconds(f)["host"] == pytest.approx(3.256e-6, rel=1e-9)
+    # compiled: matmuls and attention stay kernels: 2 layers x (wqkv, w1, w3, w2 4,288 B;
+    # wo 2,176 B; attention 656 B) + output 4,288 B = 44,256 B in 13 kernels, all on
+    # toy-pim. The rest is fused: the step's compulsory bytes (counted: 51,370 B; the step
+    # table's fit of them, steps.py: 51,388 B) less what those kernels stream (weights
+    # 2 x 18,432 + 4,096 B, KV 2 x 512 B: 41,984 B), about 9.4 us, shared by the fused
+    # records' bytes (the host's 256 B of 52,240 - 44,256 = 7,984 B)
+    compulsory = float(eager.table.counts.compulsory @ f)
+    assert compulsory == pytest.approx(51_370, rel=1e-3)
+    fused = (compulsory - 41_984) * 1e-9
+    compiled, graphs = toy_placed("compiled"), toy_placed("cudagraphs")
+    # launches at 2 us: toy-pim 13 kernels + (13 + 1) fused, the host 1 fused: 56 us
+    assert compiled.table.seconds(f) == pytest.approx(
+        44.256e-6 + fused + 56e-6 + 192e-9, rel=1e-9)  # 109.852 us
+    assert compiled.table.device_seconds(f)["host"] == pytest.approx(
+        2e-6 + fused * 256 / 7_984, rel=1e-9)
+    # CUDA graphs: no launch per kernel, one graph a device: 5 us + 7 us
+    assert graphs.table.seconds(f) == pytest.approx(
+        44.256e-6 + fused + 12e-6 + 192e-9, rel=1e-9)  # 65.852 us
+    for dep in (bound, eager, compiled, graphs):  # the step = Σ device shares + transfers
+        assert dep.table.seconds(f) == pytest.approx(
+            sum(dep.table.device_seconds(f).values()) + dep.table.transfer_s @ f, rel=1e-12)
+
+
+def test_tensor_parallel_divides_a_predicted_share():
+    # toy-pim,tp=2: its share (overheads included) halves, as simulate's prediction does;
+    # joules stay those of the same bytes
+    f = features([(1, 7)])
+    one = toy_placed("eager")
+    two = deployment(TINY, mapping={"TransformerBlock": "toy-pim,tp=2"}, host=TOY_HOST,
+                     devices={"toy-pim": TOY_PIM}, execution="eager", **LIMITS)
+    a, b = one.table.device_seconds(f), two.table.device_seconds(f)
+    assert b["host"] == pytest.approx(a["host"], rel=1e-12)
+    pim = next(k for k in b if k != "host")
+    assert b[pim] == pytest.approx(a["toy-pim"] / 2, rel=1e-12)

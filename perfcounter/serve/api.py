@@ -8,8 +8,9 @@
 A deployment is a model (a preset, ModelArgs or a config.json), a precision, a device
 spec (its memory holds weights, workspace and the KV cache), the execution regime its
 steps are priced in (`execution`: "eager", "compiled" or "cudagraphs", perfcounter's
-prediction (predicted.py); "bound": the roofline bound), optionally a placement mapping
-that prices the steps (`perfcounter.simulate`), and the engine's limits. Its step table
+prediction (predicted.py); "bound": the roofline bound; a placement alike, each device's
+share on that device, placement.py), optionally a placement mapping that prices the steps
+(`perfcounter.simulate`), and the engine's limits. Its step table
 is built once per (model, precision, device or mapping, regime) and cached
 (pricing.step_table), so sweeps and searches re-use it; `serve(..., execution=...)`
 re-prices a deployment in another regime from the same counts.
@@ -106,9 +107,9 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
                **mapping_options) -> Deployment:
     """A deployment (see the module doc); every limit checked here, before any work;
     check_fit: refuse a model that leaves no KV cache (False: --plan shows it).
-    execution: None is "eager" on a device, "bound" under a mapping (the only regime a
-    placement is priced in). mapping_options: PlacementPricer's (devices, allow_unmatched,
-    default_device, peak_fraction, device_link, interconnect)."""
+    execution: None is "eager", on a device and under a mapping alike. mapping_options:
+    PlacementPricer's (devices, allow_unmatched, default_device, peak_fraction: the bound
+    only, device_link, interconnect)."""
     for name, value, least in (("--block_size", block_size, 1),
                                ("--max_num_batched_tokens", max_num_batched_tokens, 1),
                                ("--max_num_seqs", max_num_seqs, 1)):
@@ -123,19 +124,15 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
     fit_options = {"gpu_memory_utilization": gpu_memory_utilization, "block_size": block_size,
                    "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs}
     devices: list = []
+    execution = check_execution("eager" if execution is None else execution)
     if mapping is not None:
-        if execution not in (None, "bound"):
-            raise ServeError(f"--mapping: steps under a placement are priced at the roofline "
-                             f"bound (as `perfcounter simulate` prices them), not {execution!r}; "
-                             "give --bound")
-        execution = "bound"
-        pricer = PlacementPricer(mapping, args, host=host, **mapping_options)
+        pricer = PlacementPricer(mapping, args, execution=execution, host=host,
+                                 **mapping_options)
         table = step_table(args, dtype, pricer)
         plan, devices = placement_memory(table, dtype, **fit_options)
         spec, name = pricer.host, f"placement {mapping_name(mapping)}"
         prices = [(pricer.devices[d.device], d.device) for d in devices]
     else:
-        execution = check_execution("eager" if execution is None else execution)
         try:
             spec = device_spec if not isinstance(device_spec, str) else \
                 get_device_spec(device_spec, dtype=dtype)
@@ -214,11 +211,9 @@ def serve(dep: Deployment, workload: Workload, *, slo=None, usd_per_kwh: float |
     """Simulate `workload` on `dep` and measure it (metrics.py); `execution` (EXECUTIONS):
     price its steps in that regime instead of the deployment's (the same counts)."""
     if execution is not None and execution != dep.execution:
-        if dep.devices:
-            raise ServeError(f"{dep.name}: a placement is priced at the roofline bound only, "
-                             f"not {execution!r}")
-        dep = replace(dep, table=step_table(dep.args, dep.dtype, pricer_for(dep.spec, execution)),
-                      execution=execution)
+        pricer = dep.table.pricer.regime(check_execution(execution)) if dep.devices \
+            else pricer_for(dep.spec, execution)
+        dep = replace(dep, table=step_table(dep.args, dep.dtype, pricer), execution=execution)
     if not dep.plan.fits:
         raise ServeError(_no_fit(dep.model_name, dep.name, dep.plan))
     if usd_per_kwh is not None and not (usd_per_kwh >= 0 and math.isfinite(usd_per_kwh)):

@@ -8,8 +8,8 @@
 
 Steps are priced as perfcounter predicts them in `--execution` (eager, compiled,
 cudagraphs; predicted.py), or at the roofline bound with `--bound`. `--mapping FILE`
-(repeatable) serves on a placement (placement.py), priced at the roofline bound as
-`perfcounter simulate` prices it, and so is every --device_spec beside it:
+(repeatable) serves on a placement (placement.py): each device's share priced on that
+device in the same regime, plus the transfers `perfcounter simulate` charges:
 
     perfcounter serve --model llama-3-8b --device_spec h100-sxm --mapping pim.yaml \
         --find_max_qps --slo ttft=500ms,tpot=50ms
@@ -54,8 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("deployment")
     g.add_argument("--mapping", action="append", default=None,
                    help="a placement (as `perfcounter simulate --mapping`): its devices price "
-                        "the steps and hold weights and KV cache; repeat to compare, beside "
-                        "any --device_spec (all at the roofline bound)")
+                        "the steps (each its share, in --execution or --bound) and hold "
+                        "weights and KV cache; repeat to compare, beside any --device_spec")
     g.add_argument("--host", help="the host of a mapping (default: calibrated CPU, else generic-cpu)")
     g.add_argument("--allow_unmatched", action="store_true", help="mapping keys that match nothing warn")
     g.add_argument("--gpu_memory_utilization", type=float, default=0.9)
@@ -127,12 +127,6 @@ def _deployments(args) -> list:
     if not args.mapping:
         specs = specs or [default_device_spec(resolve_precision(args.precision))]
         return [deployment(model, s, **common) for s in specs]
-    # a placement is priced at the roofline bound: every deployment of the table alike
-    if not args.bound and args.execution != "eager":
-        raise ServeError(f"--mapping: steps under a placement are priced at the roofline "
-                         f"bound (as `perfcounter simulate` prices them), not --execution "
-                         f"{args.execution}; give --bound")
-    common["execution"] = "bound"
     deps = [deployment(model, s, **common) for s in specs]
     return deps + [deployment(model, mapping=m, host=args.host,
                               allow_unmatched=args.allow_unmatched, **common)

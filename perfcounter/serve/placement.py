@@ -3,14 +3,20 @@
 A mapping is `perfcounter simulate`'s (UPMEM's notation; perfcounter.simulation.placement):
 which device runs each module of perfcounter's model (`tok_embeddings`, `TransformerBlock`,
 `attention`, `wqkv`, `feed_forward`, `output`, globs such as `layers.1?.*`). A step on it
-costs
+costs, in the regime asked (`execution`, as a single device's steps are priced)
 
-    Σ_devices (its records' step-table figures at its roofline) / (peak_fraction x tp)
+    bound:     Σ_devices (its records' step-table figures at its roofline) / (peak_fraction x tp)
+    predicted: Σ_devices (its records' step-table figures predicted on it in eager, compiled
+               or cudagraphs: its achievable rates and overheads) / tp
     + the transfers at the placement's boundaries
 
 The first term is the step table (steps.py) split by device: each record group of a layer
-is priced, layer by layer, on the device that layer's module ran on (pricing.PricedTable
-with that device's share of the repeats), at the roofline bound, as simulate prices ops.
+is priced, layer by layer, on the device that layer's module ran on, with that device's
+share of the repeats: at the roofline bound (pricing.PricedTable), as simulate prices ops,
+or as perfcounter predicts the device's share in the regime (predicted.PredictedTable:
+its calls, views included, each pay that device's overhead; compiled and CUDA graphs fuse
+the device's own records, one graph launch a device), as simulate's prediction replays
+them; peak_fraction scales the bound only (a prediction uses achievable rates).
 The second is perfcounter.simulation's own replay of each counted FIT step's whole-model
 trace (layers expanded from the one-layer count): a module entered on another device
 receives its input (activations [tokens, dim] at the step's dtype), the step's input
@@ -27,6 +33,7 @@ memory size is refused (give `vram_GB` in a device file, FILE.yaml:ENTRY).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -43,6 +50,7 @@ from perfcounter.serve.memory import (
     kv_bytes_per_token,
     workspace_bytes,
 )
+from perfcounter.serve.predicted import PredictedTable, PredictionPricer
 from perfcounter.serve.pricing import PricedTable, RooflinePricer
 from perfcounter.serve.steps import FIT, features, fit
 from perfcounter.simulation.placement import (
@@ -122,16 +130,28 @@ class _OnDevice(RooflinePricer):
         return 0.0, 0.0
 
 
+class _PredictedOnDevice(PredictionPricer):
+    """A device's share of a placed step as predicted in a regime, no host link of its own."""
+
+    def __init__(self, spec, execution: str):
+        super().__init__(spec, execution)
+        self.bound = _OnDevice(spec)
+
+
 class PlacementPricer:
-    """Steps under `mapping` (see the module doc). Options as perfcounter.simulate takes
-    them: host, devices ({name: DeviceSpec} before the registry), allow_unmatched,
-    default_device, peak_fraction, device_link, interconnect."""
+    """Steps under `mapping` (see the module doc), priced in `execution` ("bound": the
+    roofline; "eager", "compiled", "cudagraphs": the prediction). Options as
+    perfcounter.simulate takes them: host, devices ({name: DeviceSpec} before the
+    registry), allow_unmatched, default_device, peak_fraction (the bound only),
+    device_link, interconnect."""
 
-    label = "roofline bound under a placement"
-    execution = "bound"
-
-    def __init__(self, mapping, args, *, host=None, devices=None, allow_unmatched=False,
-                 default_device=None, peak_fraction=None, device_link=None, interconnect=None):
+    def __init__(self, mapping, args, *, execution="bound", host=None, devices=None,
+                 allow_unmatched=False, default_device=None, peak_fraction=None,
+                 device_link=None, interconnect=None):
+        if peak_fraction is not None and execution != "bound":
+            raise ServeError(f"peak_fraction scales the roofline bound; a prediction "
+                             f"({execution}) prices each device at its achievable rates "
+                             "(give execution='bound', or no peak_fraction)")
         try:
             self.mapping = Mapping.load(mapping)
             if host is None:
@@ -159,6 +179,15 @@ class PlacementPricer:
                     " ".join(f"{k}:{hash(repr(d.spec)):x}" for k, d in plan.devices.items()) +
                     f" {peak_fraction!r} {default_device!r} {device_link!r} {interconnect!r}")
         self.static_w = 0.0  # known once the table says which devices run
+        self.regime(execution, into=self)
+
+    def regime(self, execution: str, into=None) -> "PlacementPricer":
+        """This placement priced in `execution` (a copy, unless `into`)."""
+        out = copy.copy(self) if into is None else into
+        out.execution = execution
+        out.label = "roofline bound under a placement" if execution == "bound" else \
+            f"predicted, {execution}, under a placement"
+        return out
 
     def make_table(self, counts) -> PlacedTable:
         return PlacedTable(counts, self)
@@ -167,15 +196,20 @@ class PlacementPricer:
 def _replay(trace: Trace, pricer: PlacementPricer):
     """simulate()'s replay of one whole-model step: (where each (module, segment) ran,
     transfer seconds, transfer joules)."""
-    sim = simulate(trace, pricer.mapping, detail=True, **pricer.options)
+    sim = simulate(trace, pricer.mapping, detail=True, execution=None, **pricer.options)
     phase = next(iter(sim.phases.values()))
-    runs = [s for s in PREPARED.get(trace).steps if s.kind == Ev.RUN]
+    prep = PREPARED.get(trace)
+    runs = [j for j, s in enumerate(prep.steps) if s.kind == Ev.RUN]
     rows = [row for row in phase.log if not row.transfer]
     where = {}
-    for step, row in zip(runs, rows, strict=True):
-        for i in step.records:
+    for j, row in zip(runs, rows, strict=True):
+        for i in prep.steps[j].records:
             r = trace.records[i]
             where[(r.module, r.segment)] = row.device
+    for j, row in zip(runs, rows):  # views: where the step that pays their calls runs
+        for i in prep.riders.get(j, ()):
+            r = trace.records[i]
+            where.setdefault((r.module, r.segment), row.device)
     moved = [row for row in phase.log if row.transfer]
     return where, sum(r.duration_s for r in moved), sum(r.energy_j for r in moved)
 
@@ -198,19 +232,23 @@ class PlacedTable:
         xs = np.stack([features(shape, counts.window) for shape in FIT])
         self.transfer_s = fit(xs, np.array(moved_s), "transfer seconds")[0]  # [features]
         self.transfer_j = fit(xs, np.array(moved_j), "transfer joules")[0]
-        self.parts = []  # (device key, 1 / (peak_fraction x tp), PricedTable of its share)
-        used = sorted(set(where.values()))
+        self.parts = []  # (device key, its scale: 1 / (peak_fraction x tp) or 1 / tp, the
+        used = sorted(set(where.values()))  # PricedTable or PredictedTable of its share)
         for key in used:
             dev = pricer.devices[key]
-            spec = elementwise_spec(dev.spec, "roofline")
 
             def share(r, key=key):
                 paths = [at_layer(r.module, i) for i in range(n)] \
                     if _LAYER0.search(r.module) else [r.module]
                 seg = segments.get(r.module, {}).get(r.segment, r.segment)
                 return sum(where.get((p, seg), "host") == key for p in paths)
-            self.parts.append((key, 1.0 / (dev.fraction * dev.tp),
-                               PricedTable(counts, _OnDevice(spec), repeats=share)))
+            if pricer.execution == "bound":
+                on = _OnDevice(elementwise_spec(dev.spec, "roofline"))
+                part = (key, 1.0 / (dev.fraction * dev.tp), PricedTable(counts, on, share))
+            else:
+                on = _PredictedOnDevice(dev.spec, pricer.execution)
+                part = (key, 1.0 / dev.tp, PredictedTable(counts, on, share))
+            self.parts.append(part)
         self.has_energy = all(t.has_energy for _, _, t in self.parts)
         self.static_w = sum(float(pricer.devices[k].spec.static_w or 0.0) * pricer.devices[k].tp
                             for k in used)
@@ -225,7 +263,7 @@ class PlacedTable:
 
     def energy_j(self, f: np.ndarray, seconds: float) -> float:
         """Dynamic joules of every device's share and the transfers + static W x seconds."""
-        dynamic = sum(float(t.joules @ f) for _, _, t in self.parts)
+        dynamic = sum(t.energy_j(f, 0.0) for _, _, t in self.parts)
         return dynamic + float(self.transfer_j @ f) + self.static_w * seconds
 
     def price(self, pieces) -> float:

@@ -28,6 +28,15 @@ predicting the counted step's trace: a group is priced as one record (in an engi
 pieces' attention is one varlen kernel), where predict prices each piece's attention
 alone; with curves, at the group's bytes per call. tests/test_serve_predicted.py holds the
 table to predict() on counted steps within 1 %.
+
+A placement (placement.py) prices each device's share with a PredictedTable of the records
+placed there (`repeats`: how many layers of each record group run on that device): its
+calls, work and view calls are the device's; of the step's compulsory bytes it holds what
+its matmuls and attention stream plus the rest (the fused group's bytes) shared by its
+fused records' bytes (all its bytes where nothing is fused), as per_record.py shares a
+compiled phase. That decides its cold or
+warm rates; compiled, it pays its extern kernels and one fused kernel more, CUDA graphs one
+graph launch a step. With every record on one device it is the single-device table.
 """
 from __future__ import annotations
 
@@ -89,10 +98,14 @@ class PredictedTable:
     """A step's predicted seconds and joules from the counts' figures (module doc); the
     roofline bound of the same counts is `bound` (its joules and host link are used)."""
 
-    def __init__(self, counts: StepCounts, pricer: PredictionPricer):
+    def __init__(self, counts: StepCounts, pricer: PredictionPricer, repeats=None):
+        """repeats(record): as PricedTable's (default: the whole model; a placement: one
+        device's share, the module doc)."""
         self.counts, self.pricer = counts, pricer
         self.label, self.static_w = pricer.label, pricer.static_w
-        self.bound = PricedTable(counts, pricer.bound)
+        self.bound = PricedTable(counts, pricer.bound, repeats=repeats)
+        self.layers = counts.layers if repeats is None else \
+            np.array([repeats(counts.sample[k]) for k in counts.keys], dtype=float)
         self.has_energy = self.bound.has_energy
         spec, self.execution = pricer.spec, pricer.execution
         self.samples = [counts.sample[k] for k in counts.keys]
@@ -102,7 +115,8 @@ class PredictedTable:
         self.dense = np.array([c == "attention" and has_explicit_mask(s.args)
                                for c, s in zip(self.classes, self.samples)])
         self.weights = [gemv_weight(s) if m else None for s, m in zip(self.samples, self.matmul)]
-        self.rows, self.idle_calls = _rows_and_idle_calls(counts, self.matmul)
+        self.rows, self.idle_calls = _rows_and_idle_calls(counts, self.matmul,
+                                                          repeats or counts.repeats)
         self.by_curves = bool(spec.op_curves)  # rates by working set: no cache of rates
         self.asynchronous = spec.device_type in ASYNCHRONOUS
         self._rates: dict = {}
@@ -153,11 +167,20 @@ class PredictedTable:
     # -- a step -------------------------------------------------------------------------------
     def seconds(self, f: np.ndarray) -> float:
         """Predicted seconds of a step with features f (steps.features)."""
-        spec, layers = self.pricer.spec, self.counts.layers
+        spec, layers, ext = self.pricer.spec, self.layers, self.extern
         fig = self.counts.coef @ f  # [groups, figures] of one layer
         calls, nbytes = fig[:, _CALLS], fig[:, _BYTES:].sum(axis=1)
         flops = np.where(self.dense, fig[:, _FLOPS], fig[:, _EXECUTED])
-        compulsory = float(self.counts.compulsory @ f)
+        streamed_by = fig[:, _STREAMED].sum(axis=1)  # weight and KV reads a layer
+        fused = ~ext & (nbytes > 0)
+        rest = float(self.counts.compulsory @ f) \
+            - float((streamed_by * self.counts.layers)[ext].sum())
+        by = fused if fused.any() else nbytes > 0  # no fused record: shared by all bytes
+        whole = float((nbytes * self.counts.layers)[by].sum())
+        share = float((nbytes * layers)[by].sum()) / whole if whole else 1.0
+        streamed = float((streamed_by * layers)[ext].sum())
+        compulsory = streamed + rest * share  # this table's records' distinct bytes
+        fused &= layers > 0
         cold = not spec.cache_bytes or compulsory > spec.cache_bytes
         rows = np.rint(self.rows @ f)
         per_call = nbytes / np.maximum(calls, 1.0)
@@ -171,17 +194,14 @@ class PredictedTable:
             if self.asynchronous:  # the host dispatches ahead of the kernels
                 dispatch = max(dispatch - total, 0.0)
             return dispatch + total + host
-        ext = self.extern
         ext_calls = float(calls[ext].sum())
         extern_s = float(work[ext].sum())
         if self.execution == "compiled":
             extern_s += ext_calls * overhead(spec, "compiled", cold)
-        fused = ~ext & (nbytes > 0)
         if not fused.any():
             launch = overhead(spec, "cudagraphs") if self.execution == "cudagraphs" else 0.0
             return extern_s + launch + host
-        streamed = float((fig[:, _STREAMED].sum(axis=1) * layers)[ext].sum())
-        fused_bytes = max(0.0, compulsory - streamed)
+        fused_bytes = max(0.0, rest * share)
         fused_flops = float((fig[:, _EXECUTED] * layers)[fused].sum())
         dtype = self.samples[int(np.flatnonzero(fused)[np.argmax(nbytes[fused])])].dtype
         flops_per_s, bandwidth = self._fused_rate(dtype, cold, fused_bytes / (ext_calls + 1))
@@ -203,10 +223,10 @@ class PredictedTable:
         return self.pricer.step_seconds(trace)
 
 
-def _rows_and_idle_calls(counts: StepCounts, matmul: np.ndarray):
+def _rows_and_idle_calls(counts: StepCounts, matmul: np.ndarray, repeats):
     """([groups, features] each matmul group's rows M, fitted over the counted steps;
-    [features] the whole model's calls of records that move and compute nothing: views,
-    which an eager run still dispatches)."""
+    [features] the calls of records that move and compute nothing: views, which an eager
+    run still dispatches, each `repeats(record)` times: the whole model or a device's share)."""
     index = {k: g for g, k in enumerate(counts.keys)}
     shapes = len(counts.fit_traces)
     rows, idle = np.zeros((shapes, len(index))), np.zeros((shapes, 1))
@@ -216,7 +236,7 @@ def _rows_and_idle_calls(counts: StepCounts, matmul: np.ndarray):
             if r.op.startswith("prim."):
                 continue
             if not (r.bytes or r.flops or r.executed_flops):
-                idle[s, 0] += r.calls * counts.repeats(r)
+                idle[s, 0] += r.calls * repeats(r)
                 continue
             g = index[group_key(r)]
             if matmul[g]:
