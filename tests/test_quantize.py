@@ -85,6 +85,22 @@ def test_int4_linear_reads_its_stored_bytes_once():
     assert {r.op for r in t.records if r.flops} == {"aten._weight_int4pack_mm_for_cpu.default"}
 
 
+@pytest.mark.parametrize("dtype, stored", [(torch.float16, torch.float16),
+                                           (torch.bfloat16, torch.bfloat16),
+                                           (torch.float32, torch.bfloat16)])
+def test_int4_scales_are_stored_in_a_16_bit_models_own_dtype(dtype, stored):
+    lin = q.quantize_model(nn.Sequential(nn.Linear(64, 32, bias=False)).to(dtype), "int4-32")[0]
+    assert lin.scales_and_zeros.dtype == stored
+    x = torch.randn(1, 1, 64, dtype=dtype)
+    t = count(lambda: lin(x))
+    casts = [r for r in t.records if r.op == "aten._to_copy.default"]
+    if dtype == torch.float32:  # gpt-fast's bf16 scales, cast per call: (64/32)·32·2 values
+        # read as bf16 (256 B) and written as float32 (512 B)
+        assert [(r.read[W], r.written[ACT]) for r in casts] == [(256, 512)]
+    else:  # a 16-bit model's kernel reads them as stored: 1,024 B nibbles + 256 B, no cast
+        assert casts == [] and t.per_op_read[W] == 1280
+
+
 def test_int4_without_the_cpu_kernel_dequantizes_eagerly():
     lin = nn.Linear(64, 8, bias=False)  # out_features 8: not a multiple of 16, no CPU kernel
     qlin = q.quantize_model(nn.Sequential(copy.deepcopy(lin)), "int4-32")[0]

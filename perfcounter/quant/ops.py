@@ -42,8 +42,9 @@ def quantize_int8_per_channel(w: Tensor, scale_dtype: torch.dtype) -> tuple[Tens
     return q, scales.to(scale_dtype)
 
 
-def quantize_int4_groupwise(w: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
-    """w [N, K] float -> (nibbles [N, K/2] uint8, scales_and_zeros [K/G, N, 2] bfloat16)."""
+def quantize_int4_groupwise(w: Tensor, group_size: int,
+                            scale_dtype=torch.bfloat16) -> tuple[Tensor, Tensor]:
+    """w [N, K] float -> (nibbles [N, K/2] uint8, scales_and_zeros [K/G, N, 2] scale_dtype)."""
     n, k = w.shape
     groups = w.float().reshape(n, k // group_size, group_size)
     lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)  # [N, K/G]
@@ -51,7 +52,7 @@ def quantize_int4_groupwise(w: Tensor, group_size: int) -> tuple[Tensor, Tensor]
     q = ((groups - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8)
     zero = lo + 8 * scale
     scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1)  # [K/G, N, 2]
-    return pack_nibbles(q.reshape(n, k)), scales_and_zeros.contiguous().to(torch.bfloat16)
+    return pack_nibbles(q.reshape(n, k)), scales_and_zeros.contiguous().to(scale_dtype)
 
 
 def pack_nibbles(q: Tensor) -> Tensor:

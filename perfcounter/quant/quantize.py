@@ -157,13 +157,13 @@ class WeightOnlyInt4Linear(nn.Module):
     """y = x @ (int4 weight, two a byte)ᵀ with a scale and zero per group of `group_size`."""
 
     def __init__(self, in_features: int, out_features: int, group_size: int, bias: bool = False, *,
-                 bias_dtype=torch.bfloat16, device=None):
+                 bias_dtype=torch.bfloat16, scale_dtype=torch.bfloat16, device=None):
         super().__init__()
         self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.weight = _param(torch.empty(out_features, in_features // 2, dtype=torch.uint8,
                                          device=device))
         self.scales_and_zeros = _param(torch.empty(in_features // group_size, out_features, 2,
-                                                   dtype=torch.bfloat16, device=device))
+                                                   dtype=scale_dtype, device=device))
         self.bias = _param(torch.empty(out_features, dtype=bias_dtype, device=device)) if bias \
             else None
         self.kernel = "dequant"  # "fused" once `weight` is in the CPU kernel's tiled layout
@@ -256,15 +256,22 @@ def check_group_size(model: nn.Module, scheme: WeightScheme) -> None:
                             f"for this model: {', '.join(map(str, fits)) or 'none'}")
 
 
+def _int4_scale_dtype(dtype: torch.dtype) -> torch.dtype:
+    """int4 scales and zeros are stored in a 16-bit model's own dtype, so that its kernel reads
+    them as they are; a float32 model keeps them in bfloat16 (gpt-fast's layout, half the
+    bytes), cast to float32 per call."""
+    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+
 def _new_module(linear: nn.Linear, scheme: WeightScheme, tile: bool) -> nn.Module:
     w = linear.weight
     n, k = w.shape
     bias = linear.bias is not None
     if scheme.kind == "int8":
         new = WeightOnlyInt8Linear(k, n, bias, scale_dtype=w.dtype, device=w.device)
-    else:
+    else:  # a 16-bit model's scales in its own dtype (no cast per call), else gpt-fast's bf16
         new = WeightOnlyInt4Linear(k, n, scheme.group_size, bias, bias_dtype=w.dtype,
-                                   device=w.device)
+                                   scale_dtype=_int4_scale_dtype(w.dtype), device=w.device)
     if w.is_meta:  # to be loaded (the stored layout), then use_kernels
         return new
     if isinstance(w, torch._subclasses.FakeTensor):
@@ -276,7 +283,8 @@ def _new_module(linear: nn.Linear, scheme: WeightScheme, tile: bool) -> nn.Modul
             q, scales = quantize_int8_per_channel(w.detach(), w.dtype)
             new.weight, new.scales = _param(q), _param(scales)
         else:
-            q, sz = quantize_int4_groupwise(w.detach(), scheme.group_size)
+            q, sz = quantize_int4_groupwise(w.detach(), scheme.group_size,
+                                            _int4_scale_dtype(w.dtype))
             new.weight, new.scales_and_zeros = _param(q), _param(sz)
             if tile:
                 new.use_cpu_kernel()
