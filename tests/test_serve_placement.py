@@ -14,6 +14,7 @@ from perfcounter.serve import ServeError, deployment, serve, synthetic
 from perfcounter.serve.placement import model_modules, whole_trace
 from perfcounter.serve.ragged import Piece, count_step
 from perfcounter.serve.steps import features
+from perfcounter.simulation.run import simulate
 
 TINY = ModelArgs(block_size=4608, vocab_size=64, n_layer=2, n_head=4, n_local_heads=2, dim=32,
                  intermediate_size=64)
@@ -206,6 +207,20 @@ def test_each_device_share_is_priced_in_the_regime_by_hand():
     for dep in (bound, eager, compiled, graphs):  # the step = Σ device shares + transfers
         assert dep.table.seconds(f) == pytest.approx(
             sum(dep.table.device_seconds(f).values()) + dep.table.transfer_s @ f, rel=1e-12)
+
+
+@pytest.mark.parametrize("pieces", ([(1, 7)], [(8, 0)], [(40, 7)]))
+def test_eager_shares_are_simulates_prediction_of_the_counted_step(pieces):
+    # one piece a step (no varlen merge): the table's eager shares are what
+    # perfcounter.simulate predicts for the counted step's trace, device by device
+    trace = count_step(TINY, [Piece(*p) for p in pieces])
+    sim = simulate(trace, {"TransformerBlock": "toy-pim"}, host=TOY_HOST,
+                   devices={"toy-pim": TOY_PIM}, execution="eager")
+    phase = next(iter(sim.phases.values()))
+    table, f = toy_placed("eager").table, features(pieces)
+    assert table.seconds(f) == pytest.approx(phase.predicted_s, rel=1e-9)
+    for key, share in table.device_seconds(f).items():
+        assert share == pytest.approx(phase.devices[key].predicted_busy_s, rel=1e-9)
 
 
 def test_tensor_parallel_divides_a_predicted_share():
