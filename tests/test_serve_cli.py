@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from perfcounter.cli.main import build_parser
+from perfcounter.cli.main import build_parser, main
 from perfcounter.serve import command
 
 TINY = {"block_size": 1024, "vocab_size": 64, "n_layer": 2, "n_head": 4, "n_local_heads": 2,
@@ -84,6 +84,14 @@ def test_bad_jsonl_trace(tmp_path, capsys, config):
 ])
 def test_bad_options(capsys, config, argv, expected):
     assert expected in one_line_error(capsys, run("--model", config, *argv))
+
+
+@pytest.mark.parametrize("regime", (("--execution", "eager"), ("--compile",)))
+def test_a_regime_beside_bound_is_refused(capsys, config, regime):
+    # --bound prices no regime: an --execution given beside it (even its default) is refused
+    code = main(argv=["serve", "--model", str(config), "--qps", "5", "--bound", *regime])
+    err = one_line_error(capsys, code)
+    assert "--execution: --bound prices every deployment at the roofline bound" in err
 
 
 def test_a_workload_that_can_never_fit(capsys, config):

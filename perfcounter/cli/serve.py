@@ -9,7 +9,7 @@ takes a comma-separated list of deployments to compare. `main.py` registers `add
 """
 from __future__ import annotations
 
-from perfcounter.cli.flags import add_model_flags, add_output
+from perfcounter.cli.flags import add_model_flags, add_output, refuse
 from perfcounter.serve import command
 
 
@@ -25,4 +25,12 @@ def add_parser(sub) -> None:
     add_output(g, "--trace", help="Perfetto trace of the steps (the first result)")
     add_output(g, "--plot", folder=True,
                help="latency CDF and throughput-latency plots (PNG and SVG; needs matplotlib)")
-    p.set_defaults(run=command.run)
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    """command.run, after refusing a regime given beside --bound (one line, exit code 2)."""
+    if args.bound:
+        refuse(args, {"--execution": "--bound prices every deployment at the roofline bound, "
+                      "in no execution regime; give one of the two"})
+    return command.run(args)
