@@ -17,9 +17,8 @@ import dataclasses
 import re
 from collections import Counter
 
-from perfcounter.generation.step_fit import (KINDS_END, N_ROLES, DeriveError, difference,
-                                              keyed_records, phase_figures, record_figures,
-                                              uncounted_counts)
+from perfcounter.generation.figures import DeriveError, Figures, PhaseFigures
+from perfcounter.generation.step_fit import difference, keyed_records, uncounted_counts
 from perfcounter.models.args import ModelArgs
 from perfcounter.trace import OpRecord, Trace
 
@@ -118,10 +117,10 @@ def expand_layers(base: Trace, base_kinds: list[str], kinds: list[str],
     parent, prefix, first = _layout(base, nb)
     rep = {kind: base_kinds.index(kind) for kind in base_kinds}
     outside = _outside(base, parent, prefix, first, nb, nf)
-    figs = {k: record_figures(r) for k, r in outside.items()}
+    figs = {k: Figures.of(r) for k, r in outside.items()}
     named = dict(outside)  # a record of each key, for its names
-    zeros = [0] * (KINDS_END + 2 * N_ROLES)
-    phase, extra = phase_figures(base), Counter(kinds)
+    zeros = Figures()
+    phase, extra = PhaseFigures.of(base), Counter(kinds)
     extra.subtract(base_kinds)
     overhead = base.overhead_s
     for kind, n in extra.items():
@@ -134,23 +133,21 @@ def expand_layers(base: Trace, base_kinds: list[str], kinds: list[str],
             raise DeriveError(f"one more {kind!r} layer moved the layers")
         more = _outside(plus[kind], parent, prefix, first, nb + 1, nf)
         for key in [*outside, *(k for k in more if k not in outside)]:
-            a = record_figures(more[key]) if key in more else zeros
-            b = record_figures(outside[key]) if key in outside else zeros
-            figs[key] = [v + n * (x - y) for v, x, y in zip(figs.get(key, zeros), a, b)]
+            a = Figures.of(more[key]) if key in more else zeros
+            b = Figures.of(outside[key]) if key in outside else zeros
+            figs[key] = figs.get(key, zeros).along(a.minus(b), n)
             named.setdefault(key, more.get(key))
-        delta = [p - b for p, b in zip(phase_figures(plus[kind]), phase_figures(base))]
-        phase = [v + n * d for v, d in zip(phase, delta)]
+        phase = phase.along(PhaseFigures.of(plus[kind]).minus(PhaseFigures.of(base)), n)
         overhead += plus[kind].overhead_s
-    if min(phase) < 0:
+    if phase.lowest() < 0:
         raise DeriveError("compulsory or valid KV bytes do not add up per layer")
     records = []
     for key, f in figs.items():
-        if min(f) < 0:
+        if f.lowest() < 0:
             raise DeriveError(f"{key[0]} under {key[1] or 'top level'} does not add up per layer")
-        if any(f):
+        if f.nonzero():
             r = named[key]
-            records.append(OpRecord(r.op, r.module, r.dtype, r.args, f[0], f[1], f[2],
-                                    f[3:KINDS_END], f[KINDS_END:KINDS_END + N_ROLES], f[KINDS_END + N_ROLES:], r.has_formula, r.segment))
+            records.append(f.record(r.op, r.module, r.dtype, r.args, r.has_formula, r.segment))
     per_layer: list[list[OpRecord]] = [[] for _ in range(nb)]
     for r in base.records:
         i = _layer_of(r.module, prefix)
@@ -175,8 +172,7 @@ def expand_layers(base: Trace, base_kinds: list[str], kinds: list[str],
     for m in modules:
         if m.path == parent:
             m.children[first:first + nb] = [prefix + str(j) for j in range(len(kinds))]
-    return Trace(records=records, compulsory_read=phase[:N_ROLES], compulsory_written=phase[N_ROLES:2 * N_ROLES],
-                 kv_cache_valid_read=phase[-1], uncounted_ops=uncounted_counts(records),
+    return Trace(records=records, **phase.trace_fields(), uncounted_ops=uncounted_counts(records),
                  steps=base.steps, overhead_s=overhead, modules=modules)
 
 

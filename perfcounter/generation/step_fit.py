@@ -7,43 +7,27 @@ coefficients (a + b·x): each record's calls, FLOPs, executed FLOPs, primitive c
 bytes by role, each integer of its arguments (shapes, strides, integer scalars: the
 arguments are rebuilt from them, trace_args.with_numbers), and the step's compulsory bytes by role and valid KV-cache bytes
 read. `fit_steps` fits it on two counted steps and checks it on the others;
-`StepFit.total` sums any steps in integers. Also here: the record arithmetic that
-derive_layers.py shares (`difference`, `keyed_records`, `record_figures`, ...).
+`StepFit.total` sums any steps in integers. Also here: what derive_layers.py shares
+(`difference`, `keyed_records`, `uncounted_counts`); the figures are figures.py's.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
 
-from perfcounter.trace import KINDS, ROLES, OpRecord, Trace
+from perfcounter.generation.figures import DeriveError, Figures, PhaseFigures
+from perfcounter.trace import OpRecord, Trace
 from perfcounter.trace_args import numbers, pattern, with_numbers
-
-KINDS_END, N_ROLES = 3 + len(KINDS), len(ROLES)  # record figures: calls, flops, executed, kinds, read, written
-
-
-class DeriveError(ValueError):
-    """A count that cannot be derived (the counts do not follow the model): count it."""
-
-
-def record_figures(r: OpRecord) -> list[int]:
-    return [r.calls, r.flops, r.executed_flops, *r.kinds, *r.read, *r.written]
-
-
-def phase_figures(t: Trace) -> list[int]:
-    return [*t.compulsory_read, *t.compulsory_written, t.kv_cache_valid_read]
 
 
 def _slopes(a: list[int], b: list[int], dx: int) -> list[int]:
+    """The integer slopes of the integers of two args (DeriveError when one has none)."""
     out = []
     for u, v in zip(a, b):
         if (v - u) % dx:
-            raise DeriveError(f"a figure goes from {u} to {v} over {dx} steps: no integer slope")
+            raise DeriveError(f"an argument goes from {u} to {v} over {dx} steps: no integer slope")
         out.append((v - u) // dx)
     return out
-
-
-def _line(at: list[int], slope: list[int], d: int) -> list[int]:
-    return [a + s * d for a, s in zip(at, slope)]
 
 
 def uncounted_counts(records) -> dict[str, int]:
@@ -71,12 +55,12 @@ def difference(a: Trace, b: Trace, *, modules: bool = True) -> str | None:
     ra, rb = keyed_records(a.records), keyed_records(b.records)
     for key in {**ra, **rb}:
         x, y = ra.get(key), rb.get(key)
-        if x is None or y is None or record_figures(x) != record_figures(y) or x.has_formula != y.has_formula:
-            shown = [None if r is None else (record_figures(r), r.has_formula) for r in (x, y)]
+        if x is None or y is None or Figures.of(x) != Figures.of(y) or x.has_formula != y.has_formula:
+            shown = [None if r is None else (Figures.of(r).values(), r.has_formula) for r in (x, y)]
             return (f"{key[0]} under {key[1] or 'top level'} [{key[4]}], segment {key[2]}: "
                     f"{shown[0]} vs {shown[1]} (calls, flops, executed, kinds, read, written)")
-    if phase_figures(a) != phase_figures(b):
-        return f"phase figures {phase_figures(a)} vs {phase_figures(b)}"
+    if PhaseFigures.of(a) != PhaseFigures.of(b):
+        return f"phase figures {PhaseFigures.of(a)} vs {PhaseFigures.of(b)}"
     ma, mb = [m.to_dict() for m in a.modules], [m.to_dict() for m in b.modules]
     if modules and ma != mb:
         first = next((i for i, (x, y) in enumerate(zip(ma, mb)) if x != y), min(len(ma), len(mb)))
@@ -93,8 +77,8 @@ class _Line:
     args0: tuple  # its arguments at x0
     nums: list[int]  # their integers (trace_args.numbers)
     num_slopes: list[int]
-    at: list[int]  # figures at x0
-    slope: list[int]
+    at: Figures  # at x0
+    slope: Figures
     fixed: bool  # nothing moves with x
 
     def args(self, d: int) -> tuple:
@@ -102,19 +86,18 @@ class _Line:
             return self.args0
         return with_numbers(self.args0, [n + s * d for n, s in zip(self.nums, self.num_slopes)])
 
-    def figures(self, d: int) -> list[int]:
-        return self.at if self.fixed else _line(self.at, self.slope, d)
+    def figures(self, d: int) -> Figures:
+        return self.at if self.fixed else self.at.along(self.slope, d)
 
-    def record(self, d: int, figures: list[int]) -> OpRecord:
-        f, (op, module, segment, dtype, has_formula, _) = figures, self.key
-        return OpRecord(op, module, dtype, self.args(d), f[0], f[1], f[2], f[3:KINDS_END],
-                        f[KINDS_END:KINDS_END + N_ROLES], f[KINDS_END + N_ROLES:], has_formula, segment)
+    def record(self, d: int, figures: Figures) -> OpRecord:
+        op, module, segment, dtype, has_formula, _ = self.key
+        return figures.record(op, module, dtype, self.args(d), has_formula, segment)
 
     def lowest(self, d: int) -> int:
         if self.fixed:
             return 0  # counted figures, never negative
         moving = [n + s * d for n, s in zip(self.nums, self.num_slopes) if s]  # sizes, strides
-        return min(_line(self.at, self.slope, d) + moving)
+        return min([self.figures(d).lowest(), *moving])
 
 
 def _groups(trace: Trace) -> dict[tuple, list[tuple[OpRecord, list[int]]]]:
@@ -132,14 +115,14 @@ class StepFit:
 
     x0: int
     lines: list[_Line]
-    phase_at: list[int]
-    phase_slope: list[int]
+    phase_at: PhaseFigures
+    phase_slope: PhaseFigures
     modules: list  # ModuleInfo of one step
 
     def check_range(self, lo: int, hi: int) -> None:
         """DeriveError when a figure of a step in [lo, hi] would be negative."""
         for d in (lo - self.x0, hi - self.x0):
-            if min(_line(self.phase_at, self.phase_slope, d), default=0) < 0 or any(
+            if self.phase_at.along(self.phase_slope, d).lowest() < 0 or any(
                     line.lowest(d) < 0 for line in self.lines):
                 raise DeriveError(f"the fit gives a negative figure at context {d + self.x0}")
 
@@ -151,11 +134,11 @@ class StepFit:
             for r, _ in recs:
                 line = next(lines, None)
                 if (line is None or line.key != key or line.args(d) != r.args
-                        or line.figures(d) != record_figures(r)):
+                        or line.figures(d) != Figures.of(r)):
                     return False
         if next(lines, None) is not None:
             return False
-        return _line(self.phase_at, self.phase_slope, d) == phase_figures(trace)
+        return self.phase_at.along(self.phase_slope, d) == PhaseFigures.of(trace)
 
     def total(self, xs) -> Trace:
         """The steps at context lengths xs, summed (exact integers)."""
@@ -165,21 +148,19 @@ class StepFit:
         records: list[OpRecord] = []
         for line in self.lines:
             if line.fixed:
-                records.append(line.record(0, [n * a for a in line.at]))
+                records.append(line.record(0, line.at.scaled(n)))
             elif not any(line.num_slopes):  # one signature: summed in closed form
-                sums = [n * a + sd * s for a, s in zip(line.at, line.slope)]
-                records.append(line.record(0, sums))
+                records.append(line.record(0, line.at.scaled(n).along(line.slope, sd)))
             else:
                 records += [line.record(x - self.x0, line.figures(x - self.x0)) for x in xs]
-        phase = [n * a + sd * s for a, s in zip(self.phase_at, self.phase_slope)]
+        phase = self.phase_at.scaled(n).along(self.phase_slope, sd)
         keyed: dict[tuple, OpRecord] = {}
         for r in records:  # signatures that coincide at some x: one record, as counting makes
             if r.key in keyed:
                 keyed[r.key].add(r)
             else:
                 keyed[r.key] = r
-        return Trace(records=list(keyed.values()), compulsory_read=phase[:N_ROLES],
-                     compulsory_written=phase[N_ROLES:2 * N_ROLES], kv_cache_valid_read=phase[-1],
+        return Trace(records=list(keyed.values()), **phase.trace_fields(),
                      uncounted_ops=uncounted_counts(keyed.values()), steps=n,
                      modules=[dataclasses.replace(m, calls=m.calls * n, children=list(m.children))
                               for m in self.modules])
@@ -193,16 +174,16 @@ def _fit_pair(x0: int, t0: Trace, g0: dict, x1: int, t1: Trace, g1: dict) -> Ste
                           + (f" ({extra[0]} under {extra[1] or 'top level'})" if extra else ""))
     if [(m.path, m.calls) for m in t1.modules] != [(m.path, m.calls) for m in t0.modules]:
         raise DeriveError(f"the step at context {x1} ran other modules than at {x0}")
-    dx, lines, zeros = x1 - x0, [], [0] * (KINDS_END + 2 * N_ROLES)
+    dx, lines, zeros = x1 - x0, [], Figures()
     for key, recs in g0.items():
         for (r0, n0), (r1, n1) in zip(recs, g1[key]):
-            f0, f1 = record_figures(r0), record_figures(r1)
-            slope = zeros if f0 == f1 else _slopes(f0, f1, dx)
+            f0, f1 = Figures.of(r0), Figures.of(r1)
+            slope = zeros if f0 == f1 else f0.slope_to(f1, dx)
             num_slopes = [0] * len(n0) if n0 == n1 else _slopes(n0, n1, dx)
             lines.append(_Line(key, r0.args, n0, num_slopes, f0, slope,
                                slope is zeros and n0 == n1))
-    at = phase_figures(t0)
-    return StepFit(x0, lines, at, _slopes(at, phase_figures(t1), dx), t0.modules)
+    at = PhaseFigures.of(t0)
+    return StepFit(x0, lines, at, at.slope_to(PhaseFigures.of(t1), dx), t0.modules)
 
 
 def fit_steps(samples: list[tuple[int, Trace]]) -> StepFit:

@@ -35,17 +35,18 @@ import numpy as np
 import torch
 
 from perfcounter.costs.attention import window_pairs
+from perfcounter.generation.figures import Figures
 from perfcounter.models.args import ModelArgs
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.ragged import Piece, count_step
-from perfcounter.trace import ROLES, OpRecord, Trace
+from perfcounter.trace import OpRecord, Trace
 from perfcounter.trace_args import pattern
 
 FEATURES = ("step", "tokens", "seqs", "kv_positions", "dense_pairs", "causal_pairs")
 FIT = ([(1, 0)], [(1, 127)], [(8, 0)], [(8, 56)], [(32, 0)], [(24, 40)],
        [(1, 30), (1, 90)], [(16, 0), (1, 47), (4, 12)], [(1, 5), (1, 9), (1, 200)])
 _LAYER = re.compile(r"\.layers\.\d+(?=\.|$)")
-_NFIG = 3 + 7 + 2 * len(ROLES)  # calls, flops, executed, kinds, read, written
+_NFIG = len(Figures().values())  # a record's figures, in Figures' order
 
 
 class StepModelError(ServeError):
@@ -80,10 +81,6 @@ def group_key(r: OpRecord) -> GroupKey:
                     pattern(r.args))
 
 
-def _figures(r: OpRecord) -> list[int]:
-    return [r.calls, r.flops, r.executed_flops, *r.kinds, *r.read, *r.written]
-
-
 @dataclasses.dataclass
 class StepCounts:
     """Per group, each figure as coefficients over FEATURES (device-free; whole model)."""
@@ -107,11 +104,10 @@ class StepCounts:
         return (self.coef @ f) * self.layers[:, None]
 
     def totals(self, f: np.ndarray) -> dict:
-        fig = self.figures(f).sum(axis=0)
-        nk = 3 + 7
-        return {"flops": fig[1], "executed_flops": fig[2],
-                "bytes": fig[nk:].sum(), "read": fig[nk:nk + len(ROLES)],
-                "written": fig[nk + len(ROLES):]}
+        fig = Figures.from_values(self.figures(f).sum(axis=0))
+        read, written = np.array(fig.read), np.array(fig.written)
+        return {"flops": fig.flops, "executed_flops": fig.executed_flops,
+                "bytes": read.sum() + written.sum(), "read": read, "written": written}
 
     def trace_at(self, pieces) -> Trace:
         """A whole-model Trace of a step of `pieces`, from the fit (layers expanded)."""
@@ -120,14 +116,12 @@ class StepCounts:
         records = []
         for g, key in enumerate(self.keys):
             r = self.sample[key]
-            v = [int(x) for x in fig[g]]
-            if not any(v):
+            v = Figures.from_values(int(x) for x in fig[g])
+            if not v.nonzero():
                 continue
             for i in range(int(self.layers[g])):
                 module = key.module.replace(".layers.*", f".layers.{i}")
-                records.append(OpRecord(r.op, module, r.dtype, r.args, v[0], v[1], v[2],
-                                        v[3:10], v[10:10 + len(ROLES)], v[10 + len(ROLES):],
-                                        r.has_formula, r.segment))
+                records.append(v.record(r.op, module, r.dtype, r.args, r.has_formula, r.segment))
         return Trace(records=records, modules=[])
 
 
@@ -139,7 +133,7 @@ def _group_figures(trace: Trace, keys: dict) -> np.ndarray:
         k = keys.setdefault(group_key(r), len(keys))
         if k >= out.shape[0]:
             out = np.vstack([out, np.zeros((k + 1 - out.shape[0], _NFIG))])
-        out[k] += _figures(r)
+        out[k] += Figures.of(r).values()
     return out
 
 
