@@ -5,7 +5,7 @@ import json
 import pytest
 
 from perfcounter.cli.main import build_parser, main
-from perfcounter.serve import command
+from perfcounter.serve import cache_clear, cache_info, command
 
 TINY = {"block_size": 1024, "vocab_size": 64, "n_layer": 2, "n_head": 4, "n_local_heads": 2,
         "dim": 32, "intermediate_size": 64}
@@ -84,6 +84,15 @@ def test_bad_jsonl_trace(tmp_path, capsys, config):
 ])
 def test_bad_options(capsys, config, argv, expected):
     assert expected in one_line_error(capsys, run("--model", config, *argv))
+
+
+@pytest.mark.parametrize("argv", [("--mapping", "{wqkv: pim-z}"), ("--mapping", "{wqkv: host}",
+                                  "--mapping", "{q_proj: host}"), ("--device_spec", "h100-sxm,h10")])
+def test_every_deployment_is_checked_before_any_step_table(capsys, config, argv):
+    # the bad one comes last: refused before the good ones' tables are counted
+    cache_clear()
+    one_line_error(capsys, run("--model", config, "--qps", "5", *argv))
+    assert cache_info().misses == 0
 
 
 @pytest.mark.parametrize("regime", (("--execution", "eager"), ("--compile",)))

@@ -80,6 +80,16 @@ def resolve_precision(precision) -> torch.dtype:
     return PRECISIONS[precision]
 
 
+def resolve_spec(device_spec, dtype: torch.dtype):
+    """A DeviceSpec as given, or the registry's entry of that name at `dtype`."""
+    if not isinstance(device_spec, str):
+        return device_spec
+    try:
+        return get_device_spec(device_spec, dtype=dtype)
+    except (KeyError, ValueError) as e:
+        raise ServeError(str(e).strip("'\"")) from None
+
+
 @dataclass
 class Deployment:
     """What serves: model, precision, memory device, step table, memory plan, engine limits."""
@@ -133,11 +143,7 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
         spec, name = pricer.host, f"placement {mapping_name(mapping)}"
         prices = [(pricer.devices[d.device], d.device) for d in devices]
     else:
-        try:
-            spec = device_spec if not isinstance(device_spec, str) else \
-                get_device_spec(device_spec, dtype=dtype)
-        except (KeyError, ValueError) as e:
-            raise ServeError(str(e).strip("'\"")) from None
+        spec = resolve_spec(device_spec, dtype)
         plan = memory_plan(args, dtype, spec, **fit_options)
         table, name, prices = None, spec.name, [(spec, spec.name)]
     if check_fit and not plan.fits:

@@ -31,7 +31,9 @@ from perfcounter.serve.api import (
     deployment,
     find_max_qps,
     qps_values,
+    resolve_model,
     resolve_precision,
+    resolve_spec,
     serve,
 )
 from perfcounter.serve.errors import ServeError
@@ -42,6 +44,7 @@ from perfcounter.serve.outputs import (
     write_plots,
     write_trace,
 )
+from perfcounter.serve.placement import PlacementPricer
 from perfcounter.serve.render import plan_text, result_text, table
 from perfcounter.serve.workload import check_rate, parse_lengths, read_trace, synthetic
 
@@ -124,9 +127,17 @@ def _deployments(args) -> list:
     specs = [s.strip() for s in (args.device_spec or "").split(",") if s.strip()]
     if args.device_spec is not None and not specs:
         raise ServeError("--device_spec: expected a device name or YAML path")
+    # every device and mapping checked before any step table is counted
+    dtype = resolve_precision(args.precision)
+    for s in specs:
+        resolve_spec(s, dtype)
     if not args.mapping:
-        specs = specs or [default_device_spec(resolve_precision(args.precision))]
+        specs = specs or [default_device_spec(dtype)]
         return [deployment(model, s, **common) for s in specs]
+    model_args = resolve_model(model)
+    for m in args.mapping:
+        PlacementPricer(m, model_args, execution=common["execution"], host=args.host,
+                        allow_unmatched=args.allow_unmatched)
     deps = [deployment(model, s, **common) for s in specs]
     return deps + [deployment(model, mapping=m, host=args.host,
                               allow_unmatched=args.allow_unmatched, **common)
