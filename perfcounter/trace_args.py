@@ -51,6 +51,11 @@ class TensorArg:
         return True
 
 
+    @property
+    def gapped(self) -> bool:
+        """A strided view: not dense, and no dim broadcast (stride 0) either."""
+        return not self.dense and 0 not in self.stride
+
 @dataclass(frozen=True, slots=True)
 class Keyword:
     """A keyword argument (it follows the positional ones)."""

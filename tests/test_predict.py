@@ -14,6 +14,7 @@ from perfcounter.devices.spec_file import write_device_specs
 from perfcounter.devices.spec import OP_CLASSES
 from perfcounter.stats import PerformanceStats
 from perfcounter.trace import OpRecord, Trace, args_from_text
+from perfcounter.trace_args import TensorArg, contiguous
 
 F32 = "float32"
 EFF = {"gemv": 0.5, "gemm": 0.8, "attention": 0.25, "elementwise": 0.5, "reduction": 0.4,
@@ -378,3 +379,22 @@ def test_eager_overhead_is_the_cold_one_when_the_step_streams_past_the_cache():
         spec = toy_spec(op_overhead_s=overheads, cache_bytes=cache)
         assert P.predict(trace, spec).latency_s * 1e6 == pytest.approx(us)
         assert P.predict(trace, spec, "compiled").overhead_s == 0.0  # views fuse
+
+
+def test_elementwise_on_a_strided_view_is_named_not_repriced():
+    # a multiply of two [4, 8] halves of [4, 16] rows (strides (16, 1)): 32 FLOPs, 384 B;
+    # the same on dense [4, 8] tensors: the same price; the strided one is named
+    half = TensorArg((4, 8), (16, 1), F32)
+    assert half.gapped and not contiguous((4, 8)).gapped
+    assert not TensorArg((4, 8), (0, 1), F32).gapped  # a broadcast row is no strided view
+
+    def trace(args):
+        return Trace(records=[OpRecord("aten.mul.Tensor", "m", F32, args, 1, 32, 32,
+                                       read=[0, 0, 256, 0, 0], written=[0, 0, 128, 0, 0])])
+    spec = toy_spec()
+    dense = P.predict(trace((contiguous((4, 8)), contiguous((4, 8)))), spec)
+    strided = P.predict(trace((half, half)), spec)
+    assert strided.latency_s == dense.latency_s and dense.strided_s == 0
+    assert strided.strided_s == pytest.approx(strided.work_s)
+    assert "strided views at the contiguous rate" in P.describe_basis(spec, strided)
+    assert "strided" not in P.describe_basis(spec, dense)

@@ -53,6 +53,12 @@ CUDA graphs ("cudagraphs": gpt-fast's reduce-overhead, serving engines): the com
 program replayed as one graph per step: fused as above, no overhead per kernel, one
 `cudagraphs` overhead per step (the graph's launch).
 Metadata ops (prim.*: x.device under fake tensors) are no op calls and cost nothing.
+
+Strides. An elementwise op on a strided view (`strided_view`: x[..., ::2], a slice of a
+wider row) streams slower than the dense operands its rate was measured on (a rotary
+multiply on stride-2 views ran 1.6-4.2x its prediction, docs/predictions.md). No spec
+has a strided rate yet, so such an op is priced at the contiguous one and the eager
+prediction names the seconds so priced (`strided_s`; describe_basis says it): a lower bound.
 Host-link transfers are taken from the roofline and added as they are.
 """
 from __future__ import annotations
@@ -62,6 +68,7 @@ from dataclasses import dataclass, replace
 
 from perfcounter.costs import op_info_by_name
 from perfcounter.devices.dtypes import as_dtype, dtype_name
+from perfcounter.format import si
 from perfcounter.pricing.achievable import (  # noqa: F401 (re-exported: predict's names)
     CALIBRATED, DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S, WEIGHT_CLASSES, Rate, check_execution,
     gemv_row_s, is_calibrated, measured_dtype, overhead, rate, rows_flops)
@@ -138,6 +145,12 @@ def op_class(op: str, args: tuple = ()) -> str:
     return cls
 
 
+def strided_view(args: tuple) -> bool:
+    """Whether an op's tensors include a strided view (trace_args.TensorArg.gapped:
+    x[..., ::2], a slice of a wider row), which streams slower than dense memory."""
+    return any(t.gapped for t in tensor_args(args))
+
+
 def has_explicit_mask(args: tuple) -> bool:
     """Whether an attention record's operands include a mask tensor (a tensor after q, k,
     v whose last two dims are [Sq, Sk]). Fused kernels (CPU flash, memory-efficient)
@@ -161,6 +174,7 @@ class OpPrediction:
     memory_s: float
     basis: str
     rows_s: float = 0.0  # a GEMV's weight rows x the spec's time per row (gemv_row_s)
+    strided: bool = False  # elementwise on a strided view, at the contiguous rate (module doc)
 
     @property
     def work_s(self) -> float:
@@ -215,7 +229,7 @@ def op_predictions(trace: Trace, spec, execution: str = "eager") -> list[OpPredi
         compute = flops / achieved if flops else 0.0
         out.append(OpPrediction(r, weight_cls, r.calls * per_call,
                                 compute, _memory_s(streamed, r.bytes - streamed, rt), rt.basis,
-                                rows_s))
+                                rows_s, cls == "elementwise" and strided_view(r.args)))
     if execution == "eager" and spec.device_type in ASYNCHRONOUS:  # dispatch overlaps kernels:
         dispatch, work = sum(p.overhead_s for p in out), sum(p.work_s for p in out)
         shown = max(dispatch - work, 0.0) / dispatch if dispatch else 0.0  # each op its share
@@ -234,6 +248,7 @@ class Prediction:
     by_class: dict  # op class -> seconds (overhead included); "fused" for compiled groups
     basis: str  # where the rates came from: "curve", "efficiency", "default", "peak" (joined)
     op_calls: int  # op calls priced (compiled: kernels)
+    strided_s: float = 0.0  # eager: work of elementwise ops on strided views (module doc)
 
     @property
     def latency_s(self) -> float:
@@ -243,7 +258,7 @@ class Prediction:
         return {"latency_s": self.latency_s, "execution": self.execution,
                 "overhead_s": self.overhead_s, "work_s": self.work_s,
                 "host_link_s": self.host_link_s, "by_class": dict(self.by_class),
-                "basis": self.basis, "op_calls": self.op_calls}
+                "basis": self.basis, "op_calls": self.op_calls, "strided_s": self.strided_s}
 
 
 def predict(trace: Trace, spec, execution: str = "eager") -> Prediction:
@@ -258,7 +273,8 @@ def predict(trace: Trace, spec, execution: str = "eager") -> Prediction:
             by_class[p.op_class] = by_class.get(p.op_class, 0.0) + p.latency_s
         return Prediction(execution, sum(p.overhead_s for p in ops),
                           sum(p.work_s for p in ops), host, by_class,
-                          "+".join(sorted(bases)), sum(p.record.calls for p in ops))
+                          "+".join(sorted(bases)), sum(p.record.calls for p in ops),
+                          sum(p.work_s for p in ops if p.strided))
     extern = [p for p in ops if p.op_class in EXTERN]
     fused = [p for p in ops if p.op_class not in EXTERN and p.record.bytes]
     for p in extern:
@@ -290,7 +306,11 @@ def describe_basis(spec, prediction: Prediction) -> str:
     words = {"curve": "measured curves", "efficiency": "sourced efficiencies",
              "default": "stated default efficiencies (predict.DEFAULT_EFFICIENCY)",
              "peak": "measured peaks (no curves)"}
-    return ", ".join(words[b] for b in prediction.basis.split("+") if b in words)
+    text = ", ".join(words[b] for b in prediction.basis.split("+") if b in words)
+    if prediction.strided_s:
+        text += (f"; {si(prediction.strided_s, 's')} of elementwise work on strided views at "
+                 "the contiguous rate: a lower bound")
+    return text
 
 
 def dtype_key(dtype) -> str:
