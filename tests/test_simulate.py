@@ -183,6 +183,20 @@ def test_the_prediction_stands_beside_the_bound_by_hand(two):
         simulate(two, {"a": "dev-a"}, devices=devices, host=HOST, execution="fast")
 
 
+def test_under_cuda_graphs_each_device_launches_its_own_graph(two):
+    # dev-a launches a graph of 5 us a step, dev-b one of 7 us; no per-kernel launch
+    eff = {"gemv": 0.5}
+    devices = {"dev-a": replace(DEV_A, op_overhead_s={"cudagraphs": 5e-6}, op_efficiency=eff),
+               "dev-b": replace(DEV_B, op_overhead_s={"cudagraphs": 7e-6}, op_efficiency=eff)}
+    p = simulate(two, {"a": "dev-a", "b": "dev-b,t"}, devices=devices, host=HOST,
+                 execution="cudagraphs").phases["decode"]
+    # a: 352 ns of work + 5 us; b: 104 ns + 7 us (the views are no kernels in a graph)
+    assert p.devices["dev-a"].predicted_busy_s == pytest.approx(5352e-9)
+    assert p.devices["dev-b"].predicted_busy_s == pytest.approx(7104e-9)
+    # + the same 480 ns of transfers: 480 + 5,352 + 7,104 = 12,936 ns
+    assert p.predicted_s == pytest.approx(12936e-9)
+
+
 @pytest.mark.parametrize("execution", ["eager", "compiled", "cudagraphs"])
 def test_on_one_device_the_prediction_is_predicts(tiny_counter, execution):
     spec = perfcounter.get_device_spec("h100-sxm")

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from perfcounter.pricing.predict import EXTERN, op_predictions, predict
+from perfcounter.pricing.achievable import overhead
+from perfcounter.pricing.predict import EXTERN, op_class, op_predictions, predict
 
 
 class RecordTime(NamedTuple):
@@ -28,9 +29,24 @@ class RecordTime(NamedTuple):
         return self.overhead_s + self.work_s
 
 
-def record_predictions(trace, spec, execution: str = "eager") -> list[RecordTime]:
+def per_step_overhead_s(trace, spec, execution: str) -> float:
+    """The launches a phase pays once per step, not per kernel: CUDA graphs' graph launch;
+    compiled, the fused kernel each step starts with (when anything is fused); eager none.
+    A placement pays them on every device it uses (each device launches its own)."""
+    steps = max(trace.steps, 1)
+    if execution == "cudagraphs":
+        return steps * overhead(spec, "cudagraphs")
+    if execution == "compiled" and any(r.bytes and op_class(r.op, r.args) not in EXTERN
+                                       and not r.op.startswith("prim.") for r in trace.records):
+        return steps * overhead(spec, "compiled")
+    return 0.0
+
+
+def record_predictions(trace, spec, execution: str = "eager", *,
+                       per_step: bool = True) -> list[RecordTime]:
     """One RecordTime per trace.records entry (metadata ops, prim.*: zero), summing to
-    predict(trace, spec, execution).latency_s - host_link_s (see the module doc)."""
+    predict(trace, spec, execution).latency_s - host_link_s (see the module doc);
+    per_step=False leaves out per_step_overhead_s (a placement charges it per device)."""
     ops = {id(p.record): p for p in op_predictions(trace, spec, execution)}
     zero = RecordTime(0.0, 0.0)
     if execution == "eager":
@@ -40,9 +56,12 @@ def record_predictions(trace, spec, execution: str = "eager") -> list[RecordTime
     extern = {k: p for k, p in ops.items() if p.op_class in EXTERN}
     fused = {k: p for k, p in ops.items() if p.op_class not in EXTERN and p.record.bytes}
     # what the fused group costs: the phase's figures less the extern kernels'
-    fused_overhead = whole.overhead_s - sum(p.overhead_s for p in extern.values())
+    fused_overhead = whole.overhead_s - sum(p.overhead_s for p in extern.values())  # launches
     fused_work = whole.work_s - sum(p.work_s for p in extern.values())
     launch = whole.by_class.get("graph launch", 0.0)  # cudagraphs: in fused_overhead
+    if not per_step:  # the launches a step pays once, charged by the caller
+        fused_overhead -= per_step_overhead_s(trace, spec, execution)
+        launch = 0.0
     weight = {k: p.record.bytes for k, p in fused.items()}
     if fused and not sum(weight.values()):
         weight = {k: p.record.calls for k, p in fused.items()}

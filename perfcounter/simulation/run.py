@@ -37,6 +37,7 @@ import warnings
 from dataclasses import astuple
 
 from perfcounter._util import PerfcounterWarning
+from perfcounter.pricing.per_record import per_step_overhead_s
 from perfcounter.pricing.predict import check_execution
 from perfcounter.simulation.links import Link, Links
 from perfcounter.simulation.placement import (HOST, Device, Mapping, MappingError, Plan,
@@ -324,8 +325,10 @@ def simulate(source, mapping=None, *, host=None, default_device: str | None = No
     execution: beside the bound (every op at peak x peak_fraction, UPMEM's simulator's
       assumption), the phase predicted run eager, compiled or cudagraphs: each op at its
       device's achievable rate for its kernel class and paying its overheads (predict.py;
-      peak_fraction and elementwise_model do not apply), the same transfers
-      (PhaseResult.predicted_s, DeviceResult.predicted_busy_s); None: the bound alone.
+      peak_fraction and elementwise_model do not apply), the same transfers, each device
+      used paying its own per-step launches (per_record.per_step_overhead_s: a graph a step
+      under cudagraphs) (PhaseResult.predicted_s, DeviceResult.predicted_busy_s); None: the
+      bound alone.
     """
     phases = phases_of(source, labels)
     mapping = Mapping.load(mapping)
@@ -357,9 +360,13 @@ def simulate(source, mapping=None, *, host=None, default_device: str | None = No
         for label, (trace, tokens) in phases.items():
             predicted = _Replay(PREPARED.get(trace), plan, links, elementwise_model,
                                 bool(overlap), notes, False, execution).replay(label, tokens)
-            results[label].predicted_s = predicted.time_s
+            launches = 0.0  # each device that ran ops launches its own per step (a graph)
             for key, a in predicted.devices.items():
+                if a.busy_s:
+                    a.busy_s += per_step_overhead_s(trace, plan.devices[key].spec, execution)
+                    launches += per_step_overhead_s(trace, plan.devices[key].spec, execution)
                 results[label].devices[key].predicted_busy_s = a.busy_s
+            results[label].predicted_s = predicted.time_s + launches
     options = {"elementwise_model": elementwise_model, "overlap": bool(overlap),
                "execution": execution,
                "default_device": None if plan.default is None else plan.default.key,

@@ -200,13 +200,14 @@ class Prepared:
     def record_costs(self, spec, elementwise: str, execution: str | None = None
                      ) -> list[StepCost]:
         """Each record's roofline on `spec`; with an execution, its predicted seconds in that
-        regime instead (per_record.py; the energy stays the same FLOPs and bytes)."""
+        regime instead (per_record.py, less the launches a step pays once, which a placement
+        charges per device; the energy stays the same FLOPs and bytes)."""
         key = (spec, elementwise, execution)
         if key not in self.records:
             if execution is None:
                 self.records[key] = _price(self.trace, spec, elementwise)
             else:
-                times = record_predictions(self.trace, spec, execution)
+                times = record_predictions(self.trace, spec, execution, per_step=False)
                 self.records[key] = [c._replace(latency_s=t.latency_s) for c, t in
                                      zip(self.record_costs(spec, elementwise), times)]
         return self.records[key]
