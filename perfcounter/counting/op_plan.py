@@ -285,9 +285,8 @@ def _make_plan(func, args, kwargs, out, tensors, data=()) -> OpPlan:
     formula = info.formula if info is not None else None
     flat_args = _schema_args(func, args, kwargs, len(tensors))
     out_tensors = flat_tensors(out)
-    dtype = next((str(t.dtype).replace("torch.", "") for t in [*tensors, *out_tensors]
-                  if t.is_floating_point()),
-                 str(tensors[0].dtype).replace("torch.", "") if tensors else "")
+    dtype = next((_dtype_name(t.dtype) for t in [*tensors, *out_tensors] if t.is_floating_point()),
+                 _dtype_name(tensors[0].dtype) if tensors else "")
     cost, has_formula = costs.ZERO, formula is not None
     if formula is not None:
         try:
@@ -345,7 +344,8 @@ def _dtype_name(dtype) -> str:
 
 def arg_data(args, kwargs) -> tuple:
     """The call's arguments as data (trace_args.py): each tensor's shape, stride (dims of
-    size 1 canonical) and dtype, lists as tuples, keywords after the positional ones, plain scalars as their values."""
+    size 1 canonical) and dtype, lists as tuples, keywords after the positional ones, plain
+    scalars as their values."""
 
     def data(x):
         if isinstance(x, Tensor):
