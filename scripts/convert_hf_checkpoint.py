@@ -1,16 +1,17 @@
 """Convert a Hugging Face model folder or a GGUF file into perfcounter's layout.
 
-    python scripts/convert_hf_checkpoint.py --checkpoint_dir path/to/Llama-2-7b-hf --out_dir ckpt/llama-2-7b
-    python scripts/convert_hf_checkpoint.py --checkpoint_dir path/to/model.Q4_1.gguf --out_dir ckpt/smollm2
+    python scripts/convert_hf_checkpoint.py --model path/to/Llama-2-7b-hf --out_dir ckpt/llama-2-7b
+    python scripts/convert_hf_checkpoint.py --model path/to/model.Q4_1.gguf --out_dir ckpt/smollm2
 
 writes `model.safetensors` (gpt-fast names and layout, ModelArgs in its metadata),
 `config.json` (the ModelArgs) and the tokenizer (tokenizer.model or tokenizer.json
 + tokenizer_config.json), each file atomically. GGUF weights are dequantized by
 transformers. The result loads with `generate.py --model OUT_DIR`.
-gpt-fast `model.pth` checkpoints convert too (give --model or --config when no
-config.json lies beside them).
+gpt-fast `model.pth` checkpoints convert too (give --model_name or --config when no
+config.json lies beside them). --model names the checkpoint, as in every perfcounter command
+(--checkpoint_dir, its old spelling, works for one release, with a note; beside it --model
+keeps its old meaning, the preset giving a model.pth's config, now --model_name).
 """
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 
 import torch  # noqa: E402
 
+from perfcounter.cli.flags import Parser, add_deprecated, checkpoint_of  # noqa: E402
 from perfcounter.models.loading import CheckpointError, convert_checkpoint  # noqa: E402
 from perfcounter.models.args import UnknownModelError  # noqa: E402
 from perfcounter.models.tokenizer import TokenizerError  # noqa: E402
@@ -38,19 +40,20 @@ def main(*, checkpoint_dir: Path, out_dir: Path, dtype: str | None = None,
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint_dir", type=Path, required=True,
-                        help="Hugging Face model folder, .gguf file, or gpt-fast model.pth")
+    parser = Parser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=None, help="Hugging Face model folder, "
+                        ".gguf file, or gpt-fast model.pth (required)")
+    add_deprecated(parser, "--checkpoint_dir", "--model", type=Path, default=None)
     parser.add_argument("--out_dir", type=Path, required=True, help="folder to write into")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                         help="store the weights in this dtype (default: as read)")
-    parser.add_argument("--model", dest="model_name", default=None,
+    parser.add_argument("--model_name", default=None,
                         help="preset name giving the config of a model.pth")
     parser.add_argument("--config", type=Path, default=None, help="config.json to use")
     parser.add_argument("--trust_remote_code", action="store_true",
                         help="let transformers run code that comes with a checkpoint (off: refused)")
-    args = parser.parse_args()
+    args = vars(parser.parse_args())
     try:
-        main(**vars(args))
+        main(checkpoint_dir=checkpoint_of(parser, args, "checkpoint_dir"), **args)
     except (CheckpointError, TokenizerError, UnknownModelError) as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")

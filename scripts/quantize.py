@@ -1,7 +1,7 @@
 """Write a weight-only quantized checkpoint of perfcounter's model, as gpt-fast's quantize.py does.
 
-    python scripts/quantize.py --checkpoint_path ckpt/llama-2-7b --mode int8
-    python scripts/quantize.py --checkpoint_path ckpt/llama-2-7b --mode int4 --groupsize 32
+    python scripts/quantize.py --model ckpt/llama-2-7b --mode int8
+    python scripts/quantize.py --model ckpt/llama-2-7b --mode int4 --groupsize 32
     python generate.py --model ckpt/llama-2-7b/model_int4.g32.pth
 
 reads any checkpoint generate.py reads (our folder or model.safetensors, a gpt-fast
@@ -12,8 +12,10 @@ checkpoint's dtype); int4: two 4-bit weights a byte ([N, K/2] uint8, the even co
 low nibble) and bfloat16 scales and zeros per group ([K/G, N, 2]); perfcounter/quant/quantize.py
 has the layouts. When no config.json lies beside the output, ours is written there, so
 that the file loads on its own. A checkpoint that is already quantized is refused.
+--model names the checkpoint, as in every perfcounter command (--checkpoint_path, its old
+spelling, works for one release, with a note; beside it --model keeps its old meaning, the
+preset giving a model.pth's config, now --model_name).
 """
-import argparse
 import dataclasses
 import json
 import sys
@@ -26,6 +28,7 @@ import torch  # noqa: E402
 
 from perfcounter.quant import quantize as quantization  # noqa: E402
 from perfcounter._util import atomic_write  # noqa: E402
+from perfcounter.cli.flags import Parser, add_deprecated, checkpoint_of  # noqa: E402
 from perfcounter.models.loading import CheckpointError, build_model, read_checkpoint  # noqa: E402
 from perfcounter.models.args import UnknownModelError  # noqa: E402
 from perfcounter.models.tokenizer import TokenizerError  # noqa: E402
@@ -78,23 +81,24 @@ def main(*, checkpoint_path: Path, mode: str = "int8", groupsize: int | None = N
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint_path", type=Path, required=True,
+    parser = Parser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=None,
                         help="float checkpoint: our folder, model.safetensors, model.pth, a "
-                             "Hugging Face folder or a .gguf file")
+                             "Hugging Face folder or a .gguf file (required)")
+    add_deprecated(parser, "--checkpoint_path", "--model", type=Path, default=None)
     parser.add_argument("--mode", default="int8", help="int8 or int4")
     parser.add_argument("--groupsize", type=int, default=None,
                         help="int4 group size: 32, 64, 128 (default) or 256")
     parser.add_argument("--out", type=Path, default=None,
                         help="file to write (default: model_int8.pth / model_int4.gG.pth beside "
                              "the checkpoint)")
-    parser.add_argument("--model", dest="model_name", default=None,
+    parser.add_argument("--model_name", default=None,
                         help="preset name giving the config of a model.pth")
     parser.add_argument("--config", type=Path, default=None, help="config.json to use")
     parser.add_argument("--trust_remote_code", action="store_true",
                         help="let transformers run code that comes with a checkpoint (off: refused)")
-    cli = parser.parse_args()
+    cli = vars(parser.parse_args())
     try:
-        main(**vars(cli))
+        main(checkpoint_path=checkpoint_of(parser, cli, "checkpoint_path"), **cli)
     except (quantization.QuantizeError, CheckpointError, TokenizerError, UnknownModelError) as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")

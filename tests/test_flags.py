@@ -171,7 +171,7 @@ def test_generate_keywords(tmp_path):
     kw = flags.generate_keywords(parse(["--model", str(tmp_path), "--compile"]))
     assert (kw["config"], kw["model"], kw["checkpoint_path"]) == (tmp_path, None, None)
     assert kw["compile"] and kw["execution"] == "compiled" and kw["prompt_length"] == 128
-    (tmp_path / "model.pth").write_bytes(b"")
+    (tmp_path / "model.pth").write_bytes(b"PK\x03\x04")  # how torch.save's zip begins
     kw = flags.generate_keywords(parse(["--model", str(tmp_path / "model.pth"), "--prompt", "Hi"]))
     assert (kw["checkpoint_path"], kw["prompt"], kw["prompt_length"]) == (
         tmp_path / "model.pth", "Hi", None)  # a text prompt replaces the synthetic one
@@ -185,7 +185,7 @@ def test_model_source(tmp_path):
     assert flags.model_source("llama-2-7b") == "preset"
     assert flags.model_source(tmp_path / "config.json") == "config"
     assert flags.model_source(tmp_path) == "config"
-    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / "model.safetensors").write_bytes(b"\x02" + bytes(7) + b"{}")  # 2 B of JSON
     assert flags.model_source(tmp_path) == "checkpoint"
     assert flags.config_of(tmp_path / "model.safetensors") == tmp_path  # its config.json
     with pytest.raises(ValueError, match="--model nope/config.json: no such file or folder"):

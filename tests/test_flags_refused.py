@@ -33,7 +33,8 @@ SAVED = "{0}: --counts reads a saved count; {0} applies when --model is counted"
       "--allow_unmatched"], "--allow_unmatched: --search builds the mapping: it has no keys to "
                             "match"),
     (["calibrate", "--no_write", "--out", "{tmp}/c.yaml"], "--out: --no_write writes no file"),
-    (["calibrate", "--array_mb", "-5"], "--array_mb -5: expected MiB per triad array, a number > 0"),
+    (["calibrate", "--array_mb", "-5"],
+     "--array_mb -5: expected MiB per triad array, a number > 0"),
     (["calibrate", "--array_mb", "1e-9"],
      "--array_mb 1e-09: expected at least one byte (1e-6 MiB)"),  # 1e-9 * 2**20 B < 1 B
     (["calibrate", "--repeats", "0"], "--repeats 0: expected triad runs, a number > 0"),

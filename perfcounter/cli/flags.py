@@ -36,6 +36,10 @@ spellings (--config, --checkpoint_path, --new_tokens, --act_dtype) still work fo
 release, with one line on stderr naming the new one. An unknown flag or choice is answered
 with the nearest valid ones (_util.did_you_mean), on one line, exit code 2.
 
+A flag a run cannot honour (graph's --max_new_tokens, profile --counts with --save_path) is
+refused, never ignored: one line naming it and why, exit code 2, before any work (`refuse`,
+on the flags the Parser saw `given`, in any spelling, even at their default).
+
 Flags that write (`add_output`: --save_path, --csv, --markdown, --out, --trace, --plot,
 calibrate's --out) are checked as they are parsed, with _util.check_writable_target: a
 missing folder, a folder that cannot be written or a target that is no regular file is
@@ -53,6 +57,7 @@ from pathlib import Path
 import torch
 
 from perfcounter._util import check_writable_target, did_you_mean
+from perfcounter.cli.model_flag import ACCEPTED, config_of, model_source  # noqa: F401 config_of
 from perfcounter.generation.run import GenerateArgumentError
 
 PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -65,9 +70,7 @@ _ACCUMULATE = (argparse._AppendAction, argparse._AppendConstAction, argparse._Co
 DEFAULTS = dict(model=None, prompt_length=128, max_new_tokens=128, batch_size=1,
                 precision="auto", execution="eager", device_spec=None, quantize=None,
                 weight_dtype=None, group_size=None, kv_dtype=None, save_path=None)
-CHECKPOINT_SUFFIXES = (".gguf", ".pth", ".pt", ".safetensors", ".bin")
-MODEL_HELP = ("a preset name, a config.json, a model folder, or a .gguf, .pth or .safetensors "
-              "file", " (default: none; generate.py runs its built-in SmolLM2-135M-Instruct)")
+MODEL_HELP = (ACCEPTED, " (default: none; generate.py runs its built-in SmolLM2-135M-Instruct)")
 DEVICE_HELP = ("registry name or YAML path to price on", " (default: this machine's: the spec "
                "`perfcounter calibrate` wrote, else the detected GPU or generic-cpu)")
 
@@ -116,12 +119,10 @@ class Parser(argparse.ArgumentParser):
         for a in self._actions:
             if a.dest != argparse.SUPPRESS and not hasattr(namespace, a.dest) \
                     and not isinstance(a, _ACCUMULATE):  # those read their current value
-                defaults.setdefault(a.dest, a)
-                if a.default is not argparse.SUPPRESS and defaults[a.dest].default is \
-                        argparse.SUPPRESS:
+                if a.dest not in defaults or defaults[a.dest].default is argparse.SUPPRESS:
                     defaults[a.dest] = a  # argparse's: the first default that is not SUPPRESS
-        for dest in defaults:
-            setattr(namespace, dest, _UNSET)  # argparse leaves a present attribute alone
+        for dest in defaults:  # argparse leaves a present attribute alone
+            setattr(namespace, dest, _UNSET)
         parsed, extras = super().parse_known_args(args, namespace)
         given = set(getattr(parsed, "_given", ()))
         given |= {a.dest for a in self._actions if isinstance(a, _ACCUMULATE)
@@ -141,6 +142,13 @@ class Parser(argparse.ArgumentParser):
                        f"{did_you_mean(unknown[0], self._flags(hidden=False))}")
         return parsed, extras
 
+    def parse_args(self, args=None, namespace=None) -> Args:
+        parsed = super().parse_args(args, namespace)
+        given = vars(parsed).pop("_given", frozenset())  # a subcommand's parse sets it too
+        out = Args(**vars(parsed))
+        out.given_dests = given
+        return out
+
     def error(self, message: str):
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if choice:
@@ -149,9 +157,16 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+class Args(argparse.Namespace):
+    """Parser.parse_args' result: the flags' values (vars() shows those alone) and the dests
+    of the flags given (`given`)."""
+
+    __slots__ = ("given_dests",)
+
+
 def given(args) -> frozenset:
     """The dests of the flags given on the command line (a Parser's parse; any spelling)."""
-    return getattr(args, "_given", frozenset())
+    return getattr(args, "given_dests", frozenset())
 
 
 def refuse(args, why: dict) -> None:
@@ -173,6 +188,27 @@ class _Deprecated(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         note(option_string, self.new)
         setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+
+
+def add_deprecated(group, old: str, new: str, **kwargs):
+    """`old`, an old spelling of `new`: it works for one release, with one note on stderr
+    (kwargs: add_argument's, dest, type, default, ...; its help is suppressed)."""
+    return group.add_argument(old, action=_Deprecated, new=new, **kwargs)
+
+
+def checkpoint_of(parser, values: dict, old: str):
+    """A script's checkpoint: --model, or its old spelling (dest `old`), both popped from
+    `values`; given both, --model keeps its old meaning there, the preset giving a model.pth's
+    config (values["model_name"]), as generate.py's --checkpoint_path does. Neither: one
+    line, exit code 2."""
+    model, checkpoint = values.pop("model"), values.pop(old)
+    if checkpoint is None:
+        checkpoint, model = model, None
+    if checkpoint is None:
+        parser.error("--model is required: the checkpoint to read")
+    if model is not None:
+        values["model_name"] = values.get("model_name") or str(model)
+    return checkpoint
 
 
 class _Precision(argparse.Action):
@@ -287,7 +323,8 @@ def add_model_flags(parser, *, lists: bool = False, lengths: str = "tokens",
                    help=(many or " (comma-separated list)" * device_list).join(DEVICE_HELP))
     g.add_argument("--quantize", default=DEFAULTS["quantize"], help="weights of every linear "
                    "as int8, int4 or int4-G (G = 32, 64, 128, 256): bytes as stored, FLOPs at "
-                   "--precision" + many + " (default: none)")
+                   "--precision; or fp8 (W8A8: fp8 weights and activations, FLOPs at fp8)"
+                   + many + " (default: none)")
     g.add_argument("--weight_dtype", default=DEFAULTS["weight_dtype"],
                    help="what-if weights: int8, int4 (with --group_size) or a float dtype "
                         "(default: none)")
@@ -297,51 +334,11 @@ def add_model_flags(parser, *, lists: bool = False, lengths: str = "tokens",
                    "scale per token and head" + many + " (default: --precision)")
     add_output(g, "--save_path", help="write the results as JSON (default: none, printed "
                "only)")
-    g.add_argument("--new_tokens", dest="max_new_tokens", type=number, action=_Deprecated,
-                   new="--max_new_tokens")
+    add_deprecated(g, "--new_tokens", "--max_new_tokens", dest="max_new_tokens", type=number)
     g.add_argument("--act_dtype", dest="precision", action=_Precision, help=argparse.SUPPRESS)
     for old in ("--config", "--checkpoint_path"):
-        g.add_argument(old, dest=old[2:] if legacy_paths else "model", action=_Deprecated,
-                       new="--model", default=None if legacy_paths else argparse.SUPPRESS)
-
-
-def model_source(text) -> str:
-    """What a --model names: "preset", "config" (a config.json, or a folder holding one and
-    no weights) or "checkpoint" (weights: a .gguf, .pth, .safetensors file or a folder
-    holding them). A path that does not exist is refused (ValueError)."""
-    path = Path(str(text)).expanduser()
-    if path.is_file():
-        return "checkpoint" if path.suffix in CHECKPOINT_SUFFIXES else "config"
-    if path.is_dir():
-        weights = [p for s in CHECKPOINT_SUFFIXES for p in path.glob(f"*{s}")]
-        if weights:
-            return "checkpoint"
-        if (path / "config.json").is_file():
-            return "config"
-        raise ValueError(f"--model {text}: a folder with neither config.json nor weights")
-    if path.suffix in (".json", *CHECKPOINT_SUFFIXES) or len(path.parts) > 1:
-        raise ValueError(f"--model {text}: no such file or folder")
-    return "preset"
-
-
-def config_of(model):
-    """What a config-only command counts for --model: the preset, config.json or .gguf
-    itself; for a .pth or .safetensors checkpoint, the config.json beside it (or, as
-    gpt-fast names its folders, the preset its folder is named after)."""
-    if model is None:
-        raise ValueError("give the model: --model PRESET|config.json|FOLDER|FILE.gguf")
-    if model_source(model) != "checkpoint":
-        return model
-    path = Path(model).expanduser()
-    if path.suffix == ".gguf":
-        return path
-    folder = path if path.is_dir() else path.parent
-    ggufs = sorted(folder.glob("*.gguf"))
-    if (folder / "config.json").is_file():
-        return folder
-    if len(ggufs) == 1:
-        return ggufs[0]
-    return folder.name
+        add_deprecated(g, old, "--model", dest=old[2:] if legacy_paths else "model",
+                       default=None if legacy_paths else argparse.SUPPRESS)
 
 
 def generate_keywords(args) -> dict:
@@ -350,7 +347,6 @@ def generate_keywords(args) -> dict:
     --config as its config; --prompt TEXT replaces the synthetic --prompt_length prompt;
     --execution other than eager times a compiled run."""
     kw = dict(vars(args))
-    kw.pop("_given", None)
     model, checkpoint, config = kw.pop("model"), kw.pop("checkpoint_path"), kw.pop("config")
     if model is not None and checkpoint is None and config is None:
         try:
