@@ -40,7 +40,7 @@ from torch import Tensor
 
 from perfcounter import TransformerPerformanceCounter, get_device_spec
 from perfcounter._util import settle_objects
-from perfcounter.cli.flags import Parser, add_model_flags, add_output, generate_keywords
+from perfcounter.cli.flags import Parser, add_model_flags, add_output, generate_keywords, refuse
 from perfcounter.console import collected_warnings, quiet_third_party
 from perfcounter.devices import DeviceSpecError, default_device_spec
 from perfcounter.generation import speculative
@@ -310,6 +310,21 @@ def save_results(doc: dict, save_path) -> Path:
         return Path("-")
 
 
+# the flags of a real run, which a config-only count (no weights, nothing run) cannot honour
+CONFIG_ONLY = {"--num_samples": "a config-only count (no weights) times no samples; give a "
+               "checkpoint to time", "--no_memory_check": "a config-only count (no weights) "
+               "allocates nothing to check"}
+
+
+def keywords(cli_args) -> dict:
+    """main's keywords from the parsed flags (generate_keywords); a flag of a real run given
+    for a config-only count is refused, never ignored (GenerateArgumentError)."""
+    kw = generate_keywords(cli_args)
+    if kw["checkpoint_path"] is None and (kw["model"] or kw["config"]):  # config only
+        refuse(cli_args, CONFIG_ONLY, GenerateArgumentError)
+    return kw
+
+
 def build_parser() -> Parser:
     """generate.py's flags: the shared model and run flags (cli/flags.py) and its own."""
     parser = Parser(prog="generate.py", description=__doc__.split("\n\n")[0])
@@ -363,7 +378,7 @@ if __name__ == "__main__":
     with collected_warnings():
         try:
             settle_objects()
-            result = main(**generate_keywords(cli_args))
+            result = main(**keywords(cli_args))
             settle_objects()
             status = 1 if cli_args.save_path is not None and result["saved_to"] != cli_args.save_path \
                 else 0  # 1: the results were kept elsewhere; stderr said where

@@ -2,10 +2,17 @@
 on one line naming the flag and why, exit code 2, before any work (cli/flags.refuse on
 the flags the Parser saw given, in any spelling, even at their default value); and
 calibrate's figures are checked by flag name, with the range they take."""
+import importlib.util
+from pathlib import Path
+
 import pytest
+import torch
 
 from perfcounter.cli.flags import given
 from perfcounter.cli.main import build_parser, main
+from perfcounter.generation.run import GenerateArgumentError
+
+REPO = Path(__file__).resolve().parent.parent
 
 GRAPH = ("--max_new_tokens: graph records one forward (the prefill, or with --phase decode one "
          "decode step after it) and generates no tokens")
@@ -64,3 +71,18 @@ def test_the_parser_knows_which_flags_were_given():
     assert (args.max_new_tokens, args.prompt_length, args.precision) == (128, 128, "auto")
     args = build_parser().parse_args(["sweep", "--model", "m"])
     assert args.prompt_length == "128" and "prompt_length" not in given(args)  # lists: text
+
+
+def test_generate_py_refuses_the_flags_of_a_real_run_for_a_config_only_count(tmp_path):
+    spec = importlib.util.spec_from_file_location("generate", REPO / "generate.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    parse = gen.build_parser().parse_args
+    for flag, value in (("--num_samples", "3"), ("--no_memory_check", None)):
+        argv = ["--model", "smollm2-135m", flag] + ([value] if value else [])
+        with pytest.raises(GenerateArgumentError) as e:
+            gen.keywords(parse(argv))
+        assert str(e.value) == f"{flag}: {gen.CONFIG_ONLY[flag]}"
+    torch.save({}, tmp_path / "model.pth")  # a checkpoint: a real run times its samples
+    assert gen.keywords(parse(["--model", str(tmp_path / "model.pth"), "--num_samples", "3"]))[
+        "num_samples"] == 3

@@ -169,12 +169,12 @@ def given(args) -> frozenset:
     return getattr(args, "given_dests", frozenset())
 
 
-def refuse(args, why: dict) -> None:
+def refuse(args, why: dict, error=ValueError) -> None:
     """A flag the command cannot honour here, {"--flag": why}: refused when it was given,
-    a ValueError on one line (exit code 2) naming the flag and why, before any work."""
+    an `error` on one line (exit code 2) naming the flag and why, before any work."""
     for flag, reason in why.items():
         if flag.removeprefix("--") in given(args):
-            raise ValueError(f"{flag}: {reason}")
+            raise error(f"{flag}: {reason}")
 
 
 class _Deprecated(argparse.Action):
