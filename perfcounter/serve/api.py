@@ -5,7 +5,10 @@
     result = serve(dep, synthetic(1000, 512, 128, qps=10, seed=0), slo="ttft=200ms,tpot=50ms")
     result.metrics["p99_ttft_ms"], result.to_dict()
 
-A deployment is a model (a preset, ModelArgs or a config.json), a precision, a device
+A deployment is a model (a preset, ModelArgs or a config.json), a precision (the
+activations' dtype; `quantize`: the linears' weights stored as any scheme
+quantize.parse_scheme accepts, int8, int4-G, ...; `kv_dtype`: the KV cache int8 or fp8
+with its scales), a device
 spec (its memory holds weights, workspace and the KV cache), the execution regime its
 steps are priced in (`execution`: "eager", "compiled" or "cudagraphs", perfcounter's
 prediction (predicted.py); "bound": the roofline bound; a placement alike, each device's
@@ -28,8 +31,9 @@ from perfcounter.devices import get_device_spec
 from perfcounter.generation.config_only import resolve_config
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.hf_checkpoint import model_args_from_hf
+from perfcounter.quant.quantize import WeightScheme, parse_kv_dtype, parse_scheme
 from perfcounter.serve.errors import ServeError
-from perfcounter.serve.memory import MemoryPlan, memory_plan
+from perfcounter.serve.memory import MemoryPlan, memory_plan, weight_bytes
 from perfcounter.serve.metrics import metrics, parse_slo
 from perfcounter.serve.placement import PlacementPricer, placement_memory
 from perfcounter.serve.predicted import PredictionPricer
@@ -80,6 +84,31 @@ def resolve_precision(precision) -> torch.dtype:
     return PRECISIONS[precision]
 
 
+def resolve_quantization(quantize=None, kv_dtype=None, args: ModelArgs | None = None,
+                         dtype: torch.dtype = torch.bfloat16) -> tuple:
+    """(WeightScheme or None, "int8" / "fp8" or None) from a scheme (or its name, as
+    --quantize takes it) and a KV dtype name; with `args`, the scheme is also held to the
+    model (int4's group size must divide every linear's in_features). ServeError else."""
+    try:
+        scheme = quantize if isinstance(quantize, WeightScheme) else parse_scheme(quantize)
+        kv = parse_kv_dtype(kv_dtype)
+        if scheme is not None and args is not None:
+            weight_bytes(args, dtype, scheme)  # quantizes a one-layer fake model: refuses misfits
+    except ValueError as e:  # QuantizeError
+        raise ServeError(str(e)) from None
+    return scheme, kv
+
+
+def precision_label(dtype: torch.dtype, weights=None, kv: str | None = None) -> str:
+    """'bfloat16', or 'bfloat16, weights int4-32, KV int8' when stored quantized."""
+    parts = [str(dtype).replace("torch.", "")]
+    if weights is not None:
+        parts.append(f"weights {weights.name}")
+    if kv is not None:
+        parts.append(f"KV {kv}")
+    return ", ".join(parts)
+
+
 def resolve_spec(device_spec, dtype: torch.dtype):
     """A DeviceSpec as given, or the registry's entry of that name at `dtype`."""
     if not isinstance(device_spec, str):
@@ -107,6 +136,12 @@ class Deployment:
     notes: list = field(default_factory=list)
     execution: str = "eager"  # the regime its steps are priced in (EXECUTIONS)
     devices: list = field(default_factory=list)  # a placement's placement.DeviceMemory rows
+    weights: WeightScheme | None = None  # the linears' stored scheme (None: float)
+    kv_dtype: str | None = None  # the KV cache's stored dtype, "int8" / "fp8" (None: float)
+
+    @property
+    def precision(self) -> str:
+        return precision_label(self.dtype, self.weights, self.kv_dtype)
 
 
 def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat16",
@@ -114,8 +149,9 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
                max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
                step_overhead_s: float = 0.0, usd_per_hour: float | None = None,
                execution: str | None = None, host=None, check_fit: bool = True,
-               **mapping_options) -> Deployment:
+               quantize=None, kv_dtype=None, **mapping_options) -> Deployment:
     """A deployment (see the module doc); every limit checked here, before any work;
+    quantize: a quantize.WeightScheme or a name parse_scheme takes; kv_dtype: "int8", "fp8";
     check_fit: refuse a model that leaves no KV cache (False: --plan shows it).
     execution: None is "eager", on a device and under a mapping alike. mapping_options:
     PlacementPricer's (devices, allow_unmatched, default_device, peak_fraction: the bound
@@ -131,6 +167,8 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
         raise ServeError(f"--usd_per_hour {usd_per_hour}: expected a price >= 0")
     args = resolve_model(model)
     dtype = resolve_precision(precision)
+    weights, kv = resolve_quantization(quantize, kv_dtype, args, dtype)
+    stored = {"weights": weights, "kv": kv}
     fit_options = {"gpu_memory_utilization": gpu_memory_utilization, "block_size": block_size,
                    "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs}
     devices: list = []
@@ -138,18 +176,18 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
     if mapping is not None:
         pricer = PlacementPricer(mapping, args, execution=execution, host=host,
                                  **mapping_options)
-        table = step_table(args, dtype, pricer)
+        table = step_table(args, dtype, pricer, **stored)
         plan, devices = placement_memory(table, dtype, **fit_options)
         spec, name = pricer.host, f"placement {mapping_name(mapping)}"
         prices = [(pricer.devices[d.device], d.device) for d in devices]
     else:
         spec = resolve_spec(device_spec, dtype)
-        plan = memory_plan(args, dtype, spec, **fit_options)
+        plan = memory_plan(args, dtype, spec, **fit_options, **stored)
         table, name, prices = None, spec.name, [(spec, spec.name)]
     if check_fit and not plan.fits:
         raise ServeError(_no_fit(str(model), name, plan))
     if table is None:
-        table = step_table(args, dtype, pricer_for(spec, execution))
+        table = step_table(args, dtype, pricer_for(spec, execution), **stored)
     source = "--usd_per_hour" if usd_per_hour is not None else None
     if usd_per_hour is None:
         usd_per_hour, source = listed_price(prices)
@@ -157,7 +195,8 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
                           step_overhead_s)
     model_name = model if isinstance(model, str) else type(model).__name__
     return Deployment(name, args, str(model_name), dtype, spec, table, plan, engine,
-                      usd_per_hour, source, execution=execution, devices=devices)
+                      usd_per_hour, source, execution=execution, devices=devices,
+                      weights=weights, kv_dtype=kv)
 
 
 def mapping_name(mapping) -> str:
@@ -203,6 +242,7 @@ class ServeResult:
         dep = self.deployment
         return {"deployment": dep.name, "model": dep.model_name,
                 "precision": str(dep.dtype).replace("torch.", ""),
+                "weights": dep.weights.name if dep.weights else None, "kv_dtype": dep.kv_dtype,
                 "step_costs": dep.table.label, "execution": dep.execution,
                 "workload": self.workload.source,
                 "num_requests": len(self.workload), "memory": dep.plan.to_dict(),
@@ -219,7 +259,8 @@ def serve(dep: Deployment, workload: Workload, *, slo=None, usd_per_kwh: float |
     if execution is not None and execution != dep.execution:
         pricer = dep.table.pricer.regime(check_execution(execution)) if dep.devices \
             else pricer_for(dep.spec, execution)
-        dep = replace(dep, table=step_table(dep.args, dep.dtype, pricer), execution=execution)
+        dep = replace(dep, table=step_table(dep.args, dep.dtype, pricer, weights=dep.weights,
+                                            kv=dep.kv_dtype), execution=execution)
     if not dep.plan.fits:
         raise ServeError(_no_fit(dep.model_name, dep.name, dep.plan))
     if usd_per_kwh is not None and not (usd_per_kwh >= 0 and math.isfinite(usd_per_kwh)):

@@ -5,6 +5,12 @@
     perfcounter serve --model llama-3-8b --device_spec h100-sxm --plan
     perfcounter serve --model llama-3-8b --device_spec h100-sxm,a100-sxm4-80gb --qps 1:40:8
     perfcounter serve --model llama-3-8b --device_spec h100-sxm --find_max_qps --slo ttft=200ms,tpot=50ms
+    perfcounter serve --model llama-3-8b --device_spec h100-sxm --quantize int4-32 --kv_dtype int8 --plan
+
+--quantize (or --weight_dtype / --group_size) and --kv_dtype store the weights and the KV
+cache quantized, as `perfcounter count` takes them: the step table is counted from the
+quantized model (bytes as stored, FLOPs at --precision), the memory fit holds the stored
+weights and the quantized KV bytes a token (scales included).
 
 Steps are priced as perfcounter predicts them in `--execution` (eager, compiled,
 cudagraphs; predicted.py), or at the roofline bound with `--bound`. `--mapping FILE`
@@ -27,12 +33,14 @@ from pathlib import Path
 
 from perfcounter._util import atomic_write
 from perfcounter.devices import default_device_spec
+from perfcounter.quant.quantize import resolve_scheme
 from perfcounter.serve.api import (
     deployment,
     find_max_qps,
     qps_values,
     resolve_model,
     resolve_precision,
+    resolve_quantization,
     resolve_spec,
     serve,
 )
@@ -94,9 +102,7 @@ def _check(args) -> None:
     """Everything that can be checked before any counting or simulation."""
     if args.model is None:
         raise ServeError("give the model: --model PRESET or config.json")
-    for flag in ("quantize", "weight_dtype", "group_size", "kv_dtype"):
-        if getattr(args, flag, None) is not None:
-            raise ServeError(f"--{flag}: serve prices float weights and KV caches only")
+    _quantization(args)
     if str(getattr(args, "batch_size", "1")) != "1":
         raise ServeError("--batch_size: serve's scheduler forms the batches (--max_num_seqs)")
     if args.qps is not None:
@@ -114,10 +120,23 @@ def _check(args) -> None:
         check_plotting()
 
 
+def _quantization(args) -> tuple:
+    """(WeightScheme or None, KV dtype or None) from --quantize / --weight_dtype /
+    --group_size and --kv_dtype, as `perfcounter count` reads them (ServeError else)."""
+    try:
+        scheme = resolve_scheme(getattr(args, "quantize", None),
+                                getattr(args, "weight_dtype", None),
+                                getattr(args, "group_size", None))
+    except ValueError as e:  # QuantizeError
+        raise ServeError(str(e)) from None
+    return resolve_quantization(scheme, getattr(args, "kv_dtype", None))
+
+
 def _deployments(args) -> list:
     if args.precision == "auto":  # no weights run: bfloat16 (cli/flags.py)
         args.precision = "bfloat16"
-    common = {"precision": args.precision,
+    weights, kv = _quantization(args)
+    common = {"precision": args.precision, "quantize": weights, "kv_dtype": kv,
               "gpu_memory_utilization": args.gpu_memory_utilization,
               "block_size": args.block_size, "max_num_batched_tokens": args.max_num_batched_tokens,
               "max_num_seqs": args.max_num_seqs, "step_overhead_s": args.step_overhead_ms * 1e-3,

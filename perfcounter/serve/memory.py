@@ -4,10 +4,17 @@
     capacity = device memory x gpu_memory_utilization - weights - activation workspace
     KV blocks = floor(capacity / (block_size x KV bytes per token))
 
-Llama-3-70B in bfloat16: 2 x 80 x 8 x 128 x 2 B = 327,680 B a token. Weights are the
-model's parameters at the precision's element size (perfcounter's model: embedding,
-per layer wqkv (+ bias), wo, the feed-forward or experts and their router, two norms;
-final norm; the output layer unless tied). The activation workspace is an estimate of
+Llama-3-70B in bfloat16: 2 x 80 x 8 x 128 x 2 B = 327,680 B a token. A quantized cache
+(`kv="int8"` or `"fp8"`, quantize.QuantizedKVCache) stores 1 B an element plus a scale per
+token and KV head at the precision's element size (quantize.kv_cache_bytes): Llama-3-8B
+in int8 under bfloat16, 2 x 32 x 8 x (128 + 2) = 66,560 B a token against 131,072.
+Weights are the model's parameters at the precision's element size (perfcounter's model:
+embedding, per layer wqkv (+ bias), wo, the feed-forward or experts and their router, two
+norms; final norm; the output layer unless tied); quantized (`weights`, a
+quantize.WeightScheme), they are the bytes stored (data, scales and zero points:
+quant.stored_nbytes) of a fake model quantized as `perfcounter count --quantize` does it
+(every nn.Linear, the output layer included and untied), one layer built and repeated.
+The activation workspace is an estimate of
 the largest live set of one step at the token budget, which vLLM measures by a dummy
 run: max_num_batched_tokens x (4 x dim + q + 2 kv + 2 x intermediate) elements, plus the
 logits of max_num_seqs rows in float32. `plan(...)` answers before simulating: does it
@@ -16,12 +23,16 @@ longest context at a batch.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass
 
 import torch
 
 from perfcounter.models.args import ModelArgs
+from perfcounter.models.loading import fake_model
+from perfcounter.quant.quantize import kv_cache_bytes
+from perfcounter.quant.stored import stored_nbytes
 from perfcounter.serve.errors import ServeError
 
 
@@ -29,9 +40,27 @@ def element_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def kv_bytes_per_token(args: ModelArgs, dtype: torch.dtype) -> int:
-    """2 x layers x KV heads x head_dim x element bytes."""
-    return 2 * args.n_layer * args.n_local_heads * args.head_dim * element_bytes(dtype)
+def kv_bytes_per_token(args: ModelArgs, dtype: torch.dtype, kv: str | None = None) -> int:
+    """2 x layers x KV heads x head_dim x element bytes; kv "int8" / "fp8": 2 x layers x KV
+    heads x (head_dim x 1 B + a scale of `dtype`'s element bytes)."""
+    return kv_cache_bytes(args.n_layer, 1, args.n_local_heads, 1, args.head_dim, kv=kv,
+                          itemsize=element_bytes(dtype))
+
+
+def weight_bytes(args: ModelArgs, dtype: torch.dtype, weights=None) -> int:
+    """Bytes of the model's weights as stored: float, parameters x element bytes; quantized
+    (a quantize.WeightScheme or its name), each parameter's stored bytes in a fake model of
+    one layer, that layer's repeated n_layer times (the module doc)."""
+    if weights is None:
+        return weight_params(args) * element_bytes(dtype)
+    model, _ = fake_model(dataclasses.replace(args, n_layer=1), dtype=dtype, weights=weights)
+    layer = other = 0
+    for name, p in model.named_parameters():  # a tied weight once
+        if name.startswith("layers."):
+            layer += stored_nbytes(p)
+        else:
+            other += stored_nbytes(p)
+    return other + args.n_layer * layer
 
 
 def weight_params(args: ModelArgs) -> int:
@@ -104,8 +133,10 @@ class MemoryPlan:
 
 def memory_plan(args: ModelArgs, dtype: torch.dtype, spec, *, gpu_memory_utilization: float = 0.9,
                 block_size: int = 16, max_num_batched_tokens: int = 8192,
-                max_num_seqs: int = 256, device_bytes: float | None = None) -> MemoryPlan:
-    """The memory plan of `args` at `dtype` on `spec` (its vram, or device_bytes)."""
+                max_num_seqs: int = 256, device_bytes: float | None = None, weights=None,
+                kv: str | None = None) -> MemoryPlan:
+    """The memory plan of `args` at `dtype` on `spec` (its vram, or device_bytes); weights
+    (a quantize.WeightScheme) and kv ("int8", "fp8"): stored quantized (the module doc)."""
     total = device_bytes if device_bytes is not None else spec.vram
     if not total:
         raise ServeError(f"device {spec.name!r} has no memory size (vram_GB); give one in its "
@@ -113,10 +144,10 @@ def memory_plan(args: ModelArgs, dtype: torch.dtype, spec, *, gpu_memory_utiliza
     if not 0 < gpu_memory_utilization <= 1:
         raise ServeError(f"--gpu_memory_utilization {gpu_memory_utilization}: expected a "
                          "fraction in (0, 1]")
-    weights = weight_params(args) * element_bytes(dtype)
+    stored = weight_bytes(args, dtype, weights)
     work = workspace_bytes(args, dtype, max_num_batched_tokens, max_num_seqs)
-    per_token = kv_bytes_per_token(args, dtype)
-    capacity = float(total) * gpu_memory_utilization - weights - work
+    per_token = kv_bytes_per_token(args, dtype, kv)
+    capacity = float(total) * gpu_memory_utilization - stored - work
     blocks = max(0, math.floor(capacity / (block_size * per_token)))
-    return MemoryPlan(float(total), gpu_memory_utilization, weights, work, per_token, block_size,
+    return MemoryPlan(float(total), gpu_memory_utilization, stored, work, per_token, block_size,
                       blocks, args.block_size)

@@ -29,7 +29,9 @@ Memory (`placement_memory`): each device holds the weights of the modules that r
 the KV cache of a layer lives where its attention runs, so the KV blocks are the fewest
 that any device holding attention layers can store (its memory x utilisation - its
 weights - the activation workspace, over its layers' KV bytes a token). A device without a
-memory size is refused (give `vram_GB` in a device file, FILE.yaml:ENTRY).
+memory size is refused (give `vram_GB` in a device file, FILE.yaml:ENTRY). Weights are
+the bytes the counted modules hold (ModuleInfo.param_bytes: quantized, as stored), a KV
+token the cache's stored bytes (memory.kv_bytes_per_token, scales included).
 """
 from __future__ import annotations
 
@@ -46,7 +48,6 @@ from perfcounter.models.loading import fake_model
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.memory import (
     MemoryPlan,
-    element_bytes,
     kv_bytes_per_token,
     workspace_bytes,
 )
@@ -296,8 +297,8 @@ def placement_memory(table: PlacedTable, dtype, *, gpu_memory_utilization: float
     on = {}
     for (path, _), key in table.where.items():
         on.setdefault(path, key)
-    elt = element_bytes(dtype)
-    per_layer_kv = kv_bytes_per_token(args, dtype) // args.n_layer
+    kv_dtype = table.counts.kv
+    per_layer_kv = kv_bytes_per_token(args, dtype, kv_dtype) // args.n_layer
     weights, kv = {k: 0 for k, _, _ in table.parts}, {k: 0 for k, _, _ in table.parts}
     for m in model_modules(args):
         key = on.get(m.path)
@@ -310,7 +311,7 @@ def placement_memory(table: PlacedTable, dtype, *, gpu_memory_utilization: float
             if _LAYER0.search(info.path) else [info.path]
         for p in paths:
             if p in on:
-                weights[on[p]] += info.params * elt
+                weights[on[p]] += info.param_bytes  # as stored (quantized: data and scales)
     work = workspace_bytes(args, dtype, max_num_batched_tokens, max_num_seqs)
     rows, blocks = [], []
     for key, held_weights in weights.items():
@@ -329,6 +330,6 @@ def placement_memory(table: PlacedTable, dtype, *, gpu_memory_utilization: float
     # the plan's figures are those of the devices holding the KV cache (rows: every device)
     plan = MemoryPlan(sum(r.memory_bytes for r in binding), gpu_memory_utilization,
                       sum(r.weight_bytes for r in binding), work * len(binding),
-                      kv_bytes_per_token(args, dtype), block_size, min(blocks, default=0),
+                      kv_bytes_per_token(args, dtype, kv_dtype), block_size, min(blocks, default=0),
                       args.block_size)
     return plan, rows

@@ -152,6 +152,8 @@ class PricedTable:
 class CountsKey(NamedTuple):
     model: str  # repr of the ModelArgs: every field that shapes a step
     dtype: str
+    weights: str | None = None  # the quantize scheme's name (None: float weights)
+    kv: str | None = None  # the KV cache's quantized dtype (None: float)
 
 
 class TableKey(NamedTuple):
@@ -182,10 +184,13 @@ def cache_clear() -> None:
     _STATS.update(hits=0, misses=0)
 
 
-def step_table(args: ModelArgs, dtype: torch.dtype, pricer) -> PricedTable:
+def step_table(args: ModelArgs, dtype: torch.dtype, pricer, *, weights=None,
+               kv=None) -> PricedTable:
     """The priced step table of `args` at `dtype` under `pricer` (its key names the device
-    and the regime), counted once per (model, dtype) and priced once per pricer."""
-    ckey = CountsKey(repr(args) + repr(sorted(vars(args).items())), str(dtype))
+    and the regime), counted once per (model, dtype, weights, kv) and priced once per
+    pricer. weights: a quantize.WeightScheme (None: float); kv: "int8", "fp8" or None."""
+    ckey = CountsKey(repr(args) + repr(sorted(vars(args).items())), str(dtype),
+                     getattr(weights, "name", weights), kv)
     key = TableKey(ckey, pricer.key, pricer.execution)
     table = _TABLES.get(key)
     if table is not None:
@@ -194,7 +199,7 @@ def step_table(args: ModelArgs, dtype: torch.dtype, pricer) -> PricedTable:
     _STATS["misses"] += 1
     counts = _COUNTS.get(ckey)
     if counts is None:
-        counts = _COUNTS[ckey] = count_table(args, dtype)
+        counts = _COUNTS[ckey] = count_table(args, dtype, weights=weights, kv=kv)
     table = _TABLES[key] = pricer.make_table(counts)
     return table
 

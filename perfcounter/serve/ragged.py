@@ -36,10 +36,12 @@ from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import fake_model
 from perfcounter.models.model import precompute_freqs_cis
+from perfcounter.quant.ops import KV_DTYPES, quantize_per_token
 from perfcounter.trace import ROLES, Trace
 
 _INPUT = ROLES.index("input")
 _FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+_QUANTIZED = "perfcounter.quantized_kv_sdpa.default"  # attention over an int8 / fp8 cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,27 +58,44 @@ class Piece:
 
 class _RaggedKV:
     """A layer's KV caches for the pieces of one step (Attention.kv_cache's interface:
-    `update` then `attention`)."""
+    `update` then `attention`); kv "int8" / "fp8": stored quantized with a scale per token
+    and KV head (quantize.QuantizedKVCache's layout), read by quantized_kv_sdpa."""
 
-    def __init__(self, pieces, heads: int, head_dim: int, dtype, masks, slots):
-        self.sizes = [p.new_tokens for p in pieces]
+    def __init__(self, pieces, heads: int, head_dim: int, dtype, masks, slots, kv=None):
+        self.sizes, self.kv = [p.new_tokens for p in pieces], kv
         shape = [(1, heads, p.kv_positions, head_dim) for p in pieces]
-        self.k = [torch.zeros(s, dtype=dtype) for s in shape]
-        self.v = [torch.zeros(s, dtype=dtype) for s in shape]
+        stored = dtype if kv is None else KV_DTYPES[kv][0]
+        self.k = [torch.zeros(s, dtype=stored) for s in shape]
+        self.v = [torch.zeros(s, dtype=stored) for s in shape]
+        self.k_scales = [torch.zeros(*s[:3], 1, dtype=dtype) for s in shape] if kv else None
+        self.v_scales = [torch.zeros(*s[:3], 1, dtype=dtype) for s in shape] if kv else None
         self.pos, self.masks = slots, masks  # shared by every layer, as an engine's slot mapping
 
     def update(self, input_pos, k, v):
-        # k, v: [1, H_kv, T, D] -> each piece's rows written at its own positions
-        for i, (kp, vp) in enumerate(zip(k.split(self.sizes, dim=2), v.split(self.sizes, dim=2))):
-            self.k[i].index_copy_(2, self.pos[i], kp)
-            self.v[i].index_copy_(2, self.pos[i], vp)
+        # k, v: [1, H_kv, T, D] -> each piece's rows written at its own positions; quantized
+        # once for the step's T tokens (as an engine's cache-write kernel does), then written
+        for caches, scales, val in ((self.k, self.k_scales, k), (self.v, self.v_scales, v)):
+            if self.kv is not None:
+                val, scale = quantize_per_token(val, self.kv)  # [1, H_kv, T, D], [.., 1]
+                if val.dtype != torch.int8:  # index_copy_ has no float8 kernel: the bytes
+                    val = val.view(torch.uint8)
+                for i, sp in enumerate(scale.split(self.sizes, dim=2)):
+                    scales[i].index_copy_(2, self.pos[i], sp)
+            for i, part in enumerate(val.split(self.sizes, dim=2)):
+                cache = caches[i] if part.dtype == caches[i].dtype else caches[i].view(part.dtype)
+                cache.index_copy_(2, self.pos[i], part)
         return k, v
+
+    def _attend(self, i, qp, enable_gqa):
+        if self.kv is None:
+            return F.scaled_dot_product_attention(qp, self.k[i], self.v[i],
+                                                  attn_mask=self.masks[i], enable_gqa=enable_gqa)
+        return torch.ops.perfcounter.quantized_kv_sdpa(qp, self.k[i], self.v[i], self.k_scales[i],
+                                                       self.v_scales[i], self.masks[i], enable_gqa)
 
     def attention(self, q, k, v, attn_mask=None, dropout_p=0.0, enable_gqa=False):
         # q: [1, H, T, D] -> per piece [1, H, n, D] over its [1, H_kv, c + n, D] cache
-        out = [F.scaled_dot_product_attention(qp, self.k[i], self.v[i], attn_mask=self.masks[i],
-                                              enable_gqa=enable_gqa)
-               for i, qp in enumerate(q.split(self.sizes, dim=2))]
+        out = [self._attend(i, qp, enable_gqa) for i, qp in enumerate(q.split(self.sizes, dim=2))]
         # joined as a varlen kernel writes it, [1, T, H, D]: the model's transpose back and
         # .contiguous() then copy nothing, at any T
         return torch.cat([o.transpose(1, 2) for o in out], dim=1).transpose(1, 2)
@@ -99,7 +118,7 @@ def _strip(trace: Trace, mask_storage: int) -> Trace:
     for r in trace.records:
         if r.op == "aten.cat.default" and r.module.endswith("attention"):
             continue
-        if r.op == _FLASH and r.read[_INPUT]:
+        if r.op in (_FLASH, _QUANTIZED) and r.read[_INPUT]:
             r = r.copy()
             masks += r.read[_INPUT]
             r.read[_INPUT] = 0
@@ -110,12 +129,15 @@ def _strip(trace: Trace, mask_storage: int) -> Trace:
     return replace(trace, records=records, compulsory_read=comp)
 
 
-def count_step(args: ModelArgs, pieces, dtype=torch.bfloat16, depth: int = 10) -> Trace:
-    """The counted trace of one engine step of `pieces` (see the module doc)."""
+def count_step(args: ModelArgs, pieces, dtype=torch.bfloat16, depth: int = 10, *,
+               weights=None, kv=None) -> Trace:
+    """The counted trace of one engine step of `pieces` (see the module doc); weights (a
+    quantize.WeightScheme or its name) and kv ("int8", "fp8"): stored quantized, as
+    `perfcounter count --quantize --kv_dtype` counts them (bytes as stored)."""
     pieces = [p if isinstance(p, Piece) else Piece(*p) for p in pieces]
     if not pieces or any(p.new_tokens < 1 or p.context < 0 for p in pieces):
         raise ValueError(f"a step needs pieces of >= 1 new token after >= 0 cached; got {pieces}")
-    model, fake_mode = fake_model(args, dtype=dtype)
+    model, fake_mode = fake_model(args, dtype=dtype, weights=weights, kv=kv)
     model.forward = types.MethodType(_ragged_forward, model)
     counter = TransformerPerformanceCounter(depth=depth)
     total = sum(p.new_tokens for p in pieces)
@@ -130,7 +152,7 @@ def count_step(args: ModelArgs, pieces, dtype=torch.bfloat16, depth: int = 10) -
         slots = [torch.arange(p.context, p.kv_positions) for p in pieces]
         for layer in model.layers:
             layer.attention.kv_cache = _RaggedKV(pieces, args.n_local_heads, args.head_dim,
-                                                 dtype, masks, slots)
+                                                 dtype, masks, slots, kv)
         with counter.count("step", num_tokens=total):
             model(idx, input_pos, freqs, ends)
     return _strip(counter.counts["step"].trace, one.element_size())

@@ -14,7 +14,7 @@ def _num(v, digits: int = 2) -> str:
 
 def plan_text(dep, context: int | None = None, batch: int | None = None) -> str:
     p = dep.plan
-    lines = [f"memory plan: {dep.model_name} ({str(dep.dtype).replace('torch.', '')}) on "
+    lines = [f"memory plan: {dep.model_name} ({dep.precision}) on "
              f"{dep.name}" + (" (the KV cache's devices below)" if dep.devices else ""),
              f"  device memory {p.device_bytes / GB:.2f} GB x {p.gpu_memory_utilization:g} = "
              f"{p.usable_bytes / GB:.2f} GB usable",
@@ -41,7 +41,7 @@ def plan_text(dep, context: int | None = None, batch: int | None = None) -> str:
 def result_text(result) -> str:
     """One served workload, in vLLM's benchmark_serving layout plus our engine lines."""
     m, dep = result.metrics, result.deployment
-    rows = [f"serve: {dep.model_name} ({str(dep.dtype).replace('torch.', '')}) on {dep.name}, "
+    rows = [f"serve: {dep.model_name} ({dep.precision}) on {dep.name}, "
             f"{result.workload.source}, {len(result.workload):,} requests",
             f"step costs: {dep.table.label}",
             "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]

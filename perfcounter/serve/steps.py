@@ -94,6 +94,8 @@ class StepCounts:
     window: int | None
     fit_traces: list  # the counted one-layer traces of FIT, in order (pricers fit on them)
     compulsory: np.ndarray  # [features] the whole model's compulsory bytes (read + written)
+    weights: str | None = None  # the linears' quantize scheme (its name), None: float
+    kv: str | None = None  # the KV cache's quantized dtype ("int8", "fp8"), None: float
 
     def repeats(self, r: OpRecord) -> int:
         """How many times a record of a one-layer trace stands in the whole model."""
@@ -152,8 +154,10 @@ def fit(xs: np.ndarray, ys: np.ndarray, what: str, tolerance: float = 1e-6) -> n
     return coef.T
 
 
-def count_table(args: ModelArgs, dtype=torch.bfloat16) -> StepCounts:
-    """Count the FIT steps of a one-layer copy of `args` and fit (see the module doc)."""
+def count_table(args: ModelArgs, dtype=torch.bfloat16, *, weights=None, kv=None) -> StepCounts:
+    """Count the FIT steps of a one-layer copy of `args` and fit (see the module doc);
+    weights (a quantize.WeightScheme) and kv ("int8", "fp8"): stored quantized (bytes as
+    stored, FLOPs at `dtype`, as ragged.count_step counts them)."""
     if args.num_experts:
         raise StepModelError("a mixture of experts routes by data: its steps are not priced "
                              "by the step table yet")
@@ -162,9 +166,10 @@ def count_table(args: ModelArgs, dtype=torch.bfloat16) -> StepCounts:
     rows, sample, traces, compulsory = [], {}, [], []
     two = dataclasses.replace(args, n_layer=2)
     for shape in FIT:
-        trace = count_step(one, [Piece(*p) for p in shape], dtype)
+        trace = count_step(one, [Piece(*p) for p in shape], dtype, weights=weights, kv=kv)
         traces.append(trace)
-        second = count_step(two, [Piece(*p) for p in shape], dtype).compulsory_bytes \
+        second = count_step(two, [Piece(*p) for p in shape], dtype, weights=weights,
+                            kv=kv).compulsory_bytes \
             if args.n_layer > 1 else trace.compulsory_bytes
         # one layer + (layers - 1) x the second layer's share
         compulsory.append(trace.compulsory_bytes
@@ -181,4 +186,5 @@ def count_table(args: ModelArgs, dtype=torch.bfloat16) -> StepCounts:
     # NB: a few bytes of activations per step are not affine (1e-3 of them at most)
     whole = fit(xs, np.array(compulsory, float)[:, None], "compulsory bytes", 0.01)[0]
     return StepCounts(args, str(dtype).replace("torch.", ""), ordered, coef, layers, sample,
-                      args.sliding_window, traces, whole)
+                      args.sliding_window, traces, whole,
+                      getattr(weights, "name", weights), kv)
