@@ -79,9 +79,9 @@ def test_host_and_pim_transfers_and_memory_by_hand():
     dep = placed({"TransformerBlock": "pim-a"})
     # host -> pim-a: [T, 32] x 2 B at 12.8 GB/s = 5e-9 s a token; pim-a -> host: the logits
     # [S, 64] x 2 B at 51.2 GB/s = 2.5e-9 s a sequence
-    np.testing.assert_allclose(dep.table.transfer_s, [0, 5e-9, 2.5e-9, 0, 0, 0], atol=1e-18)
+    np.testing.assert_allclose(dep.table.transfer_s, [0, 5e-9, 2.5e-9, 0, 0, 0, 0], atol=1e-18)
     # joules: 64 B x 8 x 80 pJ = 40.96 nJ a token; 128 B x 8 x 20 pJ = 20.48 nJ a sequence
-    np.testing.assert_allclose(dep.table.transfer_j, [0, 40.96e-9, 20.48e-9, 0, 0, 0],
+    np.testing.assert_allclose(dep.table.transfer_j, [0, 40.96e-9, 20.48e-9, 0, 0, 0, 0],
                                atol=1e-18)
     host, pim = dep.devices
     # host: the embedding 64 x 32 x 2 B = 4,096 B, no KV cache

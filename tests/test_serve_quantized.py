@@ -10,8 +10,17 @@ from perfcounter.cli.main import build_parser
 from perfcounter.models.args import ModelArgs
 from perfcounter.pricing.predict import gemv_weight
 from perfcounter.quant.quantize import WeightScheme, parse_scheme
-from perfcounter.serve import (cache_clear, cache_info, command, deployment, kv_bytes_per_token,
-                               memory_plan, serve, step_table, synthetic)
+from perfcounter.serve import (
+    cache_clear,
+    cache_info,
+    command,
+    deployment,
+    kv_bytes_per_token,
+    memory_plan,
+    serve,
+    step_table,
+    synthetic,
+)
 from perfcounter.serve.memory import weight_bytes
 from perfcounter.serve.pricing import RooflinePricer
 from perfcounter.serve.ragged import Piece, count_step

@@ -7,10 +7,17 @@ import torch
 
 from perfcounter import get_device_spec
 from perfcounter.models.args import ModelArgs
-from perfcounter.serve import cache_clear, cache_info, step_table
+from perfcounter.serve import (
+    cache_clear,
+    cache_info,
+    deployment,
+    serve,
+    step_table,
+    synthetic,
+)
 from perfcounter.serve.pricing import RooflinePricer
 from perfcounter.serve.ragged import Piece, count_step
-from perfcounter.serve.steps import StepModelError, count_table, features
+from perfcounter.serve.steps import counted_features, expected_experts, features
 
 # head_dim 32 / 4 = 8; q 32, k and v 2 x 8 = 16 each
 TINY = ModelArgs(block_size=4608, vocab_size=64, n_layer=2, n_head=4, n_local_heads=2, dim=32,
@@ -94,14 +101,71 @@ def test_seconds_and_energy_are_positive_and_grow_with_work(table):
     assert 0 < table.energy_j(small, table.seconds(small)) < table.energy_j(large, 1.0)
 
 
-def test_mixture_of_experts_is_refused():
-    moe = dataclasses.replace(TINY, num_experts=4, num_activated_experts=2)
-    with pytest.raises(StepModelError, match="mixture of experts"):
-        count_table(moe)
+# mixtral-like: 8 experts, 2 a token; an expert's w1, w3 [64, 32] and w2 [32, 64] in bf16:
+# 3 x 32 x 64 x 2 B = 12,288 B a layer
+MOE = dataclasses.replace(TINY, num_experts=8, num_activated_experts=2)
+MOE_HELD_OUT = HELD_OUT + ([(2, 5)], [(1, 5), (1, 9), (1, 20)])
+
+
+def test_expected_experts_by_hand():
+    # E (1 - (1 - k/E)^T), E = 8, k = 2: T = 1: 8 x 0.25 = 2; T = 2: 8 x (1 - 0.5625) = 3.5;
+    # T = 3: 8 x (1 - 27/64) = 4.625; T = 64: 8 x (1 - 0.75^64) = 8 - 8.1e-8
+    assert [expected_experts(t, 8, 2) for t in (1, 2, 3)] == [2.0, 3.5, 4.625]
+    assert expected_experts(64, 8, 2) == pytest.approx(8.0, abs=1e-6)
+    assert expected_experts(0, 8, 2) == 0.0 and expected_experts(5, 0, 0) == 0.0
+
+
+@pytest.fixture(scope="module")
+def moe_table(spec):
+    return step_table(MOE, torch.bfloat16, RooflinePricer(spec))
+
+
+@pytest.mark.parametrize("shape", MOE_HELD_OUT)
+def test_mixture_of_experts_held_out_steps(moe_table, shape):
+    counts = moe_table.counts
+    counted = count_step(MOE, [Piece(*p) for p in shape])  # both layers counted
+    seen = counted_features(shape, None, counts.experts)  # experts as counting spreads them
+    priced = counts.features(shape)  # experts at the expectation under uniform routing
+    # FLOPs: exact either way (the experts compute the T x k routed rows, whoever gets them)
+    for f in (seen, priced):
+        assert counts.totals(f)["flops"] == pytest.approx(counted.flops, rel=1e-9)
+    # bytes: exact with the experts the count touched (balanced: min(T x 2, 8));
+    assert counts.totals(seen)["bytes"] == pytest.approx(counted.per_op_bytes, rel=1e-9)
+    # the table prices the expectation instead, which differs from that count by the expert
+    # weights of (expected - counted) experts a layer, nothing else: NB the count without
+    # data is the most experts T tokens can touch (an upper bound), the expectation what
+    # independent uniform routing touches on average (real routers are skewed: fewer)
+    tokens = sum(n for n, _ in shape)
+    diff = (expected_experts(tokens, 8, 2) - min(2 * tokens, 8)) * 12_288 * 2  # x 2 layers
+    assert counts.totals(priced)["read"][0] - counts.totals(seen)["read"][0] == \
+        pytest.approx(diff, abs=1e-3)
+
+
+def test_mixture_of_experts_step_by_hand(moe_table):
+    # (2 new after 5): T = 2 tokens, 4 routed rows; counted: 4 experts read, expected 3.5:
+    # the table's weight reads are 0.5 x 12,288 x 2 layers = 12,288 B below the count's
+    counted = count_step(MOE, [Piece(2, 5)])
+    priced = moe_table.counts.totals(moe_table.counts.features([(2, 5)]))
+    weight = sum(r.read[0] for r in counted.records)
+    assert weight - priced["read"][0] == pytest.approx(12_288, abs=1e-3)
+    # a decode touches k = 2 experts either way: the table's price is the counted step's
+    one = count_step(MOE, [Piece(1, 40)])
+    assert moe_table.price([(1, 40)]) == pytest.approx(moe_table.price_trace(one), rel=1e-9)
 
 
 def test_features_by_hand():
     # pieces (3 new after 5) and (1 new after 9): T = 4, B = 2, K = 8 + 10 = 18,
     # dense = 3 x 8 + 1 x 10 = 34, causal = (3 x 5 + 3 x 4 / 2) + 10 = 21 + 10 = 31
-    assert list(features([(3, 5), (1, 9)])) == [1, 4, 2, 18, 34, 31]
-    assert np.all(features([]) == [1, 0, 0, 0, 0, 0])
+    # and no experts: 0 (with 8 experts, 2 a token: 8 x (1 - 0.75^4) = 5.46875)
+    assert list(features([(3, 5), (1, 9)])) == [1, 4, 2, 18, 34, 31, 0]
+    assert features([(3, 5), (1, 9)], experts=(8, 2))[6] == 5.46875
+    assert np.all(features([]) == [1, 0, 0, 0, 0, 0, 0])
+
+
+def test_mixture_of_experts_serves_one_request_at_a_time():
+    dep = deployment(MOE, "h100-sxm", execution="cudagraphs")
+    result = serve(dep, synthetic(3, 64, 8, concurrency=1, seed=0))
+    # one request at a time: after its 64-token prefill, 7 decodes at contexts 64..70, each
+    # touching k = 2 experts a layer; TPOT is their mean price
+    want = np.mean([dep.table.price([(1, c)]) for c in range(64, 71)]) * 1e3
+    assert result.metrics["mean_tpot_ms"] == pytest.approx(want, rel=1e-9)

@@ -53,7 +53,7 @@ from perfcounter.serve.memory import (
 )
 from perfcounter.serve.predicted import PredictedTable, PredictionPricer
 from perfcounter.serve.pricing import PricedTable, RooflinePricer
-from perfcounter.serve.steps import FIT, features, fit
+from perfcounter.serve.steps import fit
 from perfcounter.simulation.placement import (
     Mapping,
     MappingError,
@@ -230,7 +230,7 @@ class PlacedTable:
             moved_s.append([s])
             moved_j.append([j])
         self.where = where  # (module path, segment) -> device key
-        xs = np.stack([features(shape, counts.window) for shape in FIT])
+        xs = counts.xs
         self.transfer_s = fit(xs, np.array(moved_s), "transfer seconds")[0]  # [features]
         self.transfer_j = fit(xs, np.array(moved_j), "transfer joules")[0]
         self.parts = []  # (device key, its scale: 1 / (peak_fraction x tp) or 1 / tp, the
@@ -268,7 +268,7 @@ class PlacedTable:
         return dynamic + float(self.transfer_j @ f) + self.static_w * seconds
 
     def price(self, pieces) -> float:
-        return self.seconds(features(pieces, self.counts.window))
+        return self.seconds(self.counts.features(pieces))
 
 
 def _no_memory(name: str) -> str:

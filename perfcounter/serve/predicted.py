@@ -49,7 +49,7 @@ from perfcounter.pricing.predict import (ASYNCHRONOUS, EXTERN, ROW_BLOCK, SKINNY
                                          op_predictions, predict)
 from perfcounter.pricing.roofline import is_integer_dtype
 from perfcounter.serve.pricing import PricedTable, RooflinePricer
-from perfcounter.serve.steps import FIT, StepCounts, StepModelError, features, fit, group_key
+from perfcounter.serve.steps import StepCounts, StepModelError, fit, group_key
 from perfcounter.trace import ROLES, Trace
 
 _CALLS, _FLOPS, _EXECUTED, _BYTES = 0, 1, 2, 10  # figure columns (steps._figures)
@@ -216,7 +216,7 @@ class PredictedTable:
         return float(self.bound.joules @ f) + self.static_w * seconds
 
     def price(self, pieces) -> float:
-        return self.seconds(features(pieces, self.counts.window))
+        return self.seconds(self.counts.features(pieces))
 
     def price_trace(self, trace: Trace) -> float:
         """A counted step trace as perfcounter predicts it (predict.predict)."""
@@ -240,12 +240,14 @@ def _rows_and_idle_calls(counts: StepCounts, matmul: np.ndarray, repeats):
                 continue
             g = index[group_key(r)]
             if matmul[g]:
-                if g in seen:
+                m = matmul_rows(r.op, r.args)
+                if g in seen and rows[s, g] != m:  # (a MoE's grouped GEMMs share their rows)
                     raise StepModelError(f"{r.op} in {r.module}: several matmuls of one group "
-                                         "in a step; a prediction needs each one's rows")
+                                         "in a step with different rows; a prediction needs "
+                                         "each one's rows")
                 seen.add(g)
-                rows[s, g] = matmul_rows(r.op, r.args)
-    xs = np.stack([features(shape, counts.window) for shape in FIT])
+                rows[s, g] = m
+    xs = counts.xs
     return fit(xs, rows, "matmul rows"), fit(xs, idle, "view calls")[0]
 
 __all__ = ["PredictedTable", "PredictionPricer"]

@@ -34,8 +34,7 @@ import torch
 from perfcounter.models.args import ModelArgs
 from perfcounter.pricing.energy import PJ, record_energies
 from perfcounter.pricing.roofline import crosses_host_link, host_link_bytes, op_costs
-from perfcounter.serve.steps import (FEATURES, FIT, StepCounts, count_table, features, fit,
-                                     group_key)
+from perfcounter.serve.steps import FEATURES, StepCounts, count_table, fit, group_key
 from perfcounter.trace import Trace
 
 ROOFLINE_LABEL = "roofline bound"
@@ -115,7 +114,7 @@ class PricedTable:
             link_s, link_j = pricer.host_link(sub)
             base[s, 0] += link_s
             joules[s, 0] += link_j
-        xs = np.stack([features(shape, counts.window) for shape in FIT])
+        xs = counts.xs
         self.compute = fit(xs, comp, "compute seconds")  # [groups, features]
         self.memory = fit(xs, mem, "memory seconds")
         self.base = fit(xs, base, "fixed and host-link seconds")[0]  # [features]
@@ -130,7 +129,7 @@ class PricedTable:
         return float(self.joules @ f) + self.static_w * seconds
 
     def price(self, pieces) -> float:
-        return self.seconds(features(pieces, self.counts.window))
+        return self.seconds(self.counts.features(pieces))
 
     def price_trace(self, trace: Trace) -> float:
         """The same rule applied to a counted step trace (records grouped as the table does)."""

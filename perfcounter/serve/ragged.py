@@ -23,6 +23,16 @@ joining the pieces' attention outputs (aten.cat in the attention module), laid
 out [1, T, H, D] as a varlen kernel writes it, so that the model's transpose
 back copies nothing. Records that move no byte and compute nothing (views,
 metadata) are left out of the step table (steps.py).
+
+A mixture of experts runs its experts as an engine's fused MoE does (`_moe_forward`):
+the router as the model runs it, the T x k routed rows (each token's k experts) gathered,
+one grouped GEMM per weight (w1, w3, w2: aten._grouped_mm over [E, ...] stacked weights)
+with the SwiGLU between them, and the k outputs of each token scaled by their routing
+weights and summed (the model's einsum would be a batched matmul whose layout changes at
+T = 1).
+Without data the counter spreads the rows evenly (counting's balanced ExpertLoad): each
+grouped GEMM computes T x k rows exactly and reads the weights of min(T x k, E) experts;
+the step table (steps.py) takes that count of experts as a feature of its own.
 """
 from __future__ import annotations
 
@@ -101,6 +111,28 @@ class _RaggedKV:
         return torch.cat([o.transpose(1, 2) for o in out], dim=1).transpose(1, 2)
 
 
+def _grouped_experts(self, x, expert_indices):
+    # x [T, dim], expert_indices [T, k] -> [T, k, dim]: the routed rows through one grouped
+    # GEMM per weight (w1, w3 [E, I, dim], w2 [E, dim, I]; offs: each expert's last row)
+    tokens, k = expert_indices.shape
+    rows = x.repeat_interleave(k, dim=0)  # [T k, dim], the gather sorting rows by expert
+    offs = torch.zeros(self.w1.shape[0], dtype=torch.int32)
+    h = F.silu(torch._grouped_mm(rows, self.w1.mT, offs)) * torch._grouped_mm(rows, self.w3.mT,
+                                                                               offs)
+    return torch._grouped_mm(h, self.w2.mT, offs).view(tokens, k, -1)
+
+
+def _moe_forward(self, x):
+    # x [1, T, dim] -> [1, T, dim]: model.MOEFeedForward's router, fused MoE's experts
+    shape = x.shape
+    x = x.reshape(-1, shape[-1])  # [T, dim]
+    probs = F.softmax(self.gate(x).float(), dim=-1)  # [T, E]
+    weights, indices = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
+    weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+    out = (self.cond_ffn(x, indices) * weights[..., None]).sum(dim=1)  # [T, dim]
+    return out.view(shape)
+
+
 def _ragged_forward(self, idx, input_pos, freqs_cis, last):
     # idx [1, T] token ids, input_pos [T] positions, last [B] rows whose logits are computed
     x = self.tok_embeddings(idx)  # [1, T, dim]
@@ -151,6 +183,10 @@ def count_step(args: ModelArgs, pieces, dtype=torch.bfloat16, depth: int = 10, *
         masks = [one.expand(1, 1, p.new_tokens, p.kv_positions) for p in pieces]
         slots = [torch.arange(p.context, p.kv_positions) for p in pieces]
         for layer in model.layers:
+            experts = getattr(layer.feed_forward, "cond_ffn", None)
+            if experts is not None:
+                experts.forward = types.MethodType(_grouped_experts, experts)
+                layer.feed_forward.forward = types.MethodType(_moe_forward, layer.feed_forward)
             layer.attention.kv_cache = _RaggedKV(pieces, args.n_local_heads, args.head_dim,
                                                  dtype, masks, slots, kv)
         with counter.count("step", num_tokens=total):

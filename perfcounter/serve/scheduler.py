@@ -33,6 +33,7 @@ import numpy as np
 
 from perfcounter.costs.attention import window_pairs
 from perfcounter.serve.errors import ServeError
+from perfcounter.serve.steps import EXPERTS, FEATURES
 from perfcounter.serve.workload import Workload
 
 
@@ -102,8 +103,9 @@ def simulate_engine(w: Workload, table, cfg: EngineConfig) -> Run:
                     computed=int(w.cached[i])) for i in range(n)]
     window = table.counts.window
     seconds, energy = table.seconds, table.energy_j
-    f = np.zeros(6)
+    f = np.zeros(len(FEATURES))
     f[0] = 1.0
+    touched = table.counts.experts_touched if table.counts.experts else None
     itl = array("d")
     log = Steps()
     waiting: deque = deque()
@@ -184,6 +186,8 @@ def simulate_engine(w: Workload, table, cfg: EngineConfig) -> Run:
             else:
                 prefill += m
         f[1], f[2], f[3], f[4], f[5] = tokens, len(sched), kv, dense, causal
+        if touched is not None:
+            f[EXPERTS] = touched(tokens)
         dt = seconds(f) + cfg.step_overhead_s
         end = t + dt
         log.start.append(t)

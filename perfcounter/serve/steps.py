@@ -1,7 +1,7 @@
 """The step table: what any engine step of a model costs on a device, without counting it.
 
 A step is a ragged batch of pieces (ragged.py: n_i new tokens after c_i cached).
-Its figures are affine, record group by record group, in six features:
+Its figures are affine, record group by record group, in seven features:
 
     step = 1                      (weights are read once per forward)
     tokens = Σ n_i                (linear layers, norms, RoPE, residuals)
@@ -9,6 +9,20 @@ Its figures are affine, record group by record group, in six features:
     kv_positions = Σ (c_i + n_i)  (keys and values attention reads)
     dense_pairs = Σ n_i (c_i + n_i)            (dense attention scores)
     causal_pairs = Σ window_pairs(n_i, c_i + n_i)  (what a causal kernel computes)
+    experts = distinct experts a layer's tokens touch (0 without experts)
+
+A mixture of experts routes by data, so its step reads the weights of the experts its
+tokens touch, which no affine figure of the tokens gives. Routed uniformly (counting's
+balanced `expert_load`), the T tokens each choosing k distinct experts of E independently,
+an expert is missed by a token with probability 1 - k/E, so a layer touches in expectation
+
+    experts(T) = E (1 - (1 - k/E)^T)      (k at T = 1, towards E as T grows)
+
+and each touched expert's weights are read once a step (a fused MoE kernel), while the
+experts' FLOPs and activations follow the T k routed rows (the tokens feature). Counting
+without data spreads the rows evenly instead (min(T k, E) experts; ragged.py runs the
+experts as grouped GEMMs), so the fit takes each counted step's experts as counted
+(`StepCounts.xs`) and a step is priced at the expectation (`StepCounts.features`).
 
 A record group is the records of one op, module (layer index taken out), segment,
 dtype and argument pattern (their integers taken out: trace_args.pattern), so one group
@@ -35,6 +49,7 @@ import numpy as np
 import torch
 
 from perfcounter.costs.attention import window_pairs
+from perfcounter.counting.op_data import ExpertLoad
 from perfcounter.generation.figures import Figures
 from perfcounter.models.args import ModelArgs
 from perfcounter.serve.errors import ServeError
@@ -42,7 +57,8 @@ from perfcounter.serve.ragged import Piece, count_step
 from perfcounter.trace import OpRecord, Trace
 from perfcounter.trace_args import pattern
 
-FEATURES = ("step", "tokens", "seqs", "kv_positions", "dense_pairs", "causal_pairs")
+FEATURES = ("step", "tokens", "seqs", "kv_positions", "dense_pairs", "causal_pairs", "experts")
+EXPERTS = FEATURES.index("experts")
 FIT = ([(1, 0)], [(1, 127)], [(8, 0)], [(8, 56)], [(32, 0)], [(24, 40)],
        [(1, 30), (1, 90)], [(16, 0), (1, 47), (4, 12)], [(1, 5), (1, 9), (1, 200)])
 _LAYER = re.compile(r"\.layers\.\d+(?=\.|$)")
@@ -53,8 +69,17 @@ class StepModelError(ServeError):
     """A model whose steps do not follow the affine step model (see the module doc)."""
 
 
-def features(pieces, window: int | None = None) -> np.ndarray:
-    """The six features of a step of `pieces` (Piece or (new_tokens, context))."""
+def expected_experts(tokens: float, experts: int, top_k: int) -> float:
+    """Distinct experts of `experts` that `tokens` tokens touch, each routed to `top_k`
+    distinct experts uniformly and independently: E (1 - (1 - k/E)^T) (the module doc)."""
+    if not experts or tokens <= 0:
+        return 0.0
+    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+
+
+def features(pieces, window: int | None = None, experts: tuple | None = None) -> np.ndarray:
+    """The seven features of a step of `pieces` (Piece or (new_tokens, context));
+    experts: (E, k) of a mixture of experts (the expectation of the module doc), None: 0."""
     f = np.zeros(len(FEATURES))
     f[0] = 1.0
     for p in pieces:
@@ -64,6 +89,18 @@ def features(pieces, window: int | None = None) -> np.ndarray:
         f[3] += c + n
         f[4] += n * (c + n)
         f[5] += window_pairs(n, c + n, window)
+    if experts:
+        f[EXPERTS] = expected_experts(f[1], *experts)
+    return f
+
+
+def counted_features(pieces, window: int | None = None, experts: tuple | None = None,
+                     load: ExpertLoad | None = None) -> np.ndarray:
+    """The features of a step as counting without data sees it: the experts touched are
+    those the counter's `load` (balanced: min(T k, E)) gives rows to."""
+    f = features(pieces, window)
+    if experts:
+        f[EXPERTS] = (load or ExpertLoad()).experts_hit(int(f[1]) * experts[1], experts[0])
     return f
 
 
@@ -94,8 +131,23 @@ class StepCounts:
     window: int | None
     fit_traces: list  # the counted one-layer traces of FIT, in order (pricers fit on them)
     compulsory: np.ndarray  # [features] the whole model's compulsory bytes (read + written)
+    xs: np.ndarray  # [FIT shapes, features] the counted steps' features (experts as counted)
     weights: str | None = None  # the linears' quantize scheme (its name), None: float
     kv: str | None = None  # the KV cache's quantized dtype ("int8", "fp8"), None: float
+
+    @property
+    def experts(self) -> tuple | None:
+        """(E, k) of a mixture of experts, None for a dense model."""
+        a = self.args
+        return (a.num_experts, a.num_activated_experts) if a.num_experts else None
+
+    def features(self, pieces) -> np.ndarray:
+        """A step's features as the table prices it (experts: the expectation)."""
+        return features(pieces, self.window, self.experts)
+
+    def experts_touched(self, tokens: int) -> float:
+        """The experts feature of a step of `tokens` tokens (0 for a dense model)."""
+        return expected_experts(tokens, *self.experts) if self.experts else 0.0
 
     def repeats(self, r: OpRecord) -> int:
         """How many times a record of a one-layer trace stands in the whole model."""
@@ -113,7 +165,7 @@ class StepCounts:
 
     def trace_at(self, pieces) -> Trace:
         """A whole-model Trace of a step of `pieces`, from the fit (layers expanded)."""
-        f = features(pieces, self.window)
+        f = self.features(pieces)
         fig = np.rint(self.coef @ f).astype(np.int64)
         records = []
         for g, key in enumerate(self.keys):
@@ -158,9 +210,6 @@ def count_table(args: ModelArgs, dtype=torch.bfloat16, *, weights=None, kv=None)
     """Count the FIT steps of a one-layer copy of `args` and fit (see the module doc);
     weights (a quantize.WeightScheme) and kv ("int8", "fp8"): stored quantized (bytes as
     stored, FLOPs at `dtype`, as ragged.count_step counts them)."""
-    if args.num_experts:
-        raise StepModelError("a mixture of experts routes by data: its steps are not priced "
-                             "by the step table yet")
     one = dataclasses.replace(args, n_layer=1)
     keys: dict = {}
     rows, sample, traces, compulsory = [], {}, [], []
@@ -179,12 +228,13 @@ def count_table(args: ModelArgs, dtype=torch.bfloat16, *, weights=None, kv=None)
             sample.setdefault(group_key(r), r)
     g = len(keys)
     ys = np.stack([np.pad(r, ((0, g - r.shape[0]), (0, 0))) for r in rows])  # [S, G, F]
-    xs = np.stack([features(s, args.sliding_window) for s in FIT])
+    experts = (args.num_experts, args.num_activated_experts) if args.num_experts else None
+    xs = np.stack([counted_features(s, args.sliding_window, experts) for s in FIT])
     coef = fit(xs, ys.reshape(len(FIT), -1), "figures").reshape(g, _NFIG, len(FEATURES))
     ordered = sorted(keys, key=keys.get)
     layers = np.array([args.n_layer if ".layers.*" in k.module else 1 for k in ordered], float)
     # NB: a few bytes of activations per step are not affine (1e-3 of them at most)
     whole = fit(xs, np.array(compulsory, float)[:, None], "compulsory bytes", 0.01)[0]
     return StepCounts(args, str(dtype).replace("torch.", ""), ordered, coef, layers, sample,
-                      args.sliding_window, traces, whole,
+                      args.sliding_window, traces, whole, xs,
                       getattr(weights, "name", weights), kv)
