@@ -9,7 +9,7 @@ from perfcounter import get_device_spec
 from perfcounter.cli.main import build_parser
 from perfcounter.models.args import ModelArgs
 from perfcounter.pricing.predict import gemv_weight
-from perfcounter.quant.quantize import WeightScheme, parse_scheme
+from perfcounter.quant.quantize import SCHEME_CHOICES, WeightScheme, parse_scheme
 from perfcounter.serve import (
     cache_clear,
     cache_info,
@@ -163,3 +163,24 @@ def test_bad_quantization_one_line_before_any_work(capsys, config, flags, expect
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and expected in err, err
     assert cache_info().misses == 0  # refused before any step table was counted
+
+
+# every linear's in_features (256, 512) a multiple of every int4 group size
+WIDE = ModelArgs(block_size=1024, vocab_size=64, n_layer=1, n_head=4, n_local_heads=2, dim=256,
+                 intermediate_size=512)
+
+
+@pytest.mark.parametrize("name", SCHEME_CHOICES)
+def test_every_scheme_quantize_takes_serves(name):
+    # whatever schemes quantize.parse_scheme accepts, serve accepts: stored bytes fit, a
+    # decode reads fewer weight bytes than in bf16 and its FLOPs are counted
+    dep = deployment(WIDE, "h100-sxm", quantize=name, execution="bound")
+    scheme = parse_scheme(name)
+    assert dep.weights == scheme and dep.plan.weight_bytes == weight_bytes(WIDE, torch.bfloat16,
+                                                                           scheme)
+    plain = deployment(WIDE, "h100-sxm", execution="bound")
+    decode = features([(1, 50)])
+    assert dep.plan.weight_bytes < plain.plan.weight_bytes
+    assert dep.table.counts.totals(decode)["read"][0] < plain.table.counts.totals(decode)["read"][0]
+    counted = count_step(WIDE, [Piece(1, 50)], weights=scheme)
+    assert dep.table.counts.totals(decode)["flops"] == pytest.approx(counted.flops, rel=1e-9)

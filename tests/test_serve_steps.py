@@ -15,6 +15,7 @@ from perfcounter.serve import (
     step_table,
     synthetic,
 )
+from perfcounter.serve.predicted import PredictionPricer
 from perfcounter.serve.pricing import RooflinePricer
 from perfcounter.serve.ragged import Piece, count_step
 from perfcounter.serve.steps import counted_features, expected_experts, features
@@ -169,3 +170,14 @@ def test_mixture_of_experts_serves_one_request_at_a_time():
     # touching k = 2 experts a layer; TPOT is their mean price
     want = np.mean([dep.table.price([(1, c)]) for c in range(64, 71)]) * 1e3
     assert result.metrics["mean_tpot_ms"] == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize("execution", ["eager", "cudagraphs"])
+def test_mixture_of_experts_predicted_as_predict_prices_the_counted_step(spec, execution):
+    # at the experts the count touched, the prediction's table prices a held-out step as
+    # predict() prices its counted trace (the grouped GEMMs of w1, w3 and w2 are one group)
+    table = step_table(MOE, torch.bfloat16, PredictionPricer(spec, execution))
+    for shape in ([(1, 300), (1, 17), (48, 0), (12, 100)], [(2, 5)]):
+        counted = count_step(MOE, [Piece(*p) for p in shape])
+        seen = counted_features(shape, None, table.counts.experts)
+        assert table.seconds(seen) == pytest.approx(table.price_trace(counted), rel=1e-4)

@@ -2,13 +2,16 @@
 
 Owns workloads (workload.py), the iteration-level scheduler (scheduler.py: vLLM v1 /
 Sarathi-Serve semantics), one engine step counted exactly (ragged.py), the step table
-(steps.py: affine per record group in tokens, sequences and context) and its pricing
+(steps.py: affine per record group in tokens, sequences, context and, for a mixture of
+experts, the experts a step touches; quantized weights and KV caches counted as stored)
+and its pricing
 (pricing.py: the pricer seam; placement.py: a mapping's devices, priced through
 perfcounter.simulation),
 the memory fit (memory.py), serving metrics under vLLM's names (metrics.py), text
 (render.py), files (outputs.py) and `perfcounter serve` (command.py).
 
-It may import counting, trace, pricing and simulate code, only through deps.py.
+It may import counting, trace, quant (schemes, stored bytes), models, pricing and simulate
+code, only through deps.py.
 
     from perfcounter.serve import deployment, serve, synthetic
     dep = deployment("llama-3-8b", "h100-sxm")
