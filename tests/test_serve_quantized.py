@@ -184,3 +184,19 @@ def test_every_scheme_quantize_takes_serves(name):
     assert dep.table.counts.totals(decode)["read"][0] < plain.table.counts.totals(decode)["read"][0]
     counted = count_step(WIDE, [Piece(1, 50)], weights=scheme)
     assert dep.table.counts.totals(decode)["flops"] == pytest.approx(counted.flops, rel=1e-9)
+
+
+def test_llama3_8b_decode_weight_bytes_by_hand():
+    pricer = RooflinePricer(get_device_spec("h100-sxm"))
+    bf16 = step_table(LLAMA3_8B, torch.bfloat16, pricer).counts
+    int4 = step_table(LLAMA3_8B, torch.bfloat16, pricer, weights=parse_scheme("int4")).counts
+    decode = features([(1, 512)])
+    # bf16: every weight but the embedding table (16,060,522,496 - 1,050,673,152) + the one
+    # embedding row a token reads (4,096 x 2 B) = 15,009,857,536 B
+    assert bf16.totals(decode)["read"][0] == pytest.approx(15_009_857_536)
+    # int4 (G = 128): a layer wqkv 12,582,912 + 786,432, wo 8,388,608 + 524,288, w1 / w3 / w2
+    # 29,360,128 + 1,835,008 each, norms 16,384: 115,884,032 x 32 = 3,708,289,024; output
+    # 262,668,288 + 16,416,768; final norm and the embedding row 8,192 each: 3,987,390,464 B,
+    # 0.2657 of bf16 (the linears' (0.5 + 4/128) / 2 = 0.2656)
+    assert int4.totals(decode)["read"][0] == pytest.approx(3_987_390_464)
+    assert int4.totals(decode)["flops"] == pytest.approx(bf16.totals(decode)["flops"], rel=1e-3)
