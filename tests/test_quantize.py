@@ -274,7 +274,7 @@ def test_int4_on_an_int8_checkpoint_in_generate(tmp_path):
 
 # -- bad input ------------------------------------------------------------------------------------
 
-VALID = "valid: int8, int4, int4-32, int4-64, int4-128, int4-256"
+VALID = "valid: int8, int4, int4-32, int4-64, int4-128, int4-256, fp8"
 
 
 @pytest.mark.parametrize("kwargs, message", [

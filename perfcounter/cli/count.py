@@ -61,7 +61,9 @@ def count_from_flags(args):
     if quant["quantize"] is not None or quant["kv_dtype"] is not None:
         say(f"weights {quant['quantize'].name if quant['quantize'] else args.precision}, KV "
               f"cache {quant['kv_dtype'] or args.precision}: bytes as stored, FLOPs at "
-              f"{args.precision}")
+              f"{args.precision}" + ("; the linears' at float8_e4m3fn (W8A8)"
+                                     if quant["quantize"] and quant["quantize"].kind == "fp8"
+                                     else ""))
     return counter
 
 

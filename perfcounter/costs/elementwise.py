@@ -11,7 +11,10 @@ SiLU carries `per_element="silu"`: a device spec that prices SiLU per element
 """
 from __future__ import annotations
 
+import torch
+
 from perfcounter.costs._core import Cost, aten, first_shape, is_complex, kinds, numel, register
+from perfcounter.quant import ops as quant_ops  # noqa: F401  (defines perfcounter.fp8_cast)
 
 
 def _outputs(out_shape) -> int:
@@ -130,3 +133,11 @@ def arange_cost(*args, out_shape=None, **kw) -> Cost:
     """start + i·step per element: one mul and one add (written, not read)."""
     n = numel(first_shape(out_shape))
     return Cost(kinds(add=n, mul=n))
+
+
+@register(torch.ops.perfcounter.fp8_cast)
+def fp8_cast_cost(x, scale=None, *args, out_shape=None, **kw) -> Cost:
+    """x · (1 / scale) saturated to ±448 as float8 (quant/ops.py): per element 1 mul and 2 cmp,
+    plus 1 div (the reciprocal, once). NB: the conversion to float8 itself is not counted."""
+    n = _outputs(out_shape)
+    return Cost(kinds(mul=n, cmp=2 * n, div=1))

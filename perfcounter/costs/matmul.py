@@ -144,6 +144,22 @@ def conv_transpose_cost(x, w, bias=None, *args, out_shape=None, **kw) -> Cost:
     return _conv(x, w, bias, True, out_shape)
 
 
+@register(aten._scaled_mm)
+def scaled_mm_cost(a, b, scale_a=None, scale_b=None, bias=None, *args, out_shape=None,
+                   **kw) -> Cost:
+    """fp8 [M, K] @ fp8 [K, N] (fp8.Float8Linear: W8A8) with scales: M·N·K MACs (2·M·N·K
+    FLOPs, at a's dtype: float8), the scales on the accumulator (1 mul per output element
+    when both are per tensor, else 2), 1 add per output element for a bias.
+
+    NB: the conversion to the output's dtype happens in the epilogue and is not counted."""
+    m, k = a
+    n = b[1]
+    per_tensor = all(s is None or numel(s) == 1 for s in (scale_a, scale_b))
+    outs = m * n
+    return Cost(kinds(add=m * n * k + (outs if bias is not None else 0),
+                      mul=m * n * k + outs * (1 if per_tensor else 2)))
+
+
 # --- weight-only quantized matmuls (perfcounter/quant/quantize.py) -------------------------------
 
 

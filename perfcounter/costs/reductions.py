@@ -9,8 +9,11 @@ end-of-sequence ids) live here too.
 """
 from __future__ import annotations
 
+import torch
+
 from perfcounter.costs._core import (ADD, CMP, DIV, MUL, Cost, aten, first_shape, kinds, log2_ceil,
                                       numel, register, rows)
+from perfcounter.quant import ops as quant_ops  # noqa: F401  (defines perfcounter.fp8_scale)
 from perfcounter.trace import KINDS
 
 
@@ -47,6 +50,14 @@ def vector_norm_cost(x, ord=2, dim=None, keepdim=False, *args, out_shape=None, *
     """2-norm: n mul (square), n-m add, m sqrt. NB: other orders are priced the same."""
     n, m = numel(x), numel(first_shape(out_shape))
     return Cost(kinds(mul=n, add=n - m, sqrt=m))
+
+
+@register(torch.ops.perfcounter.fp8_scale)
+def fp8_scale_cost(x, *args, out_shape=None, **kw) -> Cost:
+    """max|x| / 448 over n elements (an fp8 activation's per-tensor scale, quant/ops.py): n cmp
+    (abs, as aten.abs is priced), n-1 cmp (max), 1 div."""
+    n = numel(x)
+    return Cost(kinds(cmp=2 * n - 1 if n else 0, div=1))
 
 
 @register(aten.var, aten.std, aten.var_mean, aten.std_mean)

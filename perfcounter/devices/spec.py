@@ -59,8 +59,9 @@ PROFILES = {"upmem": "a simulator profile of the UPMEM LLM framework (its defaul
 # the op classes a prediction prices apart (predict.py), and the two ways a program runs
 OP_CLASSES = ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing")
 EXECUTIONS = ("eager", "compiled", "cudagraphs")
-# op_efficiency keys: a class, or a GEMV by its weight's dtype (weight-only int8 / int4 kernels)
-EFFICIENCY_CLASSES = (*OP_CLASSES, "gemv_int8", "gemv_int4")
+# op_efficiency keys: a class, or a GEMV by its weight's dtype (weight-only int8 / int4 kernels,
+# fp8 x fp8: W8A8)
+EFFICIENCY_CLASSES = (*OP_CLASSES, "gemv_int8", "gemv_int4", "gemv_fp8")
 # op_overhead_s keys: an execution, or "eager_cold": eager when each layer's weights have just
 # streamed through the caches (a model larger than the cache), which evicts the Python and
 # dispatcher state the next op needs

@@ -328,9 +328,10 @@ def count_config(config, *, batch_size: int = 1, prompt_length: int = 128, new_t
     hf: run transformers' model for a preset or ModelArgs too. cache: "dynamic" or
     "static" (transformers' models). expert_load: MoE routing under fake tensors, None
     (balanced) or weights per expert. device_spec, io_model, depth: the counter's.
-    quantize: our model's linears stored as "int8", "int4" or "int4-G" (or a
+    quantize: our model's linears stored as "int8", "int4", "int4-G" or "fp8" (or a
     quantize.WeightScheme: --weight_dtype/--group_size); kv_dtype: its KV cache "int8" or
-    "fp8" — bytes from the stated layout, FLOPs at `dtype` (perfcounter/quant/quantize.py).
+    "fp8" — bytes from the stated layout, FLOPs at `dtype` (fp8 linears: at float8_e4m3fn;
+    perfcounter/quant/quantize.py).
     A .gguf file is counted from its metadata, its weights priced as `price_as` says:
     "stored" (the default) or "executed" (perfcounter/quant/gguf_stored.py). One layer of
     each kind and the first decode steps are counted, the rest derived exactly

@@ -28,9 +28,15 @@ from perfcounter.pricing.roofline import is_integer_dtype, peak_flops
 # (github.com/inclusionAI/humming/pull/2, H100, n = k = 8192, M = 1): torch w16a16
 # 2.30 TFLOP/s, marlin w8a16 3.46, w4a16 4.98, i.e. weight streams of 2.30, 1.73 and
 # 1.25 TB/s: int8 at 0.75 and int4 at 0.54 of the bf16 stream; x the GEMV default 0.8.
+# An fp8 GEMV (W8A8, fp8 x fp8: nothing dequantized, both operands fed to fp8 tensor cores)
+# is not the weight-only int8 kernel: NVIDIA/cutlass issue 1139 (github.com/NVIDIA/cutlass/
+# issues/1139, H100, e4m3 x e4m3, M = 16-64, N = 14336, K = 4096): the best CUTLASS kernels
+# stream ~2.2 TB/s (~68 % of HBM bandwidth by Nsight Compute), 0.96 of the bf16 stream above
+# (2.30 TB/s); x the GEMV default 0.8 = 0.77.
 DEFAULT_EFFICIENCY = {"gemv": 0.8, "gemm": 0.7, "attention": 0.5, "elementwise": 0.8,
-                      "reduction": 0.6, "indexing": 0.3, "gemv_int8": 0.6, "gemv_int4": 0.43}
-WEIGHT_CLASSES = ("gemv_int8", "gemv_int4")  # a GEMV priced by its weight's dtype
+                      "reduction": 0.6, "indexing": 0.3, "gemv_int8": 0.6, "gemv_int4": 0.43,
+                      "gemv_fp8": 0.77}
+WEIGHT_CLASSES = ("gemv_int8", "gemv_int4", "gemv_fp8")  # a GEMV priced by its weight's dtype
 # Stated default fixed costs, seconds, by device_type and execution. Source: assumption of
 # this project; CPU eager: 1.8-2.6 us of dispatch per tiny aten op measured on a 2-core Xeon
 # (issue 16), plus module Python; GPU eager: a kernel launch (~5 us) plus dispatch;
@@ -85,7 +91,7 @@ def measured_dtype(tables: dict, dtype: str) -> str | None:
 
 def rate(spec, cls: str, dtype: str, working_set: float) -> Rate:
     """Achievable rates of op class `cls` (or a GEMV by its weight's dtype: "gemv_int8",
-    "gemv_int4") in `dtype` at `working_set` bytes on `spec`. A quantized GEMV: the spec's
+    "gemv_int4", "gemv_fp8") in `dtype` at `working_set` bytes on `spec`. A quantized GEMV: the spec's
     own efficiency for it, else the float GEMV's measured curve (a calibration times float
     kernels only), else its stated default."""
     if cls in WEIGHT_CLASSES and (cls in spec.op_efficiency or "gemv" not in spec.op_curves):

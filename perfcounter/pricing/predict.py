@@ -25,9 +25,10 @@ nothing else. A prediction prices each op record as
   measured for its rows (`rows_flops`; more rows than measured: the most
   rows' figure) instead, where the spec has that table. A GEMV is priced by its weight's
   dtype (read from its bytes per weight: "gemv_int8", "gemv_int4" have their own
-  efficiency, gemv_weight); a float one also pays its weight rows x the spec's time per row
-  (`gemv_row_<dtype>`, measured by calibrate: each row starts a dot product afresh, which
-  makes a K = 576 GEMV stream at about half the rate of a K = 4096 one on a CPU).
+  efficiency, as has an fp8 x fp8 one, "gemv_fp8": gemv_weight); a float one also pays its
+  weight rows x the spec's time per row (`gemv_row_<dtype>`, measured by calibrate: each row
+  starts a dot product afresh, which makes a K = 576 GEMV stream at about half the rate of a
+  K = 4096 one on a CPU).
 - bytes_cold: every byte when one step's distinct bytes exceed the spec's
   `cache_bytes`: weights and KV cache cannot stay cached between steps, and
   streaming them evicts the activations between one op and the next (a
@@ -115,14 +116,16 @@ def matmul_mk(op: str, args: tuple) -> tuple[int, int]:
 def gemv_weight(r: OpRecord) -> tuple[str, float]:
     """(the class a GEMV record is priced in by its weight's bits per element, read from its
     bytes: "gemv_int4" up to 5.5 bits (int4 and its scales, GGUF Q4 blocks), "gemv_int8" up
-    to 9, else "gemv"; its weight rows N per call). NB: a matmul without weight bytes
-    (attention's) is a "gemv" of no weight rows."""
+    to 9, else "gemv"; a float8 matmul (W8A8: fp8 x fp8) "gemv_fp8"; its weight rows N per
+    call). NB: a matmul without weight bytes (attention's) is a "gemv" of no weight rows."""
     calls = max(r.calls, 1)
     m, k = matmul_mk(r.op, r.args)
     nk = r.flops / calls / (2 * m)  # N x K (x batch) of one call: flops = 2 M N K
     weight = r.read[_WEIGHT] / calls
     if weight <= 0 or nk <= 0:
         return "gemv", 0.0
+    if r.dtype.startswith("float8"):  # fp8 activations and weights: no dequantizing kernel
+        return "gemv_fp8", nk / k
     bits = 8 * weight / nk
     return ("gemv_int4" if bits <= 5.5 else "gemv_int8" if bits <= 9 else "gemv"), nk / k
 

@@ -1,4 +1,4 @@
-"""Quantization arithmetic on tensors, and perfcounter's one fused kernel (a custom op).
+"""Quantization arithmetic on tensors, and perfcounter's own kernels (custom ops).
 
 The arithmetic (no modules; quantize.py builds the modules from it):
 - int8 per output channel, symmetric: q = round(w / s), s = max|w| / 127 per row;
@@ -6,7 +6,9 @@ The arithmetic (no modules; quantize.py builds the modules from it):
   w ≈ (q - 8)·scale + zero, scale = (max - min) / 15, zero = min + 8·scale; stored as
   two nibbles a byte (`pack_nibbles`: the even column in the low nibble) with
   `scales_and_zeros` [K/G, N, 2] in bfloat16, the layout torch's int4 kernels take;
-- KV cache int8 or float8 (e4m3) per token and head: s = max|x| / 127 (or / 448).
+- KV cache int8 or float8 (e4m3) per token and head: s = max|x| / 127 (or / 448);
+- fp8 (W8A8, TensorRT-LLM's FP8): a float8_e4m3fn weight with one float32 scale per tensor,
+  s = max|w| / 448 (`quantize_fp8_per_tensor`); activations the same per call, by two ops.
 
     torch.ops.perfcounter.quantized_kv_sdpa(q, k, v, k_scale, v_scale, attn_mask, enable_gqa)
 
@@ -19,6 +21,14 @@ mask pairs). Its real implementation dequantizes and calls
 `F.scaled_dot_product_attention`; what runs inside a custom op is not counted, so the
 dequantized copy it makes on the CPU is not charged (a fused kernel makes none). Under
 FakeTensorMode it only gives the output's shape.
+
+    torch.ops.perfcounter.fp8_scale(x)         # max|x| / 448, a float32 scalar: one pass
+    torch.ops.perfcounter.fp8_cast(x, scale)   # x / scale saturated to float8_e4m3fn
+
+A dynamic per-tensor activation quantization as two kernels run it (vLLM's
+scaled_fp8_quant with no static scale: an abs-max reduction, then a scaled cast): the
+counter sees one record each, reading x and writing 4 B, then reading x and its scale and
+writing one byte an element (costs/reductions.py, costs/elementwise.py).
 
 This module imports torch only, so that the op registry (costs/) can import it.
 """
@@ -33,6 +43,8 @@ from torch import Tensor
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 kernels take
 KV_DTYPES = {"int8": (torch.int8, 127.0), "fp8": (torch.float8_e4m3fn, 448.0)}  # dtype, max |q|
 _TINY = 1e-8  # smallest scale: an all-zero row or group stays zero
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn
 
 
 def quantize_int8_per_channel(w: Tensor, scale_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -93,6 +105,34 @@ def quantize_per_token(x: Tensor, kind: str) -> tuple[Tensor, Tensor]:
     if qdtype == torch.int8:
         y = y.round().clamp(-128, 127)
     return y.to(qdtype), scale
+
+
+def quantize_fp8_per_tensor(w: Tensor) -> tuple[Tensor, Tensor]:
+    """w [N, K] float -> (q [N, K] float8_e4m3fn, scale [] float32), w ≈ q · scale."""
+    scale = fp8_scale(w)
+    return fp8_cast(w, scale), scale
+
+
+@torch.library.custom_op("perfcounter::fp8_scale", mutates_args=())
+def fp8_scale(x: Tensor) -> Tensor:
+    """max|x| / 448 over every element of x, a float32 scalar (at least _TINY)."""
+    return (x.detach().abs().amax().float() / FP8_MAX).clamp(min=_TINY)
+
+
+@fp8_scale.register_fake
+def _fp8_scale_shape(x):
+    return x.new_empty((), dtype=torch.float32)
+
+
+@torch.library.custom_op("perfcounter::fp8_cast", mutates_args=())
+def fp8_cast(x: Tensor, scale: Tensor) -> Tensor:
+    """x · (1 / scale), saturated to ±448, as float8_e4m3fn (x's shape)."""
+    return (x.float() * scale.reciprocal()).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+@fp8_cast.register_fake
+def _fp8_cast_shape(x, scale):
+    return x.new_empty(x.shape, dtype=FP8)
 
 
 @torch.library.custom_op("perfcounter::quantized_kv_sdpa", mutates_args=())

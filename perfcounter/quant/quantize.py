@@ -9,8 +9,10 @@ Schemes (`--quantize`): `int8` — an int8 weight per element and one scale per 
 channel in the model's dtype (gpt-fast's WeightOnlyInt8Linear); `int4` / `int4-G` — 4-bit
 weights, two a byte, with a bfloat16 scale and zero point per group of G input columns,
 G in 32, 64, 128, 256 (gpt-fast's WeightOnlyInt4Linear; `int4` alone is G = 128, gpt-fast's
-default). `--weight_dtype int4 --group_size 32` says the same as `int4-32`. KV caches
-(`--kv_dtype`): `int8` or `fp8` (float8 e4m3) with one scale per token and KV head.
+default; `--weight_dtype int4 --group_size 32` says `int4-32`); `fp8` — W8A8 as TensorRT-LLM's
+FP8 (fp8.py: float8_e4m3fn weights and activations, a float32 scale per tensor; no checkpoint
+format, so --quantize only). KV caches (`--kv_dtype`): `int8` or `fp8` (float8 e4m3) with one
+scale per token and KV head.
 
 What the counter sees. Both linears run a fused kernel on the CPU —
 `aten._weight_int8pack_mm`, `aten._weight_int4pack_mm_for_cpu` — that reads the stored
@@ -34,6 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from perfcounter.quant.fp8 import Float8Linear
 from perfcounter.quant.ops import (INT4_GROUP_SIZES, KV_DTYPES, dequantize_int4, int4_cpu_layout,
                                     quantize_int4_groupwise, quantize_int8_per_channel,
                                     quantize_per_token)
@@ -43,7 +46,7 @@ aten = torch.ops.aten
 DEFAULT_GROUP_SIZE = 128  # gpt-fast's default for int4
 FLOAT_NAMES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
                "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
-SCHEME_CHOICES = ("int8", "int4", *(f"int4-{g}" for g in INT4_GROUP_SIZES))
+SCHEME_CHOICES = ("int8", "int4", *(f"int4-{g}" for g in INT4_GROUP_SIZES), "fp8")
 
 
 class QuantizeError(ValueError):
@@ -52,31 +55,32 @@ class QuantizeError(ValueError):
 
 @dataclass(frozen=True)
 class WeightScheme:
-    """How a linear's weight is stored: int8 per output channel, or int4 per group."""
+    """How a linear's weight is stored: int8 per output channel, int4 per group, fp8 (W8A8)."""
 
-    kind: str  # "int8" or "int4"
+    kind: str  # "int8", "int4" or "fp8"
     group_size: Optional[int] = None  # int4 only
 
     @property
     def name(self) -> str:
-        return self.kind if self.kind == "int8" else f"int4-{self.group_size}"
+        return f"int4-{self.group_size}" if self.kind == "int4" else self.kind
 
     def nbytes(self, out_features: int, in_features: int, scale_itemsize: int = 2) -> int:
         """Bytes stored for one [out, in] weight: int8 N·K + a scale per row (scale_itemsize
-        bytes); int4 N·K/2 + a bfloat16 scale and zero per group of G (4·N·K/G)."""
+        bytes); int4 N·K/2 + a bfloat16 scale and zero per group of G (4·N·K/G); fp8 N·K + one
+        float32 scale (4)."""
         n, k = out_features, in_features
-        if self.kind == "int8":
-            return n * k + n * scale_itemsize
+        if self.kind != "int4":
+            return n * k + (4 if self.kind == "fp8" else n * scale_itemsize)
         return n * k // 2 + (k // self.group_size) * n * 2 * 2
 
 
 def parse_scheme(text) -> Optional[WeightScheme]:
-    """--quantize: None or 'none' (float weights), int8, int4 (G = 128), int4-G or int4-gG."""
+    """--quantize: None or 'none' (float), int8, int4 (G = 128), int4-G or int4-gG, fp8 (float8)."""
     if text is None or str(text).strip().lower() in ("", "none"):
         return None
     key = str(text).strip().lower().replace("-g", "-").replace(".g", "-")
-    if key == "int8":
-        return WeightScheme("int8")
+    if key in ("int8", "fp8", "float8"):
+        return WeightScheme("int8" if key == "int8" else "fp8")
     if key == "int4":
         return WeightScheme("int4", DEFAULT_GROUP_SIZE)
     if key.startswith("int4-") and key[5:].isdigit() and int(key[5:]) in INT4_GROUP_SIZES:
@@ -189,7 +193,7 @@ class WeightOnlyInt4Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-QUANTIZED = (WeightOnlyInt8Linear, WeightOnlyInt4Linear)
+QUANTIZED = (WeightOnlyInt8Linear, WeightOnlyInt4Linear, Float8Linear)
 
 
 class QuantizedKVCache(nn.Module):
@@ -236,8 +240,8 @@ def _linears(model: nn.Module) -> list[tuple[nn.Module, str, str, nn.Linear]]:
 def quantized_scheme(model: nn.Module) -> Optional[WeightScheme]:
     """The scheme a model's linears are quantized with, or None (float)."""
     for m in model.modules():
-        if isinstance(m, WeightOnlyInt8Linear):
-            return WeightScheme("int8")
+        if isinstance(m, (WeightOnlyInt8Linear, Float8Linear)):
+            return WeightScheme("int8" if isinstance(m, WeightOnlyInt8Linear) else "fp8")
         if isinstance(m, WeightOnlyInt4Linear):
             return WeightScheme("int4", m.group_size)
     return None
@@ -267,6 +271,8 @@ def _new_module(linear: nn.Linear, scheme: WeightScheme, tile: bool) -> nn.Modul
     w = linear.weight
     n, k = w.shape
     bias = linear.bias is not None
+    if scheme.kind == "fp8":
+        return Float8Linear.from_linear(linear)
     if scheme.kind == "int8":
         new = WeightOnlyInt8Linear(k, n, bias, scale_dtype=w.dtype, device=w.device)
     else:  # a 16-bit model's scales in its own dtype (no cast per call), else gpt-fast's bf16
