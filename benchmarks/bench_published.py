@@ -22,8 +22,11 @@ half way through its output):
 - prompt_tokens_per_s: prompt_len / prefill;
 - output_tokens_per_s (batch B): B x output_len / (prefill + output_len steps).
 Measured ÷ predicted of a rate is predicted ÷ measured.
+fp8 rows (TensorRT-LLM's FP8: --enable_fp8 --fp8_kv_cache) are W8A8: `--quantize fp8`
+(float8_e4m3fn weights with a per-tensor scale, activations quantized per call, matmuls at the
+device's fp8 peak) with an fp8 KV cache, activations in bfloat16 between the linears.
 Rows not priced, and why: a device not in the registry, a batch the serving scheduler chose
-("saturated": `perfcounter serve` prices those), fp8 weights (not a scheme counted yet).
+("saturated": `perfcounter serve` prices those), a precision with no scheme here.
 """
 from __future__ import annotations
 
@@ -40,8 +43,9 @@ import generate  # noqa: E402
 from perfcounter.format import format_table  # noqa: E402
 from published import DATA_FILE, load_rows  # noqa: E402
 
-# the row's precision as generate.py's flags: (precision, quantize)
+# the row's precision as generate.py's flags: (precision, quantize[, kv_dtype])
 PRECISION = {"bf16": ("bfloat16", None), "fp16": ("float16", None), "int8": ("bfloat16", "int8"),
+             "fp8": ("bfloat16", "fp8", "fp8"),  # W8A8 fp8 and an fp8 KV cache
              "int4": ("bfloat16", "int4-32"),  # gpt-fast's int4: group size 32 (its README)
              "q4_0": ("float16", "int4-32"),  # 32 weights + one scale: 4.5 bits, as int4 g32
              "q4_k_m": ("float16", "int4-32")}  # ~4.85 bits a weight
@@ -50,11 +54,12 @@ ASSUMED_PROMPT, ASSUMED_OUTPUT = 128, 128  # where the source states no length (
 
 def _count(row, prompt: int, batch: int):
     """The row's model counted config-only: prefill of `prompt` tokens, two decode steps."""
-    precision, quantize = PRECISION[row.precision]
+    precision, quantize, *kv = PRECISION[row.precision]
     with contextlib.redirect_stdout(io.StringIO()):  # generate.py's own table: not wanted here
         result = generate.main(model=row.preset, prompt_length=max(prompt, 1), max_new_tokens=3,
                                batch_size=batch, precision=precision, quantize=quantize,
-                               device_spec=row.device_spec, quiet=True)
+                               kv_dtype=kv[0] if kv else None, device_spec=row.device_spec,
+                               quiet=True)
     return result["counter"]
 
 
@@ -64,7 +69,7 @@ def skip_reason(row) -> str:
     if row.batch == "saturated":
         return "batch chosen by the serving scheduler (perfcounter serve prices it)"
     if row.precision not in PRECISION:
-        return f"{row.precision} weights: not a scheme perfcounter counts yet"
+        return f"{row.precision}: no scheme of perfcounter's stands for it"
     if row.tensor_parallel != 1:
         return "tensor parallel: priced by perfcounter simulate, not here"
     return ""

@@ -23,8 +23,9 @@ def test_gpt_fast_a100_rows_hold(capsys):
 def test_rows_it_cannot_price_say_why():
     from published import load_rows
     reasons = {r.id: bench_published.skip_reason(r) for r in load_rows()}
-    assert reasons["trtllm-h100-llama7b-fp8-ttft-128"] == ("fp8 weights: not a scheme "
-                                                           "perfcounter counts yet")
+    # fp8 rows: W8A8 (--quantize fp8) with TensorRT-LLM's --fp8_kv_cache, activations bf16
+    assert reasons["trtllm-h100-llama7b-fp8-ttft-128"] == ""
+    assert bench_published.PRECISION["fp8"] == ("bfloat16", "fp8", "fp8")
     assert reasons["llamacpp-3090ti-llama7b-q4_0-tg128"].endswith("not in the registry")
     assert "serving scheduler" in reasons["trtllm-h100-llama31-8b-fp8-sat-128-128"]
     assert reasons["gptfast-a100-llama2-7b-bf16"] == ""
