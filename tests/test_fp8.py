@@ -1,17 +1,24 @@
 """fp8 (W8A8, TensorRT-LLM's FP8): the scheme's name and its refusal of bad names, an fp8
 linear's stored bytes and FLOPs, the activation quantization's bytes, aten._scaled_mm's formula,
 and a toy fp8 GEMM priced at its device's fp8 peak: every number derived by hand."""
+import warnings
+
 import pytest
 import torch
+from conftest import tiny_args
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from perfcounter import PerformanceCounterMode
+from perfcounter import PerformanceCounterMode, TransformerPerformanceCounter
+from perfcounter._util import PerfcounterWarning
 from perfcounter.cli.main import main as cli_main
 from perfcounter.costs.elementwise import fp8_cast_cost
 from perfcounter.costs.matmul import scaled_mm_cost
 from perfcounter.costs.reductions import fp8_scale_cost
 from perfcounter.devices import DeviceSpec
+from perfcounter.generation.config_only import greedy_generate
+from perfcounter.generation.derive import count_generation
+from perfcounter.models.loading import fake_model
 from perfcounter.pricing import predict as P
 from perfcounter.pricing.achievable import DEFAULT_EFFICIENCY
 from perfcounter.pricing.roofline import roofline
@@ -121,14 +128,40 @@ def test_quantize_model_and_its_scheme():
     assert q.model_size_bytes(model) == 34 + 20 + 19
 
 
+def test_a_config_only_fp8_model_derived_as_counted():
+    # dim 64, 3 layers: wqkv [128, 64], wo [64, 64], w1 / w3 [128, 64], w2 [64, 128] a layer,
+    # output [64, 64]; fp8 weights and KV cache, bfloat16 activations, 5 decode steps
+    args = tiny_args(dim=64, intermediate_size=128, n_layer=3)
+
+    def run(**kw):
+        counter = TransformerPerformanceCounter(depth=10)
+        count_generation(args, counter, prompt_length=4, max_new_tokens=6, dtype=torch.bfloat16,
+                         generate=greedy_generate, make_model=lambda a: fake_model(
+                             a, weights="fp8", kv="fp8", dtype=torch.bfloat16), **kw)
+        return counter
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PerfcounterWarning)  # no derivation falls back
+        derived = run()
+    counted = run(every_layer=True, every_step=True)
+    for label in ("prefill", "decode"):
+        a, b = derived.counts[label].trace, counted.counts[label].trace
+        assert (a.flops, a.per_op_bytes, a.compulsory_read, a.compulsory_written) == \
+            (b.flops, b.per_op_bytes, b.compulsory_read, b.compulsory_written)
+    # a decode step reads each weight once: linears 3·36,864 + 4,096 = 114,688 fp8 bytes and
+    # 16 float32 scales (64 B), 7 bf16 norms of 64 (896 B), one bf16 embedding row (128 B)
+    decode = derived.counts["decode"].trace
+    assert decode.steps == 5 and decode.compulsory_read[W] == 5 * (114_688 + 64 + 896 + 128)
+
+
 # -- pricing -----------------------------------------------------------------------------------
 
 def toy_spec(**kw) -> DeviceSpec:
     # bf16 peak 1 TFLOP/s, fp8 2 TFLOP/s, 1 TB/s; no fixed cost; GEMM at half its peak
-    args = dict(device_type="cuda", name="toy-fp8", bandwidth=1e12, dtype=torch.bfloat16,
-                flops_by_dtype={torch.bfloat16: 1e12, torch.float8_e4m3fn: 2e12},
-                op_overhead_s={"eager": 0.0, "compiled": 0.0, "cudagraphs": 0.0},
-                op_efficiency={"gemm": 0.5})
+    args = {"device_type": "cuda", "name": "toy-fp8", "bandwidth": 1e12, "dtype": torch.bfloat16,
+            "flops_by_dtype": {torch.bfloat16: 1e12, torch.float8_e4m3fn: 2e12},
+            "op_overhead_s": {"eager": 0.0, "compiled": 0.0, "cudagraphs": 0.0},
+            "op_efficiency": {"gemm": 0.5}}
     return DeviceSpec(**{**args, **kw})
 
 
