@@ -21,12 +21,13 @@ from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.devices.calibrate import measurable_device
 from perfcounter.devices.spec import EXECUTIONS
 from perfcounter.format import si
-from perfcounter.generation.config_only import count_config
-from perfcounter.models.args import UnknownModelError
+from perfcounter.generation.config_only import count_config, resolve_config
+from perfcounter.models.args import ModelArgs, UnknownModelError
 from perfcounter.pricing.op_bench import op_bench
 from perfcounter.quant import quantize as quantization
 from perfcounter.report.plots import check_outputs, source_name, write_outputs
 from perfcounter.report.profile import ATTRS, format_profile
+from perfcounter.serve.memory import weight_bytes
 
 
 def count_from_flags(args):
@@ -59,9 +60,12 @@ def count_from_flags(args):
           f"{args.precision}; attention masks as the attention modules say (causal, sliding "
           f"window); MoE routing {routing}")
     if quant["quantize"] is not None or quant["kv_dtype"] is not None:
-        say(f"weights {quant['quantize'].name if quant['quantize'] else args.precision}, KV "
+        ours = None if str(model).endswith(".gguf") else resolve_config(model)
+        size = f" ({si(weight_bytes(ours, dtype, quant['quantize']), 'B')} as stored)" \
+            if isinstance(ours, ModelArgs) else ""  # every linear and MoE expert of our model
+        say(f"weights {quant['quantize'].name if quant['quantize'] else args.precision}{size}, KV "
               f"cache {quant['kv_dtype'] or args.precision}: bytes as stored, FLOPs at "
-              f"{args.precision}" + ("; the linears' at float8_e4m3fn (W8A8)"
+              f"{args.precision}" + ("; the linears' and experts' at float8_e4m3fn (W8A8)"
                                      if quant["quantize"] and quant["quantize"].kind == "fp8"
                                      else ""))
     return counter

@@ -25,6 +25,7 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
 from perfcounter.models.args import ModelArgs
+from perfcounter.quant.experts import QuantizedExperts
 
 
 class KVCache(nn.Module):
@@ -259,13 +260,14 @@ def apply_rotary_emb(x: Tensor, freqs_cis: Tensor) -> Tensor:
     return torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1).flatten(3)
 
 
-QUANT_METADATA = ("scales", "scales_and_zeros", "zeros")  # a quantized layer's own, not the model's
+QUANT_METADATA = ("scales", "scales_and_zeros", "zeros", "weight_scale")  # a quantized layer's own
 
 
 def _params(module: nn.Module, seen: set) -> int:
     """Parameters of `module` and its children as the model has them, however they are stored:
     a linear's weight is in_features x out_features whether it is kept as float, int8 or two
-    int4 a byte; a quantized layer's scales and zero points are not parameters of the model;
+    int4 a byte (a MoE's quantized stacked experts: num_experts times that); a quantized
+    layer's scales and zero points are not parameters of the model;
     a tensor shared by two modules counts once (`seen`)."""
     n = 0
     for sub in module.modules():
@@ -274,7 +276,8 @@ def _params(module: nn.Module, seen: set) -> int:
                 continue
             seen.add(id(p))
             linear = name == "weight" and hasattr(sub, "in_features") and hasattr(sub, "out_features")
-            n += sub.in_features * sub.out_features if linear else p.numel()
+            n += sub.in_features * sub.out_features * getattr(sub, "num_experts", 1) if linear \
+                else p.numel()
     return n
 
 
@@ -290,7 +293,7 @@ def count_params(model: nn.Module) -> tuple[int, int]:
     if isinstance(embed, nn.Embedding) and getattr(output, "weight", None) is not embed.weight:
         active -= embed.weight.numel()
     for module in model.modules():
-        if isinstance(module, ConditionalFeedForward):
+        if isinstance(module, (ConditionalFeedForward, QuantizedExperts)):
             experts = _params(module, set())
             active -= experts - experts * config.num_activated_experts // config.num_experts
     return active, total

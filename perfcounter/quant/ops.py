@@ -90,6 +90,13 @@ def dequantize_int4(packed: Tensor, scales_and_zeros: Tensor, group_size: int,
     return ((q.view(n, k // group_size, group_size) - 8) * scale + zero).view(n, k)
 
 
+def int4_scale_dtype(dtype: torch.dtype) -> torch.dtype:
+    """int4 scales and zeros are stored in a 16-bit model's own dtype, so that its kernel reads
+    them as they are; a float32 model keeps them in bfloat16 (gpt-fast's layout, half the
+    bytes), cast to float32 per call."""
+    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+
 def int4_cpu_layout(packed: Tensor) -> Tensor:
     """Nibbles [N, K/2] -> the tiled [N, K/2] uint8 that aten._weight_int4pack_mm_for_cpu
     reads (N a multiple of 16)."""

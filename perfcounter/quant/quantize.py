@@ -1,6 +1,6 @@
 """Weight-only quantization (gpt-fast's int8 and int4) and quantized KV caches for our model.
 
-    quantize_model(model, "int4-32")      # every nn.Linear, the output layer included
+    quantize_model(model, "int4-32")      # every nn.Linear (the output too) and MoE expert
     quantize_kv_cache(model, "int8")      # the caches setup_caches makes from now on
     model_size_bytes(model)               # gpt-fast's _get_model_size
     loading.fake_model(args, weights="int8", kv="int8", dtype=torch.bfloat16)  # no weights
@@ -36,10 +36,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from perfcounter.quant import experts as moe
 from perfcounter.quant.fp8 import Float8Linear
 from perfcounter.quant.ops import (INT4_GROUP_SIZES, KV_DTYPES, dequantize_int4, int4_cpu_layout,
-                                    quantize_int4_groupwise, quantize_int8_per_channel,
-                                    quantize_per_token)
+                                    int4_scale_dtype, quantize_int4_groupwise,
+                                    quantize_int8_per_channel, quantize_per_token)
 from perfcounter.quant.stored import stored_nbytes
 
 aten = torch.ops.aten
@@ -239,32 +240,29 @@ def _linears(model: nn.Module) -> list[tuple[nn.Module, str, str, nn.Linear]]:
 
 def quantized_scheme(model: nn.Module) -> Optional[WeightScheme]:
     """The scheme a model's linears are quantized with, or None (float)."""
-    for m in model.modules():
-        if isinstance(m, (WeightOnlyInt8Linear, Float8Linear)):
-            return WeightScheme("int8" if isinstance(m, WeightOnlyInt8Linear) else "fp8")
-        if isinstance(m, WeightOnlyInt4Linear):
+    for m in model.modules():  # a linear or a MoE's stacked expert weight (experts.py)
+        if isinstance(m, (WeightOnlyInt8Linear, moe.Int8Experts)):
+            return WeightScheme("int8")
+        if isinstance(m, (Float8Linear, moe.Float8Experts)):
+            return WeightScheme("fp8")
+        if isinstance(m, (WeightOnlyInt4Linear, moe.Int4Experts)):
             return WeightScheme("int4", m.group_size)
     return None
 
 
 def check_group_size(model: nn.Module, scheme: WeightScheme) -> None:
-    """Every linear's in_features must be a multiple of the int4 group size."""
+    """Every linear's (and expert weight's) in_features must be a multiple of the group size."""
     if scheme.kind != "int4":
         return
     widths = {path: m.in_features for _, _, path, m in _linears(model)}
+    widths.update({f"{path}.{n}": k for _, _, path, m in moe.float_experts(model)
+                   for n, k in moe.widths(m).items()})
     bad = [(p, k) for p, k in widths.items() if k % scheme.group_size]
     if bad:
         fits = [g for g in INT4_GROUP_SIZES if all(k % g == 0 for k in widths.values())]
         raise QuantizeError(f"--quantize {scheme.name}: group size {scheme.group_size} does not "
                             f"divide in_features={bad[0][1]} of {bad[0][0]}; valid group sizes "
                             f"for this model: {', '.join(map(str, fits)) or 'none'}")
-
-
-def _int4_scale_dtype(dtype: torch.dtype) -> torch.dtype:
-    """int4 scales and zeros are stored in a 16-bit model's own dtype, so that its kernel reads
-    them as they are; a float32 model keeps them in bfloat16 (gpt-fast's layout, half the
-    bytes), cast to float32 per call."""
-    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
 
 
 def _new_module(linear: nn.Linear, scheme: WeightScheme, tile: bool) -> nn.Module:
@@ -277,7 +275,7 @@ def _new_module(linear: nn.Linear, scheme: WeightScheme, tile: bool) -> nn.Modul
         new = WeightOnlyInt8Linear(k, n, bias, scale_dtype=w.dtype, device=w.device)
     else:  # a 16-bit model's scales in its own dtype (no cast per call), else gpt-fast's bf16
         new = WeightOnlyInt4Linear(k, n, scheme.group_size, bias, bias_dtype=w.dtype,
-                                   scale_dtype=_int4_scale_dtype(w.dtype), device=w.device)
+                                   scale_dtype=int4_scale_dtype(w.dtype), device=w.device)
     if w.is_meta:  # to be loaded (the stored layout), then use_kernels
         return new
     if isinstance(w, torch._subclasses.FakeTensor):
@@ -290,7 +288,7 @@ def _new_module(linear: nn.Linear, scheme: WeightScheme, tile: bool) -> nn.Modul
             new.weight, new.scales = _param(q), _param(scales)
         else:
             q, sz = quantize_int4_groupwise(w.detach(), scheme.group_size,
-                                            _int4_scale_dtype(w.dtype))
+                                            int4_scale_dtype(w.dtype))
             new.weight, new.scales_and_zeros = _param(q), _param(sz)
             if tile:
                 new.use_cpu_kernel()
@@ -301,7 +299,8 @@ def _new_module(linear: nn.Linear, scheme: WeightScheme, tile: bool) -> nn.Modul
 
 def quantize_model(model: nn.Module, scheme, *, tile: bool = True, keep=()) -> nn.Module:
     """Replace every nn.Linear of `model` (the output layer included, untied from the
-    embedding) by its quantized module, in place; `scheme` a WeightScheme or its name.
+    embedding) and every mixture of experts' stacked weights (experts.py) by their quantized
+    modules, in place; `scheme` a WeightScheme or its name.
     Real weights are quantized; fake or meta ones become empty tensors of the stored layout
     (fake tensors must be made inside their FakeTensorMode: fake_model does that; meta ones
     are for load_state_dict, then use_kernels). tile=False keeps int4 weights in the stored
@@ -318,16 +317,17 @@ def quantize_model(model: nn.Module, scheme, *, tile: bool = True, keep=()) -> n
                             f"({have.name}); quantize a float checkpoint (valid on this one: "
                             f"{have.name} or none)")
     check_group_size(model, scheme)
-    for parent, name, path, linear in _linears(model):
+    for parent, name, path, m in _linears(model) + moe.float_experts(model):
         if path not in keep:
-            setattr(parent, name, _new_module(linear, scheme, tile))
+            setattr(parent, name, _new_module(m, scheme, tile) if isinstance(m, nn.Linear) else
+                    moe.quantize_experts(m, scheme.kind, scheme.group_size, tile=tile))
     return model
 
 
 def use_kernels(model: nn.Module) -> nn.Module:
     """After loading stored int4 weights: tile them for the CPU kernel where it applies."""
     for m in model.modules():
-        if isinstance(m, WeightOnlyInt4Linear):
+        if isinstance(m, (WeightOnlyInt4Linear, moe.Int4Experts)):
             m.use_cpu_kernel()
     return model
 
@@ -385,11 +385,11 @@ def scheme_of_state(state: dict, source="checkpoint") -> Optional[WeightScheme]:
     for key, sz in state.items():
         if key.endswith(".scales_and_zeros"):
             w = state.get(key[: -len("scales_and_zeros")] + "weight")
-            if w is None or w.dtype != torch.uint8 or w.dim() != 2 or sz.dim() != 3:
+            if w is None or w.dtype != torch.uint8 or sz.dim() != w.dim() + 1 or w.dim() > 3:
                 raise QuantizeError(f"{source}: {key} is not the int4 layout scripts/quantize.py "
                                     "writes (uint8 [N, K/2] weight, [K/G, N, 2] scales and zeros; "
                                     "gpt-fast's CUDA-tiled int4 is not read); requantize it")
-            groups.add(2 * w.shape[1] // sz.shape[0])
+            groups.add(2 * w.shape[-1] // sz.shape[-3])  # experts: [E, N, K/2], [E, K/G, N, 2]
     if len(groups) > 1:
         raise QuantizeError(f"{source}: int4 group sizes differ between layers: {sorted(groups)}")
     int8 = any(k.endswith(".scales") and state.get(k[:-len("scales")] + "weight",

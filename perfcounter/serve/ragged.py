@@ -32,7 +32,10 @@ weights and summed (the model's einsum would be a batched matmul whose layout ch
 T = 1).
 Without data the counter spreads the rows evenly (counting's balanced ExpertLoad): each
 grouped GEMM computes T x k rows exactly and reads the weights of min(T x k, E) experts;
-the step table (steps.py) takes that count of experts as a feature of its own.
+the step table (steps.py) takes that count of experts as a feature of its own. Quantized
+experts (quant/experts.py: no grouped GEMM takes int8 / int4 / fp8 stacked weights) run
+their own kernels per expert on the same split: the same rows, experts and FLOPs, each
+touched expert's weights read once as stored.
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ import torch.nn.functional as F
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import fake_model
-from perfcounter.models.model import precompute_freqs_cis
+from perfcounter.models.model import ConditionalFeedForward, precompute_freqs_cis
 from perfcounter.quant.ops import KV_DTYPES, quantize_per_token
 from perfcounter.trace import ROLES, Trace
 
@@ -185,7 +188,8 @@ def count_step(args: ModelArgs, pieces, dtype=torch.bfloat16, depth: int = 10, *
         for layer in model.layers:
             experts = getattr(layer.feed_forward, "cond_ffn", None)
             if experts is not None:
-                experts.forward = types.MethodType(_grouped_experts, experts)
+                if isinstance(experts, ConditionalFeedForward):  # quantized: its own kernels
+                    experts.forward = types.MethodType(_grouped_experts, experts)
                 layer.feed_forward.forward = types.MethodType(_moe_forward, layer.feed_forward)
             layer.attention.kv_cache = _RaggedKV(pieces, args.n_local_heads, args.head_dim,
                                                  dtype, masks, slots, kv)
