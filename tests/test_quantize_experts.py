@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import randomize_, tiny_args
-from perfcounter import PerformanceCounterMode
+from perfcounter import PerformanceCounterMode, get_device_spec
 from perfcounter.cli.main import main as cli_main
 from perfcounter.counting.op_data import ExpertLoad
 from perfcounter.models.args import ModelArgs
@@ -27,7 +27,11 @@ from perfcounter.models.model import Transformer, count_params
 from perfcounter.quant import experts as moe
 from perfcounter.quant import quantize as q
 from perfcounter.quant.stored import stored_nbytes
+from perfcounter.serve import step_table
 from perfcounter.serve.memory import weight_bytes
+from perfcounter.serve.pricing import RooflinePricer
+from perfcounter.serve.ragged import Piece, count_step
+from perfcounter.serve.steps import counted_features
 from perfcounter.trace import ROLES
 
 W = ROLES.index("weight")
@@ -212,3 +216,21 @@ def test_count_cli_prices_the_experts_as_stored(tmp_path, capsys):
     # (no CPU kernel at N = 4: nibbles read twice, 2·128 + 32 = 288) + 2 experts 30,720 + norms
     # 256 = 38,944, ·2 = 77,888; final norm 128, output 2,560: 80,704 B
     assert decode["io_by_role"]["read"]["weight"] == 80_704
+
+
+def test_serve_step_table_prices_quantized_experts_as_counted():
+    args = dataclasses.replace(mix_args(), block_size=512)
+    scheme = q.parse_scheme("int4-32")
+    table = step_table(args, torch.bfloat16, RooflinePricer(get_device_spec("h100-sxm")),
+                       weights=scheme)
+    for shape in ([(1, 40)], [(2, 5)], [(1, 300), (1, 17), (48, 0), (12, 100)]):
+        counted = count_step(args, [Piece(*p) for p in shape], weights=scheme)
+        model = table.counts.totals(counted_features(shape, None, table.counts.experts))
+        for name, want in (("flops", counted.flops), ("bytes", counted.per_op_bytes)):
+            assert model[name] == pytest.approx(want, rel=1e-9), name
+    # a decode (1 token, 2 experts a layer) reads the 80,704 B of the count CLI's decode step;
+    # (2 new after 5): 4 routed rows over all 4 experts, 2 layers · 4 · 15,360 B
+    one = count_step(args, [Piece(1, 40)], weights=scheme)
+    assert sum(r.read[W] for r in one.records) == 80_704
+    two = count_step(args, [Piece(2, 5)], weights=scheme)
+    assert sum(r.read[W] for r in _experts(two)) == 2 * 4 * PER_EXPERT["int4-32"]  # 122,880

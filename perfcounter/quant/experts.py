@@ -191,12 +191,12 @@ class QuantizedExperts(nn.Module):
 
     def _without_values(self, x: Tensor, top_k: int) -> Tensor:
         slots = x.repeat_interleave(top_k, dim=0)  # [T·A, dim]
-        outs, start = [], 0
+        out, start = torch.empty_like(slots), 0
         for e, n in enumerate(self.rows_per_expert(slots.shape[0])):
-            if n:
-                outs.append(self.expert(e, slots[start:start + n]))
+            if n:  # one copy per expert (a cat of as many pieces as experts would change form)
+                out[start:start + n] = self.expert(e, slots[start:start + n])
                 start += n
-        return torch.cat(outs).view(x.shape[0], top_k, -1)
+        return out.view(x.shape[0], top_k, -1)
 
 
 def is_float_experts(module: nn.Module) -> bool:
