@@ -18,9 +18,11 @@ import pytest
 import torch
 
 from conftest import randomize_, tiny_args
-from perfcounter import PerformanceCounterMode, get_device_spec
+from perfcounter import PerformanceCounterMode, TransformerPerformanceCounter, get_device_spec
 from perfcounter.cli.main import main as cli_main
 from perfcounter.counting.op_data import ExpertLoad
+from perfcounter.generation.config_only import count_config_only, greedy_generate, routed
+from perfcounter.generation.derive import count_generation
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import build_model, fake_model
 from perfcounter.models.model import Transformer, count_params
@@ -234,3 +236,26 @@ def test_serve_step_table_prices_quantized_experts_as_counted():
     assert sum(r.read[W] for r in one.records) == 80_704
     two = count_step(args, [Piece(2, 5)], weights=scheme)
     assert sum(r.read[W] for r in _experts(two)) == 2 * 4 * PER_EXPERT["int4-32"]  # 122,880
+
+
+@pytest.mark.parametrize("load", [None, ExpertLoad([4, 2, 1, 1])], ids=["balanced", "skewed"])
+def test_config_only_derived_equals_every_layer_and_step(load):
+    args = mix_args(n_layer=3)
+
+    def make(a):
+        built = fake_model(a, dtype=torch.bfloat16, weights="int4-32")
+        return built if load is None else routed(built, load)
+
+    every, derived = TransformerPerformanceCounter(), TransformerPerformanceCounter()
+    sizes = dict(batch_size=2, prompt_length=5, max_new_tokens=6, generate=greedy_generate,
+                 make_model=make)
+    count_config_only(args, every, **sizes)
+    count_generation(args, derived, **sizes)
+    for label in ("prefill", "decode"):
+        a, b = every.counts[label].trace, derived.counts[label].trace
+        assert (a.flops, a.per_op_read, a.per_op_written, a.compulsory_read) == \
+            (b.flops, b.per_op_read, b.per_op_written, b.compulsory_read)
+    # the experts' weights as stored: a prefill of 2·5 tokens, 20 routed rows, reads every expert
+    # of each layer once: 3 layers · 4 · 15,360 = 184,320
+    prefill = every.counts["prefill"].trace
+    assert sum(r.read[W] for r in _experts(prefill)) == 3 * 4 * PER_EXPERT["int4-32"]
