@@ -1,6 +1,7 @@
 """fp8 (W8A8, TensorRT-LLM's FP8): the scheme's name and its refusal of bad names, an fp8
 linear's stored bytes and FLOPs, the activation quantization's bytes, aten._scaled_mm's formula,
 and a toy fp8 GEMM priced at its device's fp8 peak: every number derived by hand."""
+import json
 import warnings
 
 import pytest
@@ -56,6 +57,16 @@ def test_cli_refuses_a_bad_scheme_one_line_exit_2(capsys):
     assert cli_main(argv=["count", "--model", "llama-2-7b", "--quantize", "fp9"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"perfcounter count: error: unknown --quantize scheme 'fp9'; {VALID}"]
+
+
+def test_count_says_the_linears_run_in_fp8(tmp_path, capsys):
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps(tiny_args(dim=64, intermediate_size=128).__dict__))
+    assert cli_main(argv=["count", "--model", str(config), "--quantize", "fp8", "--precision",
+                          "bf16", "--prompt_length", "4", "--max_new_tokens", "2"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("weights fp8"))
+    assert "FLOPs at bfloat16;" in line and line.endswith("at float8_e4m3fn (W8A8)")
 
 
 # -- the formulas ------------------------------------------------------------------------------
