@@ -44,8 +44,8 @@ KERNELS = {"int8": "aten._weight_int8pack_mm.default",
 
 
 def mix_args(**overrides) -> ModelArgs:
-    return tiny_args(dim=64, intermediate_size=128, num_experts=4, num_activated_experts=2,
-                     **overrides)
+    return tiny_args(**{"dim": 64, "intermediate_size": 128, "num_experts": 4,
+                        "num_activated_experts": 2, **overrides})
 
 
 def count(fn):
@@ -259,3 +259,12 @@ def test_config_only_derived_equals_every_layer_and_step(load):
     # of each layer once: 3 layers · 4 · 15,360 = 184,320
     prefill = every.counts["prefill"].trace
     assert sum(r.read[W] for r in _experts(prefill)) == 3 * 4 * PER_EXPERT["int4-32"]
+
+
+def test_group_size_must_divide_the_experts_widths():
+    # w2's K is the intermediate size, 96: 96 % 64 != 0 (the linears' K, 64, would take 64)
+    args = mix_args(intermediate_size=96)
+    with pytest.raises(q.QuantizeError, match=r"group size 64 does not divide in_features=96 of "
+                                              r"layers.0.feed_forward.cond_ffn.w2; valid group "
+                                              r"sizes for this model: 32$"):
+        fake_model(args, weights="int4-64")
