@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import generate  # noqa: E402
+from perfcounter.console import quiet_third_party  # noqa: E402
 from perfcounter.devices.calibrate import calibrate, describe, save_calibrated  # noqa: E402
 from perfcounter.devices.calibration_check import describe_check, load_average  # noqa: E402
 from perfcounter.format import format_table  # noqa: E402
@@ -101,6 +102,7 @@ HEAD = ["prompt", "batch", "run", "phase", "measured", "predicted", "meas/pred (
 
 
 if __name__ == "__main__":
+    quiet_third_party()  # the libraries' notices and progress bars, as the commands do
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--spec", default=None, help="a calibrated spec file (default: calibrate now)")
     p.add_argument("--runs", type=int, default=3, help="runs per configuration (median kept)")

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import generate  # noqa: E402
+from perfcounter.console import quiet_third_party  # noqa: E402
 from perfcounter.format import format_table  # noqa: E402
 from published import DATA_FILE, load_rows  # noqa: E402
 
@@ -148,6 +149,7 @@ def main(*, only: str | None = None, genz: bool = True, path=DATA_FILE) -> list[
 
 
 if __name__ == "__main__":
+    quiet_third_party()  # the libraries' notices and progress bars, as the commands do
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", default=None, help="rows whose id contains this text")
     p.add_argument("--no-genz", action="store_true", help="leave GenZ's column empty")

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import generate  # noqa: E402
 from bench_predict import LLAMA_1B  # noqa: E402
 from perfcounter import TransformerPerformanceCounter  # noqa: E402
+from perfcounter.console import quiet_third_party  # noqa: E402
 from perfcounter.devices import get_device_spec, load_device_specs  # noqa: E402
 from perfcounter.devices.calibrate import calibrate, describe, save_calibrated  # noqa: E402
 from perfcounter.devices.calibration_check import describe_check  # noqa: E402
@@ -160,6 +161,7 @@ def main(*, device: str = "cuda", repeats: int = 3, spec_path: str | None = None
 
 
 if __name__ == "__main__":
+    quiet_third_party()  # the libraries' notices and progress bars, as the commands do
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu: a smoke test")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per phase, best kept")
