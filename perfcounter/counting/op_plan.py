@@ -238,26 +238,13 @@ def plan_for(func, args, kwargs, out, kind, data: tuple = ()) -> tuple[OpPlan, l
     if kwargs:
         key.append(tuple(kwargs))  # the names; their values follow the positional ones
         values = (*args, *kwargs.values())
-    for a in values:
-        if isinstance(a, Tensor):
-            tensors.append(a)
-            key.append(a.shape)
-            key.append(_stride(a))
-            key.append(a.dtype)
-        elif type(a) is list or type(a) is tuple:
-            key.append(len(a))
-            for b in a:
-                if isinstance(b, Tensor):
-                    tensors.append(b)
-                    key.append(b.shape)
-                    key.append(_stride(b))
-                    key.append(b.dtype)
-                else:
-                    key.append(type(b))
-                    key.append(b)
-        else:
-            key.append(type(a))
-            key.append(a)
+    head = len(key)
+    try:
+        _key_of(values, key, tensors, True)  # the hot path: strides read directly
+    except RuntimeError:  # a layout without strides (sparse): () for those
+        del key[head:]
+        tensors.clear()
+        _key_of(values, key, tensors, False)
     if kind == OpKind.DYNAMIC:
         key.extend(t.shape for t in flat_tensors(out))
     elif data:
@@ -328,6 +315,32 @@ def _make_plan(func, args, kwargs, out, tensors, data=()) -> OpPlan:
     return OpPlan(name, dtype, data_args, signature(data_args), cost, has_formula, tuple(reads),
                   tuple(writes), tuple(outputs), out_role,
                   info is not None and info.cache_write, info is not None and info.attention, dups)
+
+
+def _key_of(values, key: list, tensors: list, strided: bool) -> None:
+    """Append each argument's part of a plan key (a tensor: shape, stride, dtype; a list:
+    its length and items; else type and value) to `key`, and its tensors to `tensors`;
+    strided=False: strides through _stride, for layouts without them."""
+    for a in values:
+        if isinstance(a, Tensor):
+            tensors.append(a)
+            key.append(a.shape)
+            key.append(a.stride() if strided else _stride(a))
+            key.append(a.dtype)
+        elif type(a) is list or type(a) is tuple:
+            key.append(len(a))
+            for b in a:
+                if isinstance(b, Tensor):
+                    tensors.append(b)
+                    key.append(b.shape)
+                    key.append(b.stride() if strided else _stride(b))
+                    key.append(b.dtype)
+                else:
+                    key.append(type(b))
+                    key.append(b)
+        else:
+            key.append(type(a))
+            key.append(a)
 
 
 def _stride(t: Tensor) -> tuple[int, ...]:
