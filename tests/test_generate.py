@@ -57,6 +57,23 @@ def test_generate_wraps_each_phase_from_outside(tiny_model):
     assert seen == [("prefill", 15), ("decode", 3), ("decode", 3), ("decode", 3)]
 
 
+def test_decode_never_feeds_a_step_its_own_output_buffer():
+    """CUDA graphs (torch.compile's reduce-overhead) overwrite a step's output on the next
+    replay, and refuse an input that is such an output: each step's token is a copy."""
+    out = torch.zeros(1, 1, dtype=torch.int)  # the one buffer a graph would return each step
+    seen = []
+
+    def graph_step(model, cur_token, input_pos, **_):
+        seen.append(cur_token.data_ptr() == out.data_ptr())
+        out.copy_(cur_token + 1)
+        return out
+
+    tokens = gen.decode_n_tokens(None, torch.zeros(1, 1, dtype=torch.int), torch.tensor([0]), 3,
+                                 decode_fn=graph_step)
+    assert seen == [False, False, False]
+    assert [t.item() for t in tokens] == [1, 2, 3]  # each kept token is its own copy
+
+
 def test_config_only_llama_2_7b_reproduces_seed_004():
     result = gen.main(model="llama-2-7b", prompt_length=6, max_new_tokens=2, precision="bfloat16",
                       quiet=True, device_spec="h100-sxm")
