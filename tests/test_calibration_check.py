@@ -50,6 +50,24 @@ def test_a_rate_far_below_its_neighbours_is_flagged():
     assert C.curve_flags({"indexing": {"float32": gather}}) == []
 
 
+def test_a_gpus_launch_bound_smallest_set_is_not_a_wait():
+    # An H200's elementwise float32 curve as a calibration read it (64 KiB, 1 MiB, 16 MiB):
+    # seconds per call 65532 / 5.66e9 = 11.6 us, 1048572 / 93.7e9 = 11.2 us, 16777212 /
+    # 1399e9 = 12.0 us: one launch's fixed cost each, rates 16x apart by physics.
+    h200 = [(65532, 5.66e9, 6.46e9, 0.471e9), (1048572, 93.7e9, 88.3e9, 7.81e9),
+            (16777212, 1399e9, 1467e9, 117e9)]
+    # a CPU's rule: 5.66 < 93.7 / 10 (and 6.46 < 8.83, 0.471 < 0.781): three flags
+    assert len(C.curve_flags({"elementwise": {"float32": h200}})) == 3
+    assert C.curve_flags({"elementwise": {"float32": h200}}, launched=True) == []
+    # launched or not, a dip in the middle is a wait: 1.5 GB/s < 1/3 x min(5.66, 1399) = 1.89
+    dip = [h200[0], (1048572, 1.5e9, 88.3e9, 7.81e9), h200[2]]
+    (flag,) = C.curve_flags({"elementwise": {"float32": dip}}, launched=True)
+    assert flag.startswith("elementwise float32 warm GB/s at 1 MiB: 1.5, far below")
+    # and so is the largest set's fall below 1/10 of the one before: 16 MiB at 9 < 93.7 / 10
+    fall = h200[:2] + [(16777212, 9e9, 1467e9, 117e9)]
+    assert len(C.curve_flags({"elementwise": {"float32": fall}}, launched=True)) == 1
+
+
 def test_more_rows_below_fewer_rows_and_a_square_matmul_below_its_rows_are_flagged():
     rows = {"float32": {2: 4e9, 4: 1.9e9, 8: 40e9, 16: 10e9, 1024: 80e9}}
     # 4 rows: 1.9 < 0.5 x 4 -> flagged; 16 rows: 10 < 0.5 x 40 -> flagged; 1024: 80 >= 20

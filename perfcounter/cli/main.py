@@ -1,7 +1,7 @@
 """The `perfcounter` console command.
 
     perfcounter devices [NAME ...] [--type cuda] [--spec FILE.yaml] [--json]
-    perfcounter calibrate [--array_mb 256] [--repeats 10] [--matmul_n 1024] [--out PATH]
+    perfcounter calibrate [--array_mb 256] [--repeats 10] [--matmul_n N] [--out PATH]
         [--threads N] [--clock auto|wall|cpu|thread] [--no_curves]
     perfcounter count --model config.json|FOLDER|FILE.gguf|PRESET [--batch_size 1]
         [--prompt_length 128] [--max_new_tokens 128] [--precision bf16] [--save_path c.json]
@@ -179,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--array_mb", type=float, default=None,
                    help="MiB per triad array (default: 4 x last-level cache, at least 64)")
     p.add_argument("--repeats", type=int, default=10, help="triad runs, best kept (default 10)")
-    p.add_argument("--matmul_n", type=int, default=1024, help="matmul size n (default 1024)")
+    p.add_argument("--matmul_n", type=int, default=None,
+                   help="matmul size n (default: 1024 on a CPU, 4096 on a GPU)")
     p.add_argument("--dtypes", default="float32,bfloat16",
                    help="comma-separated matmul dtypes (default: float32,bfloat16)")
     p.add_argument("--min_time", type=float, default=0.2,

@@ -63,7 +63,30 @@ from perfcounter.costs.reductions import (cumulative_cost, exponential_cost, his
                                           multinomial_cost, sort_cost, topk_cost, var_cost,
                                           vector_norm_cost)
 
+
+
+def runs_alone(name: str) -> bool:
+    """Whether the op of a record named `name` stays one kernel of its own when compiled: a
+    matmul (its formula in matmul.py) or attention, which compiled code calls as library
+    kernels; every other op fuses into its neighbours (pricing/predict.py's EXTERN classes)."""
+    info = op_info_by_name(name)
+    if info is None or info.per_element in ("softmax", "rmsnorm"):
+        return False
+    return info.attention or (info.formula is not None
+                              and info.formula.__module__.rsplit(".", 1)[-1] == "matmul")
+
+
+def compiled_launches(trace) -> int:
+    """Kernel launches the compiled regime charges a trace (pricing/predict.py): each call of
+    an op that runs alone, and one fused kernel beside each of them and at each step's end
+    (calibrate divides a compiled step's time by this)."""
+    alone = sum(r.calls for r in trace.records
+                if not r.op.startswith("prim.") and runs_alone(r.op))
+    return 2 * alone + max(trace.steps, 1)
+
+
 __all__ = [
+    "runs_alone", "compiled_launches",
     "COSTS", "OPS", "PER_ELEMENT", "ZERO", "Cost", "OpInfo", "Shape", "dtype_of", "first_shape",
     "is_complex", "kinds", "numel", "op_info", "op_info_by_name", "op_name", "register",
     "shape_tree",

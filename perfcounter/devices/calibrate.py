@@ -1,10 +1,12 @@
 """Measure this machine: bandwidth, matmul FLOP/s, and (op_rates.py) the rates predictions use.
 
 Bandwidth is a STREAM-like triad, a = b + 3·c, over three float32 arrays that
-together exceed the last-level cache, counted as STREAM does: 2 reads + 1
+together exceed the last-level cache (a GPU's L2), counted as STREAM does: 2 reads + 1
 write = 12 bytes per element (the write-allocate read is not counted); the
 best of `repeats` runs is kept. FLOP/s is the best of a few timed batches of
-n×n @ n×n matmuls, 2·n³ FLOPs each. These are achievable figures, not peaks.
+n×n @ n×n matmuls, 2·n³ FLOPs each (on a GPU each call's kernel timed on the device, n = 4096
+by default: a 1024³ matmul is a few microseconds there, below a launch from Python). These
+are achievable figures, not peaks.
 
 Rates for predictions (op_curves, matmul_rows, op_overhead_s) are measured in
 op_rates.py.
@@ -25,8 +27,10 @@ from perfcounter.devices.calibration_check import (all_flags, best_of, check_rec
                                                    describe_check, load_average, spread)
 from perfcounter.devices.dtypes import as_dtype, dtype_name
 from perfcounter.devices.op_rates import (CLOCKS, ROW_KS, ROWS, MiB, call_overhead, check_clock,
-                                          eager_overheads, fill_operands, gemv_row_seconds,
-                                          last_level_cache_bytes, matmul_rows, op_curves, sync)
+                                          compiled_launch_s, eager_overheads, fill_operands,
+                                          gemv_row_seconds, graph_launch_s,
+                                          last_level_cache_bytes, matmul_rows, op_curves, sync,
+                                          time_calls)
 from perfcounter.devices.registry import calibrated_spec_path
 from perfcounter.devices.spec import row_key, row_table
 from perfcounter.devices.spec import DeviceSpec
@@ -35,10 +39,17 @@ from perfcounter.devices.spec_file import write_device_specs
 TRIAD_BYTES_PER_ELEMENT = 3 * 4  # read b, read c, write a; float32
 
 
-def default_array_bytes() -> int:
-    """Each triad array: half the last-level cache (the three together 1.5x it), at
-    least 64 MiB, at most 1 GiB."""
-    return min(1024 * MiB, max(64 * MiB, (last_level_cache_bytes() or 0) // 2))
+GPU_MATMUL_N = 4096  # the square matmul's n on a GPU (CPU: 1024)
+
+
+def default_array_bytes(device="cpu") -> int:
+    """Each triad array: on a CPU half the last-level cache (the three together 1.5x it);
+    on a GPU 6x its L2 (the op curves' largest working set, a quarter of the three, then
+    streams from memory: 128 MiB on an H100 or H200); at least 64 MiB, at most 1 GiB."""
+    device = torch.device(device)
+    cache = 6 * (_cache_bytes(device) or 0) if device.type == "cuda" \
+        else (last_level_cache_bytes() or 0) // 2
+    return min(1024 * MiB, max(64 * MiB, cache))
 
 
 def triad_bandwidth(array_bytes: int, repeats: int = 10, device="cpu", pool=None,
@@ -63,10 +74,14 @@ def triad_bandwidth(array_bytes: int, repeats: int = 10, device="cpu", pool=None
 
 def matmul_flops(n: int, dtype=torch.float32, device="cpu", min_time: float = 0.2,
                  clock: str = "wall") -> float:
-    """Best achievable FLOP/s of an n×n @ n×n matmul in `dtype` (2·n³ FLOPs each)."""
+    """Best achievable FLOP/s of an n×n @ n×n matmul in `dtype` (2·n³ FLOPs each); on a GPU
+    each call's kernel timed on the device (op_rates.time_calls(kernel=True))."""
     device, dtype, now = torch.device(device), as_dtype(dtype), CLOCKS[check_clock(clock)]
     x = torch.randn(n, n, device=device).to(dtype)
     y = torch.randn(n, n, device=device).to(dtype)
+    if device.type == "cuda":
+        return 2 * n**3 / time_calls(lambda: lambda: torch.mm(x, y), device, min_time,
+                                     kernel=True)
     sync(device)
     start = now()
     torch.mm(x, y)  # warm-up, and a first estimate of one call's time
@@ -110,23 +125,31 @@ class Calibration:
                f"({self.processor}, {self.threads} threads, torch {torch.__version__}), {when}")
         triad = (f"{how}: STREAM-like triad a = b + 3*c over 3 x {self.array_bytes / MiB:g} MiB "
                  f"float32 arrays, best of {self.repeats}, 12 B per element")
-        mm = f"{how}: best of 5 batches of {self.matmul_n}^3 matmuls, 2*n^3 FLOPs each"
+        mm = (f"{how}: {self.matmul_n}^3 matmuls, 2*n^3 FLOPs each, "
+              + ("each kernel timed on the device, 25th percentile" if self.device.startswith("cuda")
+                 else "best of 5 batches"))
         source = {"bandwidth": triad, "flops_by_dtype": mm}
         if self.memory_bytes:
             source["vram"] = f"{how}: total memory reported by the system"
         if self.cache_bytes:
             source["cache_bytes"] = f"{how}: largest cache level in /sys/devices/system/cpu"
         if self.overhead_s:
+            compiled = ("a tiny transformer's compiled decode step / the kernel launches the "
+                        "compiled regime charges it (costs.compiled_launches); cudagraphs = "
+                        "one CUDA graph's replay and sync" if self.device.startswith("cuda")
+                        else "one direct op call")
             source["op_overhead_s"] = (f"{how}: eager = a tiny transformer's decode step / "
                                        f"the op calls counted in it (eager_cold: with a "
-                                       f"stream of 4x L2 before each linear); compiled = one direct op call; "
+                                       f"stream of 4x L2 before each linear); compiled = {compiled}; "
                                        f"gemv_row_<dtype> = a GEMV's time per weight row "
                                        f"(K = 256 vs 4096, same bytes); "
                                        f"{self.clock} clock")
         if self.curves:
+            timing = ("each kernel timed on the device (CUDA events)"
+                      if self.device.startswith("cuda") else f"{self.clock} clock")
             source["op_curves"] = (f"{how}: a representative op per class timed warm and cold "
-                                   "(operands rotated through the triad's arrays), "
-                                   f"{self.clock} clock; see perfcounter/devices/op_rates.py")
+                                   f"(operands rotated through the triad's arrays), {timing}; "
+                                   "see perfcounter/devices/op_rates.py")
         if self.rows:
             source["matmul_rows"] = (f"{how}: x[M,K] @ W^T, W cold (16 MiB), K = "
                                      f"{' and '.join(map(str, ROW_KS))} (times summed), M = "
@@ -186,20 +209,23 @@ def measurable_device(device, purpose: str = "calibrate") -> torch.device:
 
 
 def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10,
-              matmul_n: int = 1024, dtypes=("float32", "bfloat16"),
+              matmul_n: int | None = None, dtypes=("float32", "bfloat16"),
               min_time: float = 0.2, curves: bool = True, clock: str = "auto",
               rounds: int = 2, retries: int = 2) -> Calibration:
     """Measure bandwidth (triad), matmul FLOP/s for each of `dtypes` and, with `curves`,
     the per-op overheads and per-class rates on `device` (about 10 s a round); op times
     read from `clock` (CLOCKS; "auto": the thread's CPU time with one torch thread, else
-    wall). Every figure is measured `rounds` times, the fastest kept and the spread
+    wall). matmul_n: the square matmul's n (None: 1024 on a CPU, GPU_MATMUL_N on a GPU).
+    Every figure is measured `rounds` times, the fastest kept and the spread
     recorded; figures that break calibration_check's rules are measured again (up to
     `retries` more rounds); what is still flagged, the spread and the load before and after
     land in the result's `check` (passed: no flag)."""
     device = measurable_device(device)
     clock = check_clock("wall" if clock == "auto" and device.type == "cuda" else clock)
     if array_bytes is None:
-        array_bytes = default_array_bytes()
+        array_bytes = default_array_bytes(device)
+    if matmul_n is None:
+        matmul_n = GPU_MATMUL_N if device.type == "cuda" else 1024
     if array_bytes <= 0 or repeats <= 0 or matmul_n <= 0 or min_time <= 0 or rounds < 1 \
             or retries < 0:
         raise ValueError(f"array_bytes, repeats, matmul_n, min_time and rounds must be "
@@ -219,8 +245,11 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
                     for d in dtypes}
         if part == "overheads":
             rows = gemv_row_seconds(pool, dtypes, device, min_time, clock)
+            gpu = device.type == "cuda"  # a GPU's compiled step is bound by its launches
             return {**eager_overheads(device, clock=clock),
-                    "compiled": call_overhead(device, clock=clock),
+                    "compiled": compiled_launch_s(device) if gpu
+                    else call_overhead(device, clock=clock),
+                    **({"cudagraphs": graph_launch_s(device)} if gpu else {}),
                     **{row_key(d, m): s for d, by_m in rows.items() for m, s in by_m.items()}}
         row_s = row_table(got.get("overheads", {}))
         if part == "curves":
@@ -235,13 +264,13 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
             again = measure(part)
             spreads.update(spread(got[part], again, f"{part} "))
             got[part] = best_of(got[part], again)
-    flags = _flags(got, matmul_n)
+    flags = _flags(got, matmul_n, device)
     for _ in range(retries):  # the parts a flag names, measured again: the fastest kept
         if not flags:
             break
         for part in {_part(f) for f in flags}:
             got[part] = best_of(got[part], measure(part))
-        flags = _flags(got, matmul_n)
+        flags = _flags(got, matmul_n, device)
     load.append(load_average())
     check = check_record(clock=clock, threads=torch.get_num_threads(), load=load,
                          flags=flags, spreads=spreads, rounds=rounds)
@@ -254,9 +283,9 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
                        curves=got.get("curves", {}), rows=got.get("rows", {}), check=check)
 
 
-def _flags(got: dict, matmul_n: int) -> list[str]:
+def _flags(got: dict, matmul_n: int, device: torch.device) -> list[str]:
     return all_flags(got["flops"], got.get("overheads", {}), got.get("curves", {}),
-                     got.get("rows", {}), matmul_n)
+                     got.get("rows", {}), matmul_n, launched=device.type == "cuda")
 
 
 def _part(flag: str) -> str:

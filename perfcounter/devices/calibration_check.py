@@ -9,7 +9,11 @@ figure that contradicts the others is flagged (`flags`):
 - a curve's rate far below both its neighbours (below DIP x the smaller; an end point
   below END_DIP x its one neighbour): bandwidth and FLOP/s change smoothly with the
   working set, a dip is a wait (rates under 1 MB/s or MFLOP/s on the whole curve are
-  placeholders, not measured rates: indexing has no FLOPs);
+  placeholders, not measured rates: indexing has no FLOPs). On a device that launches
+  kernels (a GPU: `launched`) the smallest working set is exempt from the end-point rule:
+  its kernel is over in the fixed few microseconds any launch takes, so its rate is a
+  fraction of the next one's by physics, not by a wait (an H200: every class within
+  10-15 us per call from 64 KiB to 16 MiB, rates 14x apart);
 - a matmul of more rows below ROWS_DIP x the FLOP/s of fewer rows (a CPU GEMM reuses each
   weight over more rows: FLOP/s grow with rows);
 - the square n x n matmul below SQUARE_DIP x the rows table's FLOP/s at n rows (the
@@ -85,8 +89,9 @@ def _rel(u: float, v: float) -> float:
     return 0.0 if hi <= 0 else (hi - lo) / hi if lo <= 0 else hi / lo - 1
 
 
-def curve_flags(curves: dict) -> list[str]:
-    """A rate far below its neighbours on its curve (see the module doc)."""
+def curve_flags(curves: dict, launched: bool = False) -> list[str]:
+    """A rate far below its neighbours on its curve (see the module doc; `launched`: the
+    smallest working set is not held to its neighbour)."""
     flags = []
     for cls, by_dtype in curves.items():
         for dt, points in by_dtype.items():
@@ -95,6 +100,8 @@ def curve_flags(curves: dict) -> list[str]:
                 if max(values) < 1e6:
                     continue  # a class without FLOPs (indexing: 1 FLOP per call, for a rate)
                 for i, v in enumerate(values):
+                    if launched and i == 0:
+                        continue
                     near = values[max(i - 1, 0):i] + values[i + 1:i + 2]
                     limit = (DIP if len(near) == 2 else END_DIP) * min(near) if near else 0
                     if v < limit:
@@ -138,9 +145,11 @@ def overhead_flags(overheads: dict) -> list[str]:
     return []
 
 
-def all_flags(flops: dict, overheads: dict, curves: dict, rows: dict, n: int) -> list[str]:
-    """Every rule's flags on one calibration's figures (flops by dtype name)."""
-    return (square_flags(flops, rows, n) + rows_flags(rows) + curve_flags(curves)
+def all_flags(flops: dict, overheads: dict, curves: dict, rows: dict, n: int, *,
+              launched: bool = False) -> list[str]:
+    """Every rule's flags on one calibration's figures (flops by dtype name); `launched`:
+    a device that launches kernels (a GPU, see curve_flags)."""
+    return (square_flags(flops, rows, n) + rows_flags(rows) + curve_flags(curves, launched)
             + overhead_flags(overheads))
 
 

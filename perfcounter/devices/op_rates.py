@@ -32,60 +32,35 @@ kernel).
 Operands come from one pool (`calibrate` hands it the triad's arrays, larger than
 the cache), filled with normal numbers (`fill_operands`); `time_calls` times an op
 cold or warm with `clock` (CLOCKS).
+
+On a GPU the rates are the kernels' own (`time_calls(kernel=True)`): a GPU queues kernels
+while the host goes on, so a call timed from the host (launch, then synchronize) measures the
+host's ~10-15 us per call, not the kernel: on an H200 every class read 5 GB/s at 64 KiB and
+at most 1.2 TB/s at 16 MiB that way (a 1B model's CUDA-graph decode then ran 0.39x its
+prediction). Each call is timed by CUDA events on the device, queued behind a short spin
+kernel so that the host has enqueued the op before the device reaches it; a kernel's fixed
+device-side cost stays in its figure, as it does in a CUDA graph. The working sets reach
+past the GPU's L2 cache (calibrate sizes the pool at 6x L2): a 16 MiB set runs from an
+H100's or H200's 50-60 MB L2. Per-op overheads stay host figures: they are what the host pays.
 """
 from __future__ import annotations
 
 import bisect
 import math
-import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from perfcounter.counting.mode import PerformanceCounterMode
 from perfcounter.devices.dtypes import dtype_name
-from perfcounter.models.args import ModelArgs
-from perfcounter.models.model import Transformer
+from perfcounter.devices.overheads import (  # noqa: F401 (calibrate's names, re-exported)
+    call_overhead, compiled_launch_s, eager_overheads, graph_launch_s, host_call_s,
+    tiny_decode_step)
+from perfcounter.devices.timing import (  # noqa: F401 (re-exported)
+    CLOCKS, MAX_CALLS, MiB, cache_levels, check_clock, kernel_seconds, last_level_cache_bytes,
+    sync, time_calls)
 
-MiB = 1 << 20
-# how op times are read: wall time, the process's CPU time, or the calling thread's CPU time
-# (on a machine other jobs share, with one torch thread: the time an op takes alone, without
-# the waits for a core; what neighbours cannot inflate, bar the caches they share)
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time, "thread": time.thread_time}
 ROW = 1024  # row length of the reduction and indexing ops
 SKINNY = 16  # rows of the matmul that gives the gemv class its FLOP/s (predict.SKINNY_ROWS)
-
-
-def cache_levels() -> dict[int, int]:
-    """{level: bytes} of the CPU caches Linux reports for cpu0 (data and unified; empty
-    when unknown)."""
-    sizes = {}
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
-        try:
-            level = int((index / "level").read_text())
-            kind = (index / "type").read_text().strip() if (index / "type").exists() else ""
-            size = (index / "size").read_text().strip().upper()
-        except (OSError, ValueError):
-            continue
-        if kind == "Instruction":
-            continue
-        factor = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
-        digits = size.rstrip("KMG")
-        if digits.isdigit():
-            sizes[level] = max(sizes.get(level, 0), int(digits) * factor)
-    return sizes
-
-
-def last_level_cache_bytes() -> int | None:
-    """Size of the largest CPU cache level Linux reports (None when unknown)."""
-    sizes = cache_levels()
-    return sizes[max(sizes)] if sizes else None
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def fill_operands(pool: torch.Tensor, block_bytes: int = 4 * MiB) -> None:
@@ -117,43 +92,6 @@ class _Pool:
         view = self.bytes[self.offset:self.offset + n].view(dtype).view(shape)
         self.offset += size
         return view
-
-
-def check_clock(clock: str) -> str:
-    """clock itself when it is one of CLOCKS ("auto": "thread" with one torch thread, else
-    "wall"); else a ValueError naming them. The thread clock misses the work of other
-    threads: it needs torch.get_num_threads() == 1."""
-    if clock == "auto":
-        clock = "thread" if torch.get_num_threads() == 1 else "wall"
-    if clock not in CLOCKS:
-        raise ValueError(f"unknown clock {clock!r}; valid: auto, {', '.join(CLOCKS)}")
-    if clock == "thread" and torch.get_num_threads() != 1:
-        raise ValueError(f"the thread clock times the calling thread only; torch runs "
-                         f"{torch.get_num_threads()} threads: set one (--threads 1) or use "
-                         "the wall clock")
-    return clock
-
-
-MAX_CALLS = 200
-
-
-def time_calls(make, device, min_time: float, clock: str = "wall") -> float:
-    """Seconds per call of the op `make()` returns (a new one per call: fresh operands):
-    the 25th percentile of the calls timed in about `min_time` (at least 4, at most
-    MAX_CALLS: a tiny op's figure is settled long before, and making its operands costs
-    more than the call), which leaves out calls that waited for a core another process
-    held."""
-    now = CLOCKS[check_clock(clock)]
-    make()()  # warm-up
-    times: list[float] = []
-    while (sum(times) < min_time and len(times) < MAX_CALLS) or len(times) < 4:
-        op = make()
-        sync(device)
-        start = now()
-        op()
-        sync(device)
-        times.append(now() - start)
-    return sorted(times)[len(times) // 4]
 
 
 def _operands(cls: str, ws: float, dt: torch.dtype, device, wide: bool = False):
@@ -193,50 +131,8 @@ def attention_flops(length: int, dt, device, min_time: float, clock: str = "wall
     kv = torch.rand(1, 8, length, 64, device=device).to(dt)
     mask = torch.ones(length, length, dtype=torch.bool, device=device).tril()
     seconds = time_calls(lambda: lambda: F.scaled_dot_product_attention(
-        q, kv, kv, attn_mask=mask, enable_gqa=True), device, min_time, clock)
+        q, kv, kv, attn_mask=mask, enable_gqa=True), device, min_time, clock, kernel=True)
     return 4 * 32 * length * length * 64 / seconds
-
-
-def call_overhead(device, min_time: float = 0.05, clock: str = "wall") -> float:
-    """Seconds of one direct op call on tiny tensors (torch.add of 1-element tensors)."""
-    a = torch.ones(1, device=device)
-    return time_calls(lambda: lambda: [torch.add(a, a) for _ in range(20)], device,
-                      min_time, clock) / 20
-
-
-def eager_overheads(device, min_time: float = 0.1, clock: str = "wall") -> dict[str, float]:
-    """{"eager": s, "eager_cold": s} per recorded op call of a tiny transformer's decode
-    step (see the module doc); eager_cold with a stream of 4x the L2 cache (8 MiB when
-    unknown) before each linear layer, the streams' own time taken off."""
-
-    torch.manual_seed(0)
-    model = Transformer(ModelArgs(block_size=64, vocab_size=256, n_layer=4, n_head=4,
-                                  n_local_heads=2, dim=64, intermediate_size=128)).to(device)
-    model.setup_caches(max_batch_size=1, max_seq_length=64)
-    idx = torch.zeros(1, 1, dtype=torch.long, device=device)
-    pos = torch.tensor([8], device=device)
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    stream = torch.ones(max(cache_levels().get(2, 2 * MiB) * 4, 8 * MiB) // 4, device=device)
-
-    def flush(*_):
-        stream.add_(1.0)
-
-    def step():
-        return model(idx, pos).argmax(-1)
-    with torch.no_grad():
-        step()
-        with PerformanceCounterMode() as mode:
-            step()
-        calls = max(1, sum(r.calls for r in mode.trace().records if not r.op.startswith("prim.")))
-        warm = time_calls(lambda: step, device, min_time, clock)
-        streams = time_calls(lambda: lambda: [flush() for _ in linears], device, min_time, clock)
-        hooks = [m.register_forward_pre_hook(flush) for m in linears]
-        try:
-            cold = time_calls(lambda: step, device, 2 * min_time, clock)
-        finally:
-            for h in hooks:
-                h.remove()
-    return {"eager": warm / calls, "eager_cold": max(cold - streams, warm) / calls}
 
 
 ROW_K = (256, 4096)  # the inner dims gemv_row_seconds compares, at the same weight bytes
@@ -253,7 +149,7 @@ def gemv_row_seconds(pool: torch.Tensor, dtypes, device, min_time: float,
     dot products afresh (prefetch ramp, horizontal sums, stores): measured 1 thread, float32,
     ~80 ns at M = 1 and ~120 ns at 16, which makes a K = 576 GEMV stream at half the rate of
     a K = 4096 one."""
-    carve, direct = _Pool(pool), call_overhead(device, clock=clock)
+    carve, direct = _Pool(pool), host_call_s(device, clock)
     wbytes = min(8 * MiB, pool.numel() * pool.element_size() // 4)
     out: dict[str, dict[int, float]] = {}
     for dt in dtypes:
@@ -263,7 +159,7 @@ def gemv_row_seconds(pool: torch.Tensor, dtypes, device, min_time: float,
                 rows = max(1, wbytes // (k * dt.itemsize))
                 x = torch.rand(m, k, device=device).to(dt)
                 s = time_calls(lambda: (lambda w: lambda: torch.mm(x, w.t()))(
-                    carve.take((rows, k), dt)), device, min_time / 8, clock)
+                    carve.take((rows, k), dt)), device, min_time / 8, clock, kernel=True)
                 t.append(max(s - direct, 0.25 * s))
                 n.append(rows)
             out.setdefault(dtype_name(dt), {})[m] = max(0.0, (t[0] - t[1]) / (n[0] - n[1]))
@@ -292,7 +188,7 @@ def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = 
     """{class: {dtype name: [(working set B, warm B/s, cold B/s, FLOP/s), ...]}}; row_s
     ({dtype name: {M: s}}, gemv_row_seconds): each gemv point's own rows' share taken off its
     times (the curve then streams; predict.py adds each GEMV's rows apart)."""
-    carve, direct = _Pool(pool), call_overhead(device, clock=clock)
+    carve, direct = _Pool(pool), host_call_s(device, clock)
     largest = pool.numel() * pool.element_size() / 4  # each cold operand set: a quarter of the pool
     sizes = [s for s in (64 << 10, 1 << 20, 16 << 20, 128 << 20) if s <= largest] or [largest]
     per_point = min_time / 5
@@ -306,8 +202,8 @@ def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = 
             args = [carve.take(s, dt) for s in shapes]
             return lambda: op(*args)
         return [max(t - direct, 0.25 * t) for t in (
-            time_calls(lambda: make(False), device, time_each, clock),
-            time_calls(lambda: make(True), device, time_each, clock))]
+            time_calls(lambda: make(False), device, time_each, clock, kernel=True),
+            time_calls(lambda: make(True), device, time_each, clock, kernel=True))]
     for dt in dtypes:
         for cls in ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing"):
             points = []
@@ -328,7 +224,7 @@ def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = 
                 if cls == "gemv":  # FLOP/s of the skinniest matmul that still is one: 16 rows
                     x16 = torch.rand(SKINNY, shapes[0][1], device=device).to(dt)
                     t16 = time_calls(lambda: (lambda w: lambda: torch.mm(x16, w.t()))(
-                        carve.take(shapes[0], dt)), device, per_point, clock)
+                        carve.take(shapes[0], dt)), device, per_point, clock, kernel=True)
                     flops_s = 2 * SKINNY * shapes[0][0] * shapes[0][1] / max(t16 - direct,
                                                                             0.25 * t16)
                 elif cls == "attention":
@@ -357,7 +253,7 @@ def matmul_rows(pool: torch.Tensor, dtypes, device, min_time: float,
     (their times summed: a bfloat16 matmul of K = 8192 runs slower than one of 2048
     at a few hundred rows); the weight rows' share (row_s, gemv_row_seconds) taken off, as
     predict.py adds it apart. See predict.rows_flops."""
-    carve, direct = _Pool(pool), call_overhead(device, clock=clock)
+    carve, direct = _Pool(pool), host_call_s(device, clock)
     budget = min(16 * MiB, pool.numel() * pool.element_size() // 4)
     out = {}
     for dt in dtypes:
@@ -368,7 +264,8 @@ def matmul_rows(pool: torch.Tensor, dtypes, device, min_time: float,
                 n = max(64, budget // (k * dt.itemsize))
                 x = torch.rand(m, k, device=device).to(dt)
                 t = time_calls(lambda: (lambda w: lambda: torch.mm(x, w.t()))(
-                    carve.take((n, k), dt)), device, min_time / len(ROWS) / len(ROW_KS), clock)
+                    carve.take((n, k), dt)), device, min_time / len(ROWS) / len(ROW_KS), clock,
+                    kernel=True)
                 flops += 2 * m * n * k
                 own = n * row_seconds(row_s, dtype_name(dt), m)
                 seconds += max(t - direct - own, 0.25 * t)

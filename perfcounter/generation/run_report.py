@@ -128,7 +128,8 @@ def print_predicted_vs_measured(counter, labels: list[str], execution: str = "ea
     predicted latency of the program that ran (perfcounter/pricing/predict.py, `execution`),
     energy, and the phase's measured latency (the uncounted runs, counter.set_measured) with
     its ratio to the prediction and to the roofline."""
-    print(RULE + f"\nPredicted vs measured on {counter.device_spec.name} ({execution} run)")
+    graphs = "; the prefill compiled, no graph" if execution == "cudagraphs" else ""
+    print(RULE + f"\nPredicted vs measured on {counter.device_spec.name} ({execution} run{graphs})")
     head = ["phase", "tokens", "GFLOPs", "GB", "roofline", "bound", "predicted", "energy",
             "measured", "meas/pred", "meas/roof"]
     rows = []
