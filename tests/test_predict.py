@@ -174,10 +174,10 @@ def test_matmul_rows_sum_the_times_of_both_inner_dims(monkeypatch):
     # a 16 MiB float32 pool: each weight a quarter of it, 4 MiB: K = 2048 -> N = 4 MiB / (2048 * 4)
     # = 512; K = 8192 -> N = 128. Both calls do 2 * M * 512 * 2048 = 2 * M * 128 * 8192
     # = 2,097,152 M FLOPs; timed 1 ms and 3 ms: 4,194,304 M / 4 ms = 1,048,576,000 M FLOP/s
-    def fake_time_calls(make, device, min_time, clock="wall"):
+    def fake_time_calls(make, device, min_time, clock="wall", kernel=False):
         return 1e-3 if make()().shape[1] == 512 else 3e-3
     monkeypatch.setattr(op_rates, "time_calls", fake_time_calls)
-    monkeypatch.setattr(op_rates, "call_overhead", lambda device, clock="wall": 0.0)
+    monkeypatch.setattr(op_rates, "host_call_s", lambda device, clock="wall": 0.0)
     table = op_rates.matmul_rows(torch.zeros(4 << 20), [torch.float32], torch.device("cpu"), 0.1)
     assert list(table["float32"]) == list(op_rates.ROWS)
     assert table["float32"][2] == pytest.approx(2 * 1_048_576_000)
