@@ -381,9 +381,9 @@ def test_eager_overhead_is_the_cold_one_when_the_step_streams_past_the_cache():
         assert P.predict(trace, spec, "compiled").overhead_s == 0.0  # views fuse
 
 
-def test_elementwise_on_a_strided_view_is_named_not_repriced():
-    # a multiply of two [4, 8] halves of [4, 16] rows (strides (16, 1)): 32 FLOPs, 384 B;
-    # the same on dense [4, 8] tensors: the same price; the strided one is named
+def test_elementwise_on_a_strided_view_is_priced_at_its_share_and_named():
+    # a multiply of two [4, 8] halves of [4, 16] rows (strides (16, 1)): 32 FLOPs, 384 B
+    # (the counter counts a view's elements); the same on dense [4, 8] tensors
     half = TensorArg((4, 8), (16, 1), F32)
     assert half.gapped and not contiguous((4, 8)).gapped
     assert not TensorArg((4, 8), (0, 1), F32).gapped  # a broadcast row is no strided view
@@ -394,7 +394,19 @@ def test_elementwise_on_a_strided_view_is_named_not_repriced():
     spec = toy_spec()
     dense = P.predict(trace((contiguous((4, 8)), contiguous((4, 8)))), spec)
     strided = P.predict(trace((half, half)), spec)
-    assert strided.latency_s == dense.latency_s and dense.strided_s == 0
+    # dense: max(32 / 0.5e9, 384 / 0.5e9) = 768 ns of work (EFF elementwise 0.5 of 1 GB/s);
+    # strided, no strided figure: the elementwise rate x 3/5 (each cache line half used: 2 x
+    # 2 x 128 B read + 128 B written = 640 B moved for 384 counted): 384 / 0.3e9 = 1,280 ns
+    assert dense.work_s == pytest.approx(768e-9) and dense.strided_s == 0
+    assert strided.work_s == pytest.approx(1280e-9)
     assert strided.strided_s == pytest.approx(strided.work_s)
-    assert "strided views at the contiguous rate" in P.describe_basis(spec, strided)
+    assert strided.by_class == {"strided": pytest.approx(1e-6 + 1280e-9)}  # + 1 us per call
+    assert "strided views at the stated 60% of the contiguous rate" in P.describe_basis(spec, strided)
+    # a spec with no elementwise figure at all: the stated default 0.8 x 3/5 = 0.48
+    bare = toy_spec(op_efficiency={})
+    assert P.predict(trace((half, half)), bare).work_s == pytest.approx(384 / 0.48e9)
+    # a measured strided curve replaces the share, and nothing is named
+    curve = {"strided": {"float32": [(384.0, 0.2e9, 0.2e9, 1e9)]}}
+    measured = P.predict(trace((half, half)), toy_spec(op_curves=curve))
+    assert measured.work_s == pytest.approx(384 / 0.2e9) and measured.strided_s == 0
     assert "strided" not in P.describe_basis(spec, dense)

@@ -6,7 +6,8 @@ W[N,K]ᵀ and the same bytes with K 4x as long, times summed (a feed-forward's u
 down projections; FLOP/s: x[16,K], the skinniest that is still a GEMV); gemm: n×n @ n×n;
 attention: SDPA, one query over L keys (bandwidth) and, for FLOP/s, L over L
 as a decoder's prefill calls it (32 query heads over 8 key/value heads, an
-explicit causal mask); elementwise: c = a + b; reduction: softmax over rows
+explicit causal mask); elementwise: c = a + b (strided: a[::2] * b[::2], n elements
+counted from each, as the counter counts a view); reduction: softmax over rows
 of 1024; indexing: an embedding gathering rows of 1024 — twice: warm (the
 same operands again: small sets run from cache) and cold (operands carved in
 turn from one pool, the triad's arrays, larger than the cache, so that each
@@ -115,6 +116,9 @@ def _operands(cls: str, ws: float, dt: torch.dtype, device, wide: bool = False):
     if cls == "elementwise":
         n = max(16, int(ws / e / 3))
         return [(n,), (n,)], torch.add, 3 * n * e, n
+    if cls == "strided":  # a multiply of two stride-2 views (rotary's halves): n counted each
+        n = max(16, int(ws / e / 3))
+        return [(2 * n,), (2 * n,)], lambda a, b: torch.mul(a[::2], b[::2]), 3 * n * e, n
     rows = max(1, int(ws / e / ROW / 2))
     if cls == "reduction":
         return [(rows, ROW)], lambda x: torch.softmax(x, -1), 2 * rows * ROW * e, 5 * rows * ROW
@@ -205,7 +209,8 @@ def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = 
             time_calls(lambda: make(False), device, time_each, clock, kernel=True),
             time_calls(lambda: make(True), device, time_each, clock, kernel=True))]
     for dt in dtypes:
-        for cls in ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing"):
+        for cls in ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing",
+                    "strided"):
             points = []
             for ws in sizes:
                 shapes, op, nbytes, flops = _operands(cls, ws, dt, device)

@@ -57,7 +57,7 @@ _EXPECTED = {"positive": "a positive number", "non-negative": "a non-negative nu
 # what `profile` may say: whose modelling conventions the figures follow
 PROFILES = {"upmem": "a simulator profile of the UPMEM LLM framework (its defaults apply)"}
 # the op classes a prediction prices apart (predict.py), and the two ways a program runs
-OP_CLASSES = ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing")
+OP_CLASSES = ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing", "strided")
 EXECUTIONS = ("eager", "compiled", "cudagraphs")
 # op_efficiency keys: a class, or a GEMV by its weight's dtype (weight-only int8 / int4 kernels,
 # fp8 x fp8: W8A8)

@@ -33,9 +33,16 @@ from perfcounter.pricing.roofline import is_integer_dtype, peak_flops
 # issues/1139, H100, e4m3 x e4m3, M = 16-64, N = 14336, K = 4096): the best CUTLASS kernels
 # stream ~2.2 TB/s (~68 % of HBM bandwidth by Nsight Compute), 0.96 of the bf16 stream above
 # (2.30 TB/s); x the GEMV default 0.8 = 0.77.
+# Elementwise on strided views ("strided": x[..., ::2] * cos, rotary's halves): memory moves
+# whole cache lines (64 B on a CPU, 32 B sectors on a GPU), of which a stride-2 view uses half.
+# A binary op on two such views and a dense output is counted 3 n elements (2 n read, n
+# written) and moves 5 n (2 x 2 n read, n written): STRIDED_SHARE = 3 / 5 of the contiguous
+# rate (rotary's multiplies ran 1.57x their contiguous-rate prediction on a Xeon, 1 / 1.57 =
+# 0.64; docs/predictions.md), x the elementwise default 0.8 = 0.48. A calibration measures it.
+STRIDED_SHARE = 3 / 5
 DEFAULT_EFFICIENCY = {"gemv": 0.8, "gemm": 0.7, "attention": 0.5, "elementwise": 0.8,
                       "reduction": 0.6, "indexing": 0.3, "gemv_int8": 0.6, "gemv_int4": 0.43,
-                      "gemv_fp8": 0.77}
+                      "gemv_fp8": 0.77, "strided": 0.8 * STRIDED_SHARE}
 WEIGHT_CLASSES = ("gemv_int8", "gemv_int4", "gemv_fp8")  # a GEMV priced by its weight's dtype
 # Stated default fixed costs, seconds, by device_type and execution. Source: assumption of
 # this project; CPU eager: 1.8-2.6 us of dispatch per tiny aten op measured on a 2-core Xeon
@@ -93,7 +100,14 @@ def rate(spec, cls: str, dtype: str, working_set: float) -> Rate:
     """Achievable rates of op class `cls` (or a GEMV by its weight's dtype: "gemv_int8",
     "gemv_int4", "gemv_fp8") in `dtype` at `working_set` bytes on `spec`. A quantized GEMV: the spec's
     own efficiency for it, else the float GEMV's measured curve (a calibration times float
-    kernels only), else its stated default."""
+    kernels only), else its stated default. Elementwise on strided views ("strided") without
+    its own curve or efficiency: the contiguous elementwise rate x STRIDED_SHARE."""
+    if cls == "strided" and "strided" not in spec.op_curves \
+            and "strided" not in spec.op_efficiency \
+            and ("elementwise" in spec.op_curves or "elementwise" in spec.op_efficiency):
+        r = rate(spec, "elementwise", dtype, working_set)
+        return Rate(r.flops_per_s, r.warm_bytes_per_s * STRIDED_SHARE,
+                    r.cold_bytes_per_s * STRIDED_SHARE, r.basis)
     if cls in WEIGHT_CLASSES and (cls in spec.op_efficiency or "gemv" not in spec.op_curves):
         e = spec.op_efficiency.get(cls, DEFAULT_EFFICIENCY[cls])
         peak = peak_flops(spec, "" if not dtype or is_integer_dtype(dtype) else dtype)

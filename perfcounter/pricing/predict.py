@@ -62,10 +62,11 @@ decode step 1.2 ms: the prefill's launches, not a graph's one (benchmarks/gpu_ch
 Metadata ops (prim.*: x.device under fake tensors) are no op calls and cost nothing.
 
 Strides. An elementwise op on a strided view (`strided_view`: x[..., ::2], a slice of a
-wider row) streams slower than the dense operands its rate was measured on (a rotary
-multiply on stride-2 views ran 1.6-4.2x its prediction, docs/predictions.md). No spec
-has a strided rate yet, so such an op is priced at the contiguous one and the eager
-prediction names the seconds so priced (`strided_s`; describe_basis says it): a lower bound.
+wider row) streams slower than the dense operands of the elementwise rate (a rotary
+multiply on stride-2 views ran 1.6x its prediction at that rate, docs/predictions.md): it
+is priced in its own class, "strided" — a calibration's measured curve (a multiply of two
+stride-2 views), else the contiguous rate x achievable.STRIDED_SHARE (half of each cache
+line used), whose seconds the eager prediction names (`strided_s`; describe_basis says so).
 Host-link transfers are taken from the roofline and added as they are.
 """
 from __future__ import annotations
@@ -77,7 +78,8 @@ from perfcounter.costs import compiled_launches, op_info_by_name  # noqa: F401 (
 from perfcounter.devices.dtypes import as_dtype, dtype_name
 from perfcounter.format import si
 from perfcounter.pricing.achievable import (  # noqa: F401 (re-exported: predict's names)
-    CALIBRATED, DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S, WEIGHT_CLASSES, Rate, check_execution,
+    CALIBRATED, DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S, STRIDED_SHARE, WEIGHT_CLASSES, Rate,
+    check_execution,
     gemv_row_s, is_calibrated, measured_dtype, overhead, rate, rows_flops)
 from perfcounter.pricing.roofline import is_integer_dtype, roofline
 from perfcounter.trace import ROLES, OpRecord, Trace
@@ -183,7 +185,7 @@ class OpPrediction:
     memory_s: float
     basis: str
     rows_s: float = 0.0  # a GEMV's weight rows x the spec's time per row (gemv_row_s)
-    strided: bool = False  # elementwise on a strided view, at the contiguous rate (module doc)
+    strided: bool = False  # elementwise on a strided view at a stated share (module doc)
 
     @property
     def work_s(self) -> float:
@@ -224,6 +226,9 @@ def op_predictions(trace: Trace, spec, execution: str = "eager") -> list[OpPredi
                 rows_s = r.calls * weight_rows * gemv_row_s(spec, r.dtype,
                                                             matmul_rows(r.op, r.args))
             weight_cls = weight_cls if cls == "gemv" else cls
+        strided = cls == "elementwise" and strided_view(r.args)
+        if strided:
+            cls = weight_cls = "strided"
         rt = rate(spec, weight_cls, r.dtype, r.bytes / calls)
         streamed = r.bytes if cold else 0
         flops = r.flops if cls == "attention" and has_explicit_mask(r.args) \
@@ -238,7 +243,7 @@ def op_predictions(trace: Trace, spec, execution: str = "eager") -> list[OpPredi
         compute = flops / achieved if flops else 0.0
         out.append(OpPrediction(r, weight_cls, r.calls * per_call,
                                 compute, _memory_s(streamed, r.bytes - streamed, rt), rt.basis,
-                                rows_s, cls == "elementwise" and strided_view(r.args)))
+                                rows_s, strided and "strided" not in spec.op_curves))
     if execution == "eager" and spec.device_type in ASYNCHRONOUS:  # dispatch overlaps kernels:
         dispatch, work = sum(p.overhead_s for p in out), sum(p.work_s for p in out)
         shown = max(dispatch - work, 0.0) / dispatch if dispatch else 0.0  # each op its share
@@ -257,7 +262,7 @@ class Prediction:
     by_class: dict  # op class -> seconds (overhead included); "fused" for compiled groups
     basis: str  # where the rates came from: "curve", "efficiency", "default", "peak" (joined)
     op_calls: int  # op calls priced (compiled: kernels)
-    strided_s: float = 0.0  # eager: work of elementwise ops on strided views (module doc)
+    strided_s: float = 0.0  # eager: work on strided views at the stated share (module doc)
 
     @property
     def latency_s(self) -> float:
@@ -325,7 +330,7 @@ def describe_basis(spec, prediction: Prediction) -> str:
     text = ", ".join(words[b] for b in prediction.basis.split("+") if b in words)
     if prediction.strided_s:
         text += (f"; {si(prediction.strided_s, 's')} of elementwise work on strided views at "
-                 "the contiguous rate: a lower bound")
+                 f"the stated {STRIDED_SHARE:.0%} of the contiguous rate (no strided curve)")
     return text
 
 
