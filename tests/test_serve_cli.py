@@ -234,3 +234,15 @@ def test_a_gpu_beside_a_host_and_pim_placement(capsys, config, tmp_path, flags, 
     # the host holds the embedding (64 x 32 x 2 B), pim-dimms the rest and the KV cache
     assert "host: memory 16.00 GB, weights 0.00 GB, no KV cache" in text
     assert "pim-dimms: memory 8.00 GB" in text and "KV 128 B a token" in text
+
+
+@pytest.mark.parametrize("model, load, expected", [
+    ("mixtral-8x7b", "9,1,1,1,1,1,1,1", "--expert_load: expert 0's share 0.562 of the routed "
+                                        "rows exceeds 1/k = 0.5"),
+    ("mixtral-8x7b", "1,1", "--expert_load has 2 weights, but this model routes over 8 experts"),
+    ("mixtral-8x7b", "hot", "--expert_load 'hot': expected 'balanced' or comma-separated"),
+    ("llama-3-8b", "1,1", "--expert_load 1,1: this model has no experts"),
+])
+def test_a_bad_expert_load_is_refused_before_counting(capsys, model, load, expected):
+    err = one_line_error(capsys, run("--model", model, "--qps", "1", "--expert_load", load))
+    assert expected in err

@@ -146,7 +146,7 @@ def test_a_placement_is_repriced_in_another_regime_from_the_same_counts():
 
 
 # two toy parts of round figures: 1 GB/s, 1 TFLOP/s, every kernel class at 100 % of them
-_CLASSES = ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing")
+_CLASSES = ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing", "strided")
 
 
 def _toy(name, device_type, **overhead_s):

@@ -1,5 +1,6 @@
 """serve with quantized weights and KV caches: memory by hand, the step table against counting
 the quantized model, the CLI's flags and refusals."""
+import dataclasses
 import json
 
 import pytest
@@ -200,3 +201,24 @@ def test_llama3_8b_decode_weight_bytes_by_hand():
     # 0.2657 of bf16 (the linears' (0.5 + 4/128) / 2 = 0.2656)
     assert int4.totals(decode)["read"][0] == pytest.approx(3_987_390_464)
     assert int4.totals(decode)["flops"] == pytest.approx(bf16.totals(decode)["flops"], rel=1e-3)
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4-32"])
+def test_quantized_experts_are_predicted_as_predict_prices_the_counted_step(weights):
+    # a mixture of experts' quantized experts run one kernel per touched expert on its share of
+    # the rows (quant/experts.py): calls of one group with different rows in a step (24 tokens,
+    # 48 routed rows over 8 experts: 6 each; (1, 5) + (1, 9) + (1, 20): 6 rows, 1 each). The
+    # table prices each call at T k / experts touched rows: as predict() prices the counted
+    # step, where the rows T k spreads evenly (counting without data) agree with that share
+    from perfcounter.serve.predicted import PredictionPricer
+    from perfcounter.serve.steps import counted_features
+    moe = dataclasses.replace(TINY, num_experts=8, num_activated_experts=2)
+    scheme = parse_scheme(weights)
+    for execution in ("eager", "cudagraphs"):
+        table = step_table(moe, torch.bfloat16, PredictionPricer(get_device_spec("h100-sxm"),
+                                                                 execution), weights=scheme)
+        assert table.per_expert.any()
+        for shape in ([(24, 0)], [(1, 5), (1, 9), (1, 20)], [(1, 300)]):
+            counted = count_step(moe, [Piece(*p) for p in shape], weights=scheme)
+            seen = counted_features(shape, None, table.counts.experts)
+            assert table.seconds(seen) == pytest.approx(table.price_trace(counted), rel=1e-6)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from perfcounter import get_device_spec
+from perfcounter.counting.op_data import ExpertLoad
 from perfcounter.models.args import ModelArgs
 from perfcounter.serve import (
     cache_clear,
@@ -15,6 +16,7 @@ from perfcounter.serve import (
     step_table,
     synthetic,
 )
+from perfcounter.serve.errors import ServeError
 from perfcounter.serve.predicted import PredictionPricer
 from perfcounter.serve.pricing import RooflinePricer
 from perfcounter.serve.ragged import Piece, count_step
@@ -152,6 +154,32 @@ def test_mixture_of_experts_step_by_hand(moe_table):
     # a decode touches k = 2 experts either way: the table's price is the counted step's
     one = count_step(MOE, [Piece(1, 40)])
     assert moe_table.price([(1, 40)]) == pytest.approx(moe_table.price_trace(one), rel=1e-9)
+
+
+def test_skewed_routing_touches_fewer_experts_by_hand(spec):
+    # 8 experts, 2 a token, weights 4,2,1,1,1,1,1,1 (sum 12): shares 1/3, 1/6, then 1/12 each;
+    # a token picks expert e with probability 2 s_e: 2/3, 1/3, 1/6 (x6). One token: 2/3 + 1/3
+    # + 6/6 = 2 = k. Two tokens: Σ 1 - (1 - p)^2 = 8/9 + 5/9 + 6 x 11/36 = 1.4444 + 1.8333
+    # = 3.2778 (uniform: 3.5)
+    load = ExpertLoad.parse("4,2,1,1,1,1,1,1")
+    assert expected_experts(1, 8, 2, load) == pytest.approx(2.0)
+    assert expected_experts(2, 8, 2, load) == pytest.approx(8 / 9 + 5 / 9 + 6 * 11 / 36)
+    assert expected_experts(2, 8, 2, ExpertLoad()) == 3.5  # balanced: the uniform formula
+    skewed = step_table(MOE, torch.bfloat16, RooflinePricer(spec), load=load)
+    balanced = step_table(MOE, torch.bfloat16, RooflinePricer(spec))
+    assert skewed.counts.experts_touched(2) == pytest.approx(3.2778, abs=1e-4)
+    assert balanced.counts.experts_touched(2) == 3.5  # its own table, not the skewed one's
+    # a 2-token step reads (3.5 - 3.2778) x 12,288 B x 2 layers fewer expert weights
+    f_s, f_b = skewed.counts.features([(2, 5)]), balanced.counts.features([(2, 5)])
+    diff = balanced.counts.totals(f_b)["read"][0] - skewed.counts.totals(f_s)["read"][0]
+    assert diff == pytest.approx((3.5 - (8 / 9 + 5 / 9 + 6 * 11 / 36)) * 12_288 * 2, abs=1e-3)
+    # checked before any work: one weight per expert, none over 1/k of the rows, a dense model
+    for bad, why in (("1,1", "has 2 weights, but this model routes over 8 experts"),
+                     ("9,1,1,1,1,1,1,1", "share 0.562 of the routed rows exceeds 1/k = 0.5")):
+        with pytest.raises(ServeError, match=why):
+            deployment(MOE, "h100-sxm", expert_load=bad)
+    with pytest.raises(ServeError, match="this model has no experts"):
+        deployment(TINY, "h100-sxm", expert_load="1,1")
 
 
 def test_features_by_hand():

@@ -92,6 +92,25 @@ class ExpertLoad:
     def experts_hit(self, rows: int, experts: int) -> int:
         return sum(1 for n in self.rows_per_expert(rows, experts) if n)
 
+    def expected_hit(self, tokens: float, experts: int, top_k: int) -> float:
+        """Distinct experts `tokens` tokens touch in expectation, each routing to `top_k`
+        distinct experts of `experts` independently, expert e taking its share s_e of the
+        routed rows: a token picks it with probability k s_e, so Σ_e 1 - (1 - k s_e)^T
+        (balanced, s_e = 1/E: E (1 - (1 - k/E)^T)). A share above 1/k is refused: k distinct
+        picks a token give no expert more than one of its k rows."""
+        if not experts or tokens <= 0:
+            return 0.0
+        shares = self.shares or (1.0 / experts,) * experts
+        if len(shares) != experts:
+            raise ValueError(f"expert_load has {len(shares)} weights, but this model routes "
+                             f"over {experts} experts")
+        if max(shares) * top_k > 1 + 1e-9:
+            e = shares.index(max(shares))
+            raise ValueError(f"expert_load: expert {e}'s share {max(shares):.3g} of the routed "
+                             f"rows exceeds 1/k = {1 / top_k:.3g} (each token picks {top_k} "
+                             "distinct experts)")
+        return sum(1.0 - (1.0 - min(1.0, top_k * s)) ** tokens for s in shares)
+
     def __str__(self) -> str:
         return "balanced" if self.shares is None else ",".join(f"{s:.4g}" for s in self.shares)
 

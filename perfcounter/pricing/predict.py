@@ -141,10 +141,11 @@ def gemv_weight(r: OpRecord) -> tuple[str, float]:
 def op_class(op: str, args: tuple = ()) -> str:
     """An op record's class (OP_CLASSES), from the op registry: the family file of
     its cost formula, its attention flag and its per-element tag. NB: an op the
-    registry does not know is priced as elementwise."""
+    registry does not know is priced as elementwise. An elementwise op on a strided view is
+    "strided" (the module doc's Strides)."""
     info = op_info_by_name(op)
     if info is None:
-        return "elementwise"
+        return "strided" if strided_view(args) else "elementwise"
     if info.attention:
         return "attention"
     if info.per_element in ("softmax", "rmsnorm"):
@@ -153,7 +154,7 @@ def op_class(op: str, args: tuple = ()) -> str:
     cls = _FAMILY.get(family, "elementwise")
     if cls == "gemm" and matmul_rows(op, args) <= SKINNY_ROWS:
         return "gemv"
-    return cls
+    return "strided" if cls == "elementwise" and strided_view(args) else cls
 
 
 def strided_view(args: tuple) -> bool:
@@ -226,9 +227,7 @@ def op_predictions(trace: Trace, spec, execution: str = "eager") -> list[OpPredi
                 rows_s = r.calls * weight_rows * gemv_row_s(spec, r.dtype,
                                                             matmul_rows(r.op, r.args))
             weight_cls = weight_cls if cls == "gemv" else cls
-        strided = cls == "elementwise" and strided_view(r.args)
-        if strided:
-            cls = weight_cls = "strided"
+        strided = cls == "strided"
         rt = rate(spec, weight_cls, r.dtype, r.bytes / calls)
         streamed = r.bytes if cold else 0
         flops = r.flops if cls == "attention" and has_explicit_mask(r.args) \

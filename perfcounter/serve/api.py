@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from perfcounter.counting.op_data import ExpertLoad
 from perfcounter.devices import get_device_spec
 from perfcounter.generation.config_only import resolve_config
 from perfcounter.models.args import ModelArgs
@@ -138,10 +139,29 @@ class Deployment:
     devices: list = field(default_factory=list)  # a placement's placement.DeviceMemory rows
     weights: WeightScheme | None = None  # the linears' stored scheme (None: float)
     kv_dtype: str | None = None  # the KV cache's stored dtype, "int8" / "fp8" (None: float)
+    expert_load: ExpertLoad | None = None  # a mixture of experts' routing (None: balanced)
 
     @property
     def precision(self) -> str:
         return precision_label(self.dtype, self.weights, self.kv_dtype)
+
+
+def resolve_expert_load(value, args: ModelArgs) -> ExpertLoad | None:
+    """`value` (ExpertLoad.parse's: None, "balanced", "4,2,1,1") checked against the model's
+    experts before any work: one weight per expert, none above 1/k of the rows; None when
+    balanced. A skewed load on a model without experts is refused (ServeError)."""
+    try:
+        load = ExpertLoad.parse(value)
+        if load.shares is None:
+            return None
+        if not args.num_experts:
+            raise ValueError(f"--expert_load {value}: this model has no experts (a dense "
+                             "feed-forward); leave it out")
+        load.expected_hit(1, args.num_experts, args.num_activated_experts)  # checks the shares
+    except ValueError as e:
+        raise ServeError(str(e).replace("expert_load", "--expert_load", 1)
+                         if not str(e).startswith("--") else str(e)) from None
+    return load
 
 
 def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat16",
@@ -149,10 +169,13 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
                max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
                step_overhead_s: float = 0.0, usd_per_hour: float | None = None,
                execution: str | None = None, host=None, check_fit: bool = True,
-               quantize=None, kv_dtype=None, **mapping_options) -> Deployment:
+               quantize=None, kv_dtype=None, expert_load=None,
+               **mapping_options) -> Deployment:
     """A deployment (see the module doc); every limit checked here, before any work;
     quantize: a quantize.WeightScheme or a name parse_scheme takes; kv_dtype: "int8", "fp8";
     check_fit: refuse a model that leaves no KV cache (False: --plan shows it).
+    expert_load: a mixture of experts' routing, an ExpertLoad or what ExpertLoad.parse takes
+    ("balanced", "4,2,1,1": weights per expert; None: balanced).
     execution: None is "eager", on a device and under a mapping alike. mapping_options:
     PlacementPricer's (devices, allow_unmatched, default_device, peak_fraction: the bound
     only, device_link, interconnect)."""
@@ -168,6 +191,7 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
     args = resolve_model(model)
     dtype = resolve_precision(precision)
     weights, kv = resolve_quantization(quantize, kv_dtype, args, dtype)
+    load = resolve_expert_load(expert_load, args)
     stored = {"weights": weights, "kv": kv}
     fit_options = {"gpu_memory_utilization": gpu_memory_utilization, "block_size": block_size,
                    "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs}
@@ -176,7 +200,7 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
     if mapping is not None:
         pricer = PlacementPricer(mapping, args, execution=execution, host=host,
                                  **mapping_options)
-        table = step_table(args, dtype, pricer, **stored)
+        table = step_table(args, dtype, pricer, load=load, **stored)
         plan, devices = placement_memory(table, dtype, **fit_options)
         spec, name = pricer.host, f"placement {mapping_name(mapping)}"
         prices = [(pricer.devices[d.device], d.device) for d in devices]
@@ -187,7 +211,7 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
     if check_fit and not plan.fits:
         raise ServeError(_no_fit(str(model), name, plan))
     if table is None:
-        table = step_table(args, dtype, pricer_for(spec, execution), **stored)
+        table = step_table(args, dtype, pricer_for(spec, execution), load=load, **stored)
     source = "--usd_per_hour" if usd_per_hour is not None else None
     if usd_per_hour is None:
         usd_per_hour, source = listed_price(prices)
@@ -196,7 +220,7 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
     model_name = model if isinstance(model, str) else type(model).__name__
     return Deployment(name, args, str(model_name), dtype, spec, table, plan, engine,
                       usd_per_hour, source, execution=execution, devices=devices,
-                      weights=weights, kv_dtype=kv)
+                      weights=weights, kv_dtype=kv, expert_load=load)
 
 
 def mapping_name(mapping) -> str:
@@ -244,6 +268,8 @@ class ServeResult:
                 "precision": str(dep.dtype).replace("torch.", ""),
                 "weights": dep.weights.name if dep.weights else None, "kv_dtype": dep.kv_dtype,
                 "step_costs": dep.table.label, "execution": dep.execution,
+                "expert_load": None if not dep.args.num_experts else
+                str(dep.expert_load or "balanced"),
                 "workload": self.workload.source,
                 "num_requests": len(self.workload), "memory": dep.plan.to_dict(),
                 "engine": vars(dep.engine) if hasattr(dep.engine, "__dict__") else
@@ -260,7 +286,8 @@ def serve(dep: Deployment, workload: Workload, *, slo=None, usd_per_kwh: float |
         pricer = dep.table.pricer.regime(check_execution(execution)) if dep.devices \
             else pricer_for(dep.spec, execution)
         dep = replace(dep, table=step_table(dep.args, dep.dtype, pricer, weights=dep.weights,
-                                            kv=dep.kv_dtype), execution=execution)
+                                            kv=dep.kv_dtype, load=dep.expert_load),
+                      execution=execution)
     if not dep.plan.fits:
         raise ServeError(_no_fit(dep.model_name, dep.name, dep.plan))
     if usd_per_kwh is not None and not (usd_per_kwh >= 0 and math.isfinite(usd_per_kwh)):

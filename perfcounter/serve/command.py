@@ -74,6 +74,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max_num_seqs", type=int, default=256)
     g.add_argument("--block_size", type=int, default=16, help="KV cache block (tokens)")
     g.add_argument("--step_overhead_ms", type=float, default=0.0, help="added to every step")
+    g.add_argument("--expert_load", default=None,
+                   help="a mixture of experts' routing: 'balanced' (default) or weights per "
+                        "expert, '4,2,1,1' (each step priced at the experts it touches in "
+                        "expectation)")
     g.add_argument("--bound", action="store_true",
                    help="price steps at the roofline bound (as UPMEM's comparisons do) instead "
                         "of perfcounter's prediction in --execution")
@@ -141,6 +145,7 @@ def _deployments(args) -> list:
               "block_size": args.block_size, "max_num_batched_tokens": args.max_num_batched_tokens,
               "max_num_seqs": args.max_num_seqs, "step_overhead_s": args.step_overhead_ms * 1e-3,
               "usd_per_hour": args.usd_per_hour, "check_fit": not args.plan,
+              "expert_load": getattr(args, "expert_load", None),
               "execution": "bound" if args.bound else args.execution}
     model = args.model
     specs = [s.strip() for s in (args.device_spec or "").split(",") if s.strip()]

@@ -49,7 +49,7 @@ from perfcounter.pricing.predict import (ASYNCHRONOUS, EXTERN, ROW_BLOCK, SKINNY
                                          op_predictions, predict)
 from perfcounter.pricing.roofline import is_integer_dtype
 from perfcounter.serve.pricing import PricedTable, RooflinePricer
-from perfcounter.serve.steps import StepCounts, StepModelError, fit, group_key
+from perfcounter.serve.steps import EXPERTS, StepCounts, StepModelError, fit, group_key
 from perfcounter.trace import ROLES, Trace
 
 _CALLS, _FLOPS, _EXECUTED, _BYTES = 0, 1, 2, 10  # figure columns (steps._figures)
@@ -115,8 +115,8 @@ class PredictedTable:
         self.dense = np.array([c == "attention" and has_explicit_mask(s.args)
                                for c, s in zip(self.classes, self.samples)])
         self.weights = [gemv_weight(s) if m else None for s, m in zip(self.samples, self.matmul)]
-        self.rows, self.idle_calls = _rows_and_idle_calls(counts, self.matmul,
-                                                          repeats or counts.repeats)
+        self.rows, self.idle_calls, self.per_expert = _rows_and_idle_calls(
+            counts, self.matmul, repeats or counts.repeats)
         self.by_curves = bool(spec.op_curves)  # rates by working set: no cache of rates
         self.asynchronous = spec.device_type in ASYNCHRONOUS
         self._rates: dict = {}
@@ -183,6 +183,9 @@ class PredictedTable:
         fused &= layers > 0
         cold = not spec.cache_bytes or compulsory > spec.cache_bytes
         rows = np.rint(self.rows @ f)
+        if self.per_expert.any():  # each touched expert's own kernel: its share of the rows
+            k = self.counts.args.num_activated_experts
+            rows[self.per_expert] = max(1.0, round(f[1] * k / max(f[EXPERTS], 1.0)))
         per_call = nbytes / np.maximum(calls, 1.0)
         per_flop, per_byte, row_s = self._rates_at(rows, cold, per_call)
         work = (np.maximum(flops * per_flop, nbytes * per_byte) + calls * row_s) * layers
@@ -226,10 +229,14 @@ class PredictedTable:
 def _rows_and_idle_calls(counts: StepCounts, matmul: np.ndarray, repeats):
     """([groups, features] each matmul group's rows M, fitted over the counted steps;
     [features] the calls of records that move and compute nothing: views, which an eager
-    run still dispatches, each `repeats(record)` times: the whole model or a device's share)."""
+    run still dispatches, each `repeats(record)` times: the whole model or a device's share;
+    [groups] the groups whose calls in one step have different rows: a mixture of experts'
+    quantized experts, one kernel per touched expert on its share of the rows (quant/experts.py),
+    priced at T k / experts touched rows a call, T k rows over the step's experts feature)."""
     index = {k: g for g, k in enumerate(counts.keys)}
     shapes = len(counts.fit_traces)
     rows, idle = np.zeros((shapes, len(index))), np.zeros((shapes, 1))
+    per_expert = np.zeros(len(index), dtype=bool)
     for s, trace in enumerate(counts.fit_traces):
         seen = set()
         for r in trace.records:
@@ -242,12 +249,21 @@ def _rows_and_idle_calls(counts: StepCounts, matmul: np.ndarray, repeats):
             if matmul[g]:
                 m = matmul_rows(r.op, r.args)
                 if g in seen and rows[s, g] != m:  # (a MoE's grouped GEMMs share their rows)
-                    raise StepModelError(f"{r.op} in {r.module}: several matmuls of one group "
-                                         "in a step with different rows; a prediction needs "
-                                         "each one's rows")
+                    if not counts.experts:
+                        raise StepModelError(f"{r.op} in {r.module}: several matmuls of one "
+                                             "group in a step with different rows; a "
+                                             "prediction needs each one's rows")
+                    per_expert[g] = True
                 seen.add(g)
                 rows[s, g] = m
     xs = counts.xs
-    return fit(xs, rows, "matmul rows"), fit(xs, idle, "view calls")[0]
+    if counts.experts:  # an expert's rows (T k over the experts hit) are no affine figure
+        for g in np.flatnonzero(matmul & ~per_expert):
+            try:
+                fit(xs, rows[:, [g]], "matmul rows")
+            except StepModelError:
+                per_expert[g] = True
+    rows[:, per_expert] = 0.0  # priced from the step's tokens and experts instead
+    return fit(xs, rows, "matmul rows"), fit(xs, idle, "view calls")[0], per_expert
 
 __all__ = ["PredictedTable", "PredictionPricer"]

@@ -26,6 +26,8 @@ priced table per pricer key as well (`cache_info()`, `cache_clear()`).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from typing import NamedTuple
 
 import numpy as np
@@ -159,6 +161,7 @@ class TableKey(NamedTuple):
     counts: CountsKey
     device: str  # the pricer's key: its device spec's name and dtype
     execution: str  # the regime it prices: "bound" (the roofline) or a prediction's
+    load: str = "balanced"  # the experts' routing a step is priced at (ExpertLoad)
 
 
 _COUNTS: dict[CountsKey, StepCounts] = {}
@@ -184,13 +187,14 @@ def cache_clear() -> None:
 
 
 def step_table(args: ModelArgs, dtype: torch.dtype, pricer, *, weights=None,
-               kv=None) -> PricedTable:
+               kv=None, load=None) -> PricedTable:
     """The priced step table of `args` at `dtype` under `pricer` (its key names the device
     and the regime), counted once per (model, dtype, weights, kv) and priced once per
-    pricer. weights: a quantize.WeightScheme (None: float); kv: "int8", "fp8" or None."""
+    pricer and routing. weights: a quantize.WeightScheme (None: float); kv: "int8", "fp8" or
+    None; load: a mixture of experts' ExpertLoad its steps are priced at (None: balanced)."""
     ckey = CountsKey(repr(args) + repr(sorted(vars(args).items())), str(dtype),
                      getattr(weights, "name", weights), kv)
-    key = TableKey(ckey, pricer.key, pricer.execution)
+    key = TableKey(ckey, pricer.key, pricer.execution, str(load or "balanced"))
     table = _TABLES.get(key)
     if table is not None:
         _STATS["hits"] += 1
@@ -199,6 +203,8 @@ def step_table(args: ModelArgs, dtype: torch.dtype, pricer, *, weights=None,
     counts = _COUNTS.get(ckey)
     if counts is None:
         counts = _COUNTS[ckey] = count_table(args, dtype, weights=weights, kv=kv)
+    if load is not None and load.shares is not None:
+        counts = dataclasses.replace(counts, load=load)
     table = _TABLES[key] = pricer.make_table(counts)
     return table
 

@@ -43,7 +43,8 @@ def result_text(result) -> str:
     m, dep = result.metrics, result.deployment
     rows = [f"serve: {dep.model_name} ({dep.precision}) on {dep.name}, "
             f"{result.workload.source}, {len(result.workload):,} requests",
-            f"step costs: {dep.table.label}",
+            f"step costs: {dep.table.label}" + (
+                f"; experts routed {dep.expert_load}" if dep.expert_load else ""),
             "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
 
     def row(label, value, digits=2):

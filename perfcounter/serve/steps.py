@@ -18,6 +18,9 @@ an expert is missed by a token with probability 1 - k/E, so a layer touches in e
 
     experts(T) = E (1 - (1 - k/E)^T)      (k at T = 1, towards E as T grows)
 
+and under a skewed `expert_load` (expert e taking a share s_e of the routed rows, a token
+picking it with probability k s_e) Σ_e 1 - (1 - k s_e)^T: fewer, popular experts.
+
 and each touched expert's weights are read once a step (a fused MoE kernel), while the
 experts' FLOPs and activations follow the T k routed rows (the tokens feature). Counting
 without data spreads the rows evenly instead (min(T k, E) experts; ragged.py runs the
@@ -69,17 +72,23 @@ class StepModelError(ServeError):
     """A model whose steps do not follow the affine step model (see the module doc)."""
 
 
-def expected_experts(tokens: float, experts: int, top_k: int) -> float:
+def expected_experts(tokens: float, experts: int, top_k: int,
+                     load: ExpertLoad | None = None) -> float:
     """Distinct experts of `experts` that `tokens` tokens touch, each routed to `top_k`
-    distinct experts uniformly and independently: E (1 - (1 - k/E)^T) (the module doc)."""
+    distinct experts independently: uniformly, E (1 - (1 - k/E)^T) (the module doc); under a
+    skewed `load` (shares of the routed rows), Σ_e 1 - (1 - k s_e)^T (ExpertLoad.expected_hit)."""
+    if load is not None and load.shares is not None:
+        return load.expected_hit(tokens, experts, top_k)
     if not experts or tokens <= 0:
         return 0.0
     return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
 
 
-def features(pieces, window: int | None = None, experts: tuple | None = None) -> np.ndarray:
+def features(pieces, window: int | None = None, experts: tuple | None = None,
+             load: ExpertLoad | None = None) -> np.ndarray:
     """The seven features of a step of `pieces` (Piece or (new_tokens, context));
-    experts: (E, k) of a mixture of experts (the expectation of the module doc), None: 0."""
+    experts: (E, k) of a mixture of experts (the expectation of the module doc, under `load`
+    when skewed), None: 0."""
     f = np.zeros(len(FEATURES))
     f[0] = 1.0
     for p in pieces:
@@ -90,7 +99,7 @@ def features(pieces, window: int | None = None, experts: tuple | None = None) ->
         f[4] += n * (c + n)
         f[5] += window_pairs(n, c + n, window)
     if experts:
-        f[EXPERTS] = expected_experts(f[1], *experts)
+        f[EXPERTS] = expected_experts(f[1], *experts, load)
     return f
 
 
@@ -134,6 +143,7 @@ class StepCounts:
     xs: np.ndarray  # [FIT shapes, features] the counted steps' features (experts as counted)
     weights: str | None = None  # the linears' quantize scheme (its name), None: float
     kv: str | None = None  # the KV cache's quantized dtype ("int8", "fp8"), None: float
+    load: ExpertLoad | None = None  # routing a step is priced at (None: balanced)
 
     @property
     def experts(self) -> tuple | None:
@@ -143,11 +153,11 @@ class StepCounts:
 
     def features(self, pieces) -> np.ndarray:
         """A step's features as the table prices it (experts: the expectation)."""
-        return features(pieces, self.window, self.experts)
+        return features(pieces, self.window, self.experts, self.load)
 
     def experts_touched(self, tokens: int) -> float:
         """The experts feature of a step of `tokens` tokens (0 for a dense model)."""
-        return expected_experts(tokens, *self.experts) if self.experts else 0.0
+        return expected_experts(tokens, *self.experts, self.load) if self.experts else 0.0
 
     def repeats(self, r: OpRecord) -> int:
         """How many times a record of a one-layer trace stands in the whole model."""
