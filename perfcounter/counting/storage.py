@@ -26,7 +26,8 @@ inputs' highest). Fused ops of one stage can run as one kernel (a compiler fuses
 dependency, not program order: silu(w1(x)) * w3(x) is one kernel after both matmuls).
 A fused op's read is charged unless a fused op of its own stage wrote the storage: weights,
 buffers, KV cache, inputs, extern outputs and fused outputs of an earlier stage (the
-residual stream) cost their bytes, each storage at most its size per stage. A fused op's
+residual stream) cost their bytes, each storage at most its size per stage (a gather's
+rows: every row it reads, as many as the tokens, so that a step stays affine). A fused op's
 write is charged when its value leaves the kernel: at once into a storage that outlives the
 block or existed before it (a KV-cache index_copy_, an in-place update of a buffer or an
 input), else deferred until an extern op or a fused op of another stage reads it (once;
@@ -285,7 +286,7 @@ class StorageTable:
         `OpPlan.contribution`), and what the compulsory and fused-IO models must add."""
         by_id, comp = self.by_id, self.comp
         extern, fused_written = plan.extern, comp.fused_written
-        seen, stage = [], 0  # the storages read, with bytes; the highest stage read
+        seen, stage = [], 0  # the storages read, with bytes and place; the highest stage read
         if plan.cache_write or plan.attention:
             self.promote(plan, tensors)
         skip = ()
@@ -305,7 +306,7 @@ class StorageTable:
                 st = self.first_sight(t, sid)
             role = st.role
             roles.append(role)
-            seen.append((st, nbytes))
+            seen.append((st, nbytes, place))
             if st.stage > stage:
                 stage = st.stage
             if role == KV:
@@ -381,15 +382,19 @@ class StorageTable:
     def fused_reads(self, seen: list, stage: int, extern: bool) -> None:
         """The fused-IO model's share of a call's reads (module doc): an extern op's reads
         make the fused writes they read leave their kernel; a fused op's, of a storage no
-        fused op of its stage wrote, are charged (at most the storage's size per stage)."""
+        fused op of its stage wrote, are charged (at most the storage's size per stage; a
+        gather's rows as many as it reads, so that a step's figure is affine in its tokens)."""
         read, written = self.comp.fused_read, self.comp.fused_written
-        for st, nbytes in seen:
+        for st, nbytes, place in seen:
             if st.fused and st.stage == stage and not extern:
                 continue  # made in this kernel: kept in registers
             if st.pending:
                 written[_REPORTED[st.role]] += st.pending
                 st.pending = 0
             if extern:
+                continue
+            if place == 1:  # Place.ROWS
+                read[_REPORTED[st.role]] += nbytes
                 continue
             if st.read_stage != stage:
                 st.read_stage, st.read_bytes = stage, 0
