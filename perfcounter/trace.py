@@ -20,13 +20,13 @@ Conventions (see DESIGN.md):
 """
 from __future__ import annotations
 
-import ast
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
 from perfcounter import trace_args
 from perfcounter._util import PerfcounterWarning, did_you_mean
+from perfcounter.trace_args import args_from_text  # also importable from here, its old home
 
 KINDS = ("add", "mul", "div", "sqrt", "exp", "special", "cmp")
 ROLES = ("weight", "kv_cache", "activation", "input", "buffer")
@@ -131,37 +131,6 @@ class OpRecord:
                    [d["kinds"][k] for k in KINDS],
                    _by_role(d["read"]), _by_role(d["written"]), d["has_formula"],
                    d.get("segment", 0))
-
-
-def args_from_text(text: str, dtype: str) -> tuple:
-    """The args a display text stands for: the one place text is read back, for records
-    written before records kept args (a file of counts) and records written by hand (tests).
-    NB: the text cannot tell a list of sizes from a tensor:
-    every list of integers is taken for a contiguous tensor of the record's dtype (re-count
-    for the real strides and dtypes); a value that is no literal (torch.float32) a Const."""
-    if not text:
-        return ()
-    try:
-        call = ast.parse(f"f({text})", mode="eval").body
-    except SyntaxError:
-        return (trace_args.Const(text),)
-    source = f"f({text})"
-
-    def convert(v):
-        if isinstance(v, (list, tuple)):
-            if v and all(type(n) is int for n in v):
-                return trace_args.contiguous(v, dtype)
-            return tuple(convert(n) for n in v)
-        return v
-
-    def value(node):
-        try:
-            return convert(ast.literal_eval(node))
-        except ValueError:
-            return trace_args.Const(ast.get_source_segment(source, node))
-
-    return (*[value(a) for a in call.args],
-            *[trace_args.Keyword(k.arg, value(k.value)) for k in call.keywords])
 
 
 @dataclass(slots=True)

@@ -16,24 +16,8 @@ per phase): an access to a whole storage is summed at once and flagged on its
 `Storage`; partial accesses are noted as regions and merged when the block's
 trace is built (`Compulsory.totals`).
 
-Fused IO (what a compiled program moves outside its matmul and attention kernels; the
-compiled regime of pricing/predict.py). A compiler keeps each extern op (`OpPlan.extern`:
-matmuls, attention) a kernel of its own and fuses every other op into the kernels between
-them, where intermediates stay in registers. Each storage's content has a stage: how many
-extern kernels lie on the longest chain of ops that made it (weights, buffers, inputs and
-KV caches 0; an extern op's output 1 + its inputs' highest; a fused op's output its
-inputs' highest). Fused ops of one stage can run as one kernel (a compiler fuses by
-dependency, not program order: silu(w1(x)) * w3(x) is one kernel after both matmuls).
-A fused op's read is charged unless a fused op of its own stage wrote the storage: weights,
-buffers, KV cache, inputs, extern outputs and fused outputs of an earlier stage (the
-residual stream) cost their bytes, each storage at most its size per stage (a gather's
-rows: every row it reads, as many as the tokens, so that a step stays affine). A fused op's
-write is charged when its value leaves the kernel: at once into a storage that outlives the
-block or existed before it (a KV-cache index_copy_, an in-place update of a buffer or an
-input), else deferred until an extern op or a fused op of another stage reads it (once;
-a value that is never read again in the block, such as a phase output left for the caller,
-is not charged: a few bytes). Extern ops' own reads and writes are their records'.
-Views move nothing. `Compulsory.fused_read` / `fused_written` hold the bytes by ROLES.
+Fused IO (what a compiled program moves outside its matmul and attention kernels) is kept
+beside it, each storage's stage on its `Storage`, the model in fused_io.py.
 """
 from __future__ import annotations
 
@@ -43,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from perfcounter.counting.fused_io import fused_reads
 from perfcounter.trace import ROLES
 
 
@@ -329,7 +314,7 @@ class StorageTable:
         if extern:
             stage += 1
         if seen:
-            self.fused_reads(seen, stage, extern)
+            fused_reads(seen, stage, extern, comp.fused_read, fused_written, _REPORTED)
         for index, nbytes, scattered in plan.writes:
             t = tensors[index]
             st = self.lookup(t)
@@ -377,33 +362,6 @@ class StorageTable:
                 st.stage = stage
                 roles.append(role)
         return tuple(roles)
-
-
-    def fused_reads(self, seen: list, stage: int, extern: bool) -> None:
-        """The fused-IO model's share of a call's reads (module doc): an extern op's reads
-        make the fused writes they read leave their kernel; a fused op's, of a storage no
-        fused op of its stage wrote, are charged (at most the storage's size per stage; a
-        gather's rows as many as it reads, so that a step's figure is affine in its tokens)."""
-        read, written = self.comp.fused_read, self.comp.fused_written
-        for st, nbytes, place in seen:
-            if st.fused and st.stage == stage and not extern:
-                continue  # made in this kernel: kept in registers
-            if st.pending:
-                written[_REPORTED[st.role]] += st.pending
-                st.pending = 0
-            if extern:
-                continue
-            if place == 1:  # Place.ROWS
-                read[_REPORTED[st.role]] += nbytes
-                continue
-            if st.read_stage != stage:
-                st.read_stage, st.read_bytes = stage, 0
-            n = st.size - st.read_bytes
-            if nbytes < n:
-                n = nbytes
-            if n > 0:
-                st.read_bytes += n
-                read[_REPORTED[st.role]] += n
 
 
 def flat_tensors(x) -> list:
