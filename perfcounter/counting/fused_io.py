@@ -24,27 +24,25 @@ silu(w1(x)) * w3(x) is one kernel after both matmuls, whichever matmul ran first
 
 storage.py keeps the state on each `Storage` (`stage`, `fused`, `pending`, `read_stage`,
 `read_bytes`) and the block's bytes by ROLES in `Compulsory.fused_read` / `fused_written`;
-`StorageTable.account` applies the writes, `fused_reads` below the reads.
+`StorageTable.account` applies the writes and an extern op's reads, `fused_reads` below a
+fused op's reads.
 """
 from __future__ import annotations
 
 _ROWS = 1  # op_plan.Place.ROWS (op_plan imports storage, which imports this)
 
 
-def fused_reads(seen: list, stage: int, extern: bool, read: list, written: list,
-                reported: tuple) -> None:
-    """One call's reads, `seen` as (Storage, bytes, Place) at `stage` (the op's): an extern
-    op's make the fused writes they read leave their kernel; a fused op's, of a storage no
-    fused op of its stage wrote, are charged. read / written: bytes by ROLES, added to;
-    reported: a storage role's index in ROLES."""
+def fused_reads(seen: list, stage: int, read: list, written: list, reported: tuple) -> None:
+    """A fused op's reads, `seen` as (Storage, bytes, Place), at `stage` (the op's): those of
+    a storage no fused op of its stage wrote are charged, and a value an earlier kernel wrote
+    and kept back leaves it now. read / written: bytes by ROLES, added to; reported: a
+    storage role's index in ROLES."""
     for st, nbytes, place in seen:
-        if st.fused and st.stage == stage and not extern:
+        if st.fused and st.stage == stage:
             continue  # made in this kernel: kept in registers
         if st.pending:
             written[reported[st.role]] += st.pending
             st.pending = 0
-        if extern:
-            continue
         if place == _ROWS:
             read[reported[st.role]] += nbytes
             continue

@@ -73,14 +73,15 @@ class Storage:
         self.read = self.written = False  # whole storage read / written in this block
         self.part_read = self.part_written = False  # part of it, noted as regions
         self.ref = ref  # StorageWeakRef for roles that outlive a block
-        self.forget_fused()
-
-    def forget_fused(self) -> None:
-        """The fused-IO state (module doc) of a storage made before the block."""
+        # fused IO (fused_io.py), written out: a new output's storage is made on the hot path
         self.stage = 0  # extern kernels on the longest chain that made its content
         self.fused = False  # its content was last written by a fused op (of `stage`)
         self.pending = 0  # bytes a fused op wrote that are charged once read elsewhere
         self.read_stage, self.read_bytes = -1, 0  # fused reads charged in that stage
+
+    def forget_fused(self) -> None:
+        """The fused-IO state of a storage made before the block (as __init__ sets it)."""
+        self.stage, self.fused, self.pending, self.read_stage, self.read_bytes = 0, False, 0, -1, 0
 
 
 class Region:
@@ -271,7 +272,7 @@ class StorageTable:
         `OpPlan.contribution`), and what the compulsory and fused-IO models must add."""
         by_id, comp = self.by_id, self.comp
         extern, fused_written = plan.extern, comp.fused_written
-        seen, stage = [], 0  # the storages read, with bytes and place; the highest stage read
+        seen, stage = [], 0  # a fused op's reads (storage, bytes, place); the highest stage read
         if plan.cache_write or plan.attention:
             self.promote(plan, tensors)
         skip = ()
@@ -291,9 +292,13 @@ class StorageTable:
                 st = self.first_sight(t, sid)
             role = st.role
             roles.append(role)
-            seen.append((st, nbytes, place))
             if st.stage > stage:
                 stage = st.stage
+            if not extern:
+                seen.append((st, nbytes, place))
+            elif st.pending:  # an extern kernel reads what a fused one wrote: it left that kernel
+                fused_written[_REPORTED[role]] += st.pending
+                st.pending = 0
             if role == KV:
                 reads_kv = True
             if st.read:
@@ -313,8 +318,8 @@ class StorageTable:
             self.touch_part(st, offset, nbytes, False)
         if extern:
             stage += 1
-        if seen:
-            fused_reads(seen, stage, extern, comp.fused_read, fused_written, _REPORTED)
+        elif seen:
+            fused_reads(seen, stage, comp.fused_read, fused_written, _REPORTED)
         for index, nbytes, scattered in plan.writes:
             t = tensors[index]
             st = self.lookup(t)
