@@ -20,13 +20,13 @@ Conventions (see DESIGN.md):
 """
 from __future__ import annotations
 
-import ast
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
 from perfcounter import trace_args
 from perfcounter._util import PerfcounterWarning, did_you_mean
+from perfcounter.trace_args import args_from_text  # also importable from here, its old home
 
 KINDS = ("add", "mul", "div", "sqrt", "exp", "special", "cmp")
 ROLES = ("weight", "kv_cache", "activation", "input", "buffer")
@@ -133,37 +133,6 @@ class OpRecord:
                    d.get("segment", 0))
 
 
-def args_from_text(text: str, dtype: str) -> tuple:
-    """The args a display text stands for: the one place text is read back, for records
-    written before records kept args (a file of counts) and records written by hand (tests).
-    NB: the text cannot tell a list of sizes from a tensor:
-    every list of integers is taken for a contiguous tensor of the record's dtype (re-count
-    for the real strides and dtypes); a value that is no literal (torch.float32) a Const."""
-    if not text:
-        return ()
-    try:
-        call = ast.parse(f"f({text})", mode="eval").body
-    except SyntaxError:
-        return (trace_args.Const(text),)
-    source = f"f({text})"
-
-    def convert(v):
-        if isinstance(v, (list, tuple)):
-            if v and all(type(n) is int for n in v):
-                return trace_args.contiguous(v, dtype)
-            return tuple(convert(n) for n in v)
-        return v
-
-    def value(node):
-        try:
-            return convert(ast.literal_eval(node))
-        except ValueError:
-            return trace_args.Const(ast.get_source_segment(source, node))
-
-    return (*[value(a) for a in call.args],
-            *[trace_args.Keyword(k.arg, value(k.value)) for k in call.keywords])
-
-
 @dataclass(slots=True)
 class ModuleInfo:
     """One module that ran in a phase (modules are listed in the order they first ran).
@@ -225,6 +194,11 @@ class Trace:
     cache holding valid positions that attention read (a static cache is read
     whole as executed; this is the part that mattered). steps: how many count
     blocks were accumulated into this trace.
+
+    fused_read / fused_written: bytes by ROLES that a compiled program moves outside its
+    matmul and attention kernels (counting/storage.py's fused IO: what crosses a fused
+    kernel's boundary, intermediates kept in registers). All zero in a file written before
+    they were counted; pricing then falls back on compulsory bytes (pricing/predict.py).
     """
 
     records: list[OpRecord] = field(default_factory=list)
@@ -235,6 +209,8 @@ class Trace:
     steps: int = 1
     overhead_s: float = 0.0  # time spent inside the counter's own bookkeeping
     modules: list[ModuleInfo] = field(default_factory=list)  # in the order they first ran
+    fused_read: list[int] = field(default_factory=_zeros)
+    fused_written: list[int] = field(default_factory=_zeros)
 
     # -- totals ------------------------------------------------------------
     @property
@@ -260,6 +236,10 @@ class Trace:
     @property
     def compulsory_bytes(self) -> int:
         return sum(self.compulsory_read) + sum(self.compulsory_written)
+
+    @property
+    def fused_bytes(self) -> int:
+        return sum(self.fused_read) + sum(self.fused_written)
 
     @property
     def kinds(self) -> dict[str, int]:
@@ -295,6 +275,8 @@ class Trace:
             steps=self.steps + other.steps,
             overhead_s=self.overhead_s + other.overhead_s,
             modules=merge_modules(self.modules, other.modules),
+            fused_read=[a + b for a, b in zip(self.fused_read, other.fused_read)],
+            fused_written=[a + b for a, b in zip(self.fused_written, other.fused_written)],
         )
 
     def to_dict(self) -> dict:
@@ -307,6 +289,8 @@ class Trace:
             "steps": self.steps,
             "overhead_s": self.overhead_s,
             "modules": [m.to_dict() for m in self.modules],
+            "fused_read": dict(zip(ROLES, self.fused_read)),
+            "fused_written": dict(zip(ROLES, self.fused_written)),
         }
 
     @classmethod
@@ -320,6 +304,8 @@ class Trace:
             steps=d["steps"],
             overhead_s=d["overhead_s"],
             modules=[ModuleInfo.from_dict(m) for m in d.get("modules", [])],
+            fused_read=_by_role(d.get("fused_read", {})),
+            fused_written=_by_role(d.get("fused_written", {})),
         )
 
 
@@ -329,7 +315,8 @@ class Block:
 
     log: one (scope, plan, roles) per counted call, where scope is (module, segment) and
     plan an op_plan.OpPlan; views: one (scope, op name) per view call; compulsory: the
-    block's storage.Compulsory state (its `totals()` are bytes by ROLES)."""
+    block's storage.Compulsory state (its `totals()` are bytes by ROLES; its `fused_read`
+    and `fused_written` the fused IO by ROLES)."""
 
     log: list
     views: list
@@ -379,7 +366,7 @@ def build_trace(blocks: list[Block]) -> Trace:
             _WARNED.add(name)
             warnings.warn(f"perfcounter: no cost formula for {name}; its bytes are counted, "
                           f"its FLOPs are not (listed in uncounted_ops)", PerfcounterWarning, stacklevel=3)
-    read, written = _zeros(), _zeros()
+    read, written, fused_read, fused_written = _zeros(), _zeros(), _zeros(), _zeros()
     modules = merge_modules(*(b.modules for b in blocks))
     for m in modules:  # the tracker keeps shapes raw (torch.Size tuples): written out once here
         if not isinstance(m.input_shapes, str):
@@ -388,9 +375,12 @@ def build_trace(blocks: list[Block]) -> Trace:
         r, w = b.compulsory.totals()
         read = [x + y for x, y in zip(read, r)]
         written = [x + y for x, y in zip(written, w)]
+        fused_read = [x + y for x, y in zip(fused_read, b.compulsory.fused_read)]
+        fused_written = [x + y for x, y in zip(fused_written, b.compulsory.fused_written)]
     return Trace(records=list(records.values()), compulsory_read=read, compulsory_written=written,
                  kv_cache_valid_read=sum(b.kv_valid_read for b in blocks), uncounted_ops=uncounted,
-                 steps=len(blocks), overhead_s=sum(b.overhead_s for b in blocks), modules=modules)
+                 steps=len(blocks), overhead_s=sum(b.overhead_s for b in blocks), modules=modules,
+                 fused_read=fused_read, fused_written=fused_written)
 
 
 def op_packet(op: str) -> str:

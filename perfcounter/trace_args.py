@@ -9,13 +9,14 @@ op_plan.py builds them once per call signature, in argument order:
   device): `Const`, its repr.
 
 `signature(args)` writes the display text ("[6, 4096], [4096, 4096], dim=1") — the one
-way to show args; nothing reads it back. Readers: `tensor_args` (every tensor, lists
+way to show args; only `args_from_text` reads it back (files and tests older than args). Readers: `tensor_args` (every tensor, lists
 flattened, in order), `numbers` / `pattern` / `with_numbers` (the integers of args apart
 from the rest: derived steps fit the integers and rebuild the args), `to_json` /
 `from_json` (plain JSON types). `contiguous(shape, dtype)` is a dense row-major tensor.
 """
 from __future__ import annotations
 
+import ast
 import math
 from dataclasses import dataclass
 
@@ -247,3 +248,34 @@ def from_json(items: list) -> tuple:
 def plain(value) -> bool:
     """Whether a scalar is kept as its value (else it is kept as a Const)."""
     return type(value) in _PLAIN
+
+
+def args_from_text(text: str, dtype: str) -> tuple:
+    """The args a display text stands for: the one place text is read back, for records
+    written before records kept args (a file of counts) and records written by hand (tests).
+    NB: the text cannot tell a list of sizes from a tensor:
+    every list of integers is taken for a contiguous tensor of the record's dtype (re-count
+    for the real strides and dtypes); a value that is no literal (torch.float32) a Const."""
+    if not text:
+        return ()
+    try:
+        call = ast.parse(f"f({text})", mode="eval").body
+    except SyntaxError:
+        return (Const(text),)
+    source = f"f({text})"
+
+    def convert(v):
+        if isinstance(v, (list, tuple)):
+            if v and all(type(n) is int for n in v):
+                return contiguous(v, dtype)
+            return tuple(convert(n) for n in v)
+        return v
+
+    def value(node):
+        try:
+            return convert(ast.literal_eval(node))
+        except ValueError:
+            return Const(ast.get_source_segment(source, node))
+
+    return (*[value(a) for a in call.args],
+            *[Keyword(k.arg, value(k.value)) for k in call.keywords])

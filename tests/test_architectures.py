@@ -248,8 +248,10 @@ def test_both_grad_modes_count_op_for_op(measured):
             a = m["no_grad"]["counter"].counts[label].trace
             b = m["inference_mode"]["counter"].counts[label].trace
             assert _counted_records(a) == _counted_records(b), (arch, label)
-            assert (a.compulsory_read, a.compulsory_written, a.kv_cache_valid_read) == \
-                (b.compulsory_read, b.compulsory_written, b.kv_cache_valid_read), (arch, label)
+            assert (a.compulsory_read, a.compulsory_written, a.kv_cache_valid_read,
+                    a.fused_read, a.fused_written) == \
+                (b.compulsory_read, b.compulsory_written, b.kv_cache_valid_read,
+                 b.fused_read, b.fused_written), (arch, label)
         compared += 1
     assert compared >= 20
 

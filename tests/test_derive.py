@@ -39,6 +39,7 @@ def assert_same(a: Trace, b: Trace, *, valid_kv: bool = True):
     assert figures(a) == figures(b)
     assert [m.to_dict() for m in a.modules] == [m.to_dict() for m in b.modules]
     assert (a.compulsory_read, a.compulsory_written) == (b.compulsory_read, b.compulsory_written)
+    assert (a.fused_read, a.fused_written) == (b.fused_read, b.fused_written)
     assert a.uncounted_ops == b.uncounted_ops and a.steps == b.steps
     if valid_kv:
         assert a.kv_cache_valid_read == b.kv_cache_valid_read

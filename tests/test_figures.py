@@ -30,8 +30,10 @@ def test_arithmetic_by_name():
 
 def test_phase_figures_fill_a_trace():
     t = Trace(compulsory_read=[1, 2, 3, 4, 5], compulsory_written=[0, 0, 6, 0, 0],
-              kv_cache_valid_read=7)
+              kv_cache_valid_read=7, fused_read=[0, 1, 2, 3, 0], fused_written=[0, 4, 5, 0, 0])
     p = PhaseFigures.of(t)
     assert p.scaled(2).trace_fields() == {"compulsory_read": [2, 4, 6, 8, 10],
                                           "compulsory_written": [0, 0, 12, 0, 0],
-                                          "kv_cache_valid_read": 14}
+                                          "kv_cache_valid_read": 14,
+                                          "fused_read": [0, 2, 4, 6, 0],
+                                          "fused_written": [0, 8, 10, 0, 0]}

@@ -157,8 +157,10 @@ def test_a_config_only_fp8_model_derived_as_counted():
     counted = run(every_layer=True, every_step=True)
     for label in ("prefill", "decode"):
         a, b = derived.counts[label].trace, counted.counts[label].trace
-        assert (a.flops, a.per_op_bytes, a.compulsory_read, a.compulsory_written) == \
-            (b.flops, b.per_op_bytes, b.compulsory_read, b.compulsory_written)
+        assert (a.flops, a.per_op_bytes, a.compulsory_read, a.compulsory_written,
+                a.fused_read, a.fused_written) == \
+            (b.flops, b.per_op_bytes, b.compulsory_read, b.compulsory_written,
+             b.fused_read, b.fused_written)
     # a decode step reads each weight once: linears 3·36,864 + 4,096 = 114,688 fp8 bytes and
     # 16 float32 scales (64 B), 7 bf16 norms of 64 (896 B), one bf16 embedding row (128 B)
     decode = derived.counts["decode"].trace

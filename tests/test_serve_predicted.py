@@ -108,13 +108,15 @@ def test_compiled_fused_group_and_kernel_launches():
                 for s in ([(1, 5)], [(1, 5), (1, 9)])]
     assert launches == pytest.approx([27.0, 31.0], rel=1e-9)
     # no fixed cost: the extern kernels' work + the fused rest at the elementwise rate: the
-    # step's compulsory bytes less what the extern kernels stream: weights per layer
+    # step's fused IO (counting/storage.py), 2,872 B, well below what the compulsory bytes
+    # less what the extern kernels stream would charge: weights per layer
     # (32 x 64 + 32 x 32 + 3 x 32 x 64) x 2 B = 18,432, x 2 layers + the output's 64 x 32 x 2
     # = 40,960; KV at context 5: 2 (K, V) x 2 heads x 6 positions x 8 x 2 B x 2 layers = 768
     trace = counted([(1, 5)])
     extern = sum(p.work_s for p in op_predictions(trace, free, "compiled")
                  if p.op_class in EXTERN)
-    fused_bytes = trace.compulsory_bytes - 40_960 - 768
+    fused_bytes = trace.fused_bytes
+    assert fused_bytes == 2_872 < trace.compulsory_bytes - 40_960 - 768
     rt = rate(free, "elementwise", "bfloat16", fused_bytes / 14)
     fused_flops = sum(p.record.executed_flops for p in op_predictions(trace, free, "compiled")
                       if p.op_class not in EXTERN)

@@ -11,7 +11,8 @@ What the registry knows of an op, all in one `OpInfo`:
   destination without reading it), `cache_write` (a write into a buffer marks it
   KV cache), `join` (cat/stack: the output of a join onto a KV cache is KV cache),
   `factory` (zeros/empty/full/…_like: a fresh buffer that may become KV cache),
-  `attention` (SDPA kernels: arguments 1 and 2 are keys and values);
+  `attention` (SDPA kernels: arguments 1 and 2 are keys and values); `extern` (a
+  property: attention or a matmul-family formula, one kernel each when compiled);
 - `per_element`: the function the op implements when a device prices it per
   element instead of per FLOP ("softmax", "silu", "rmsnorm"; see roofline.py).
 """
@@ -136,6 +137,14 @@ class OpInfo:
     factory: bool = False
     attention: bool = False
     per_element: str | None = None
+
+    @property
+    def extern(self) -> bool:
+        """Whether a compiler keeps the op a kernel of its own (an attention kernel, a
+        matmul-family formula: mm, addmm, bmm, linear, convolutions...) rather than fusing it
+        with its neighbours; pricing/predict.py's EXTERN classes are these ops."""
+        return self.attention or (self.formula is not None
+                                  and self.formula.__module__.rsplit(".", 1)[-1] == "matmul")
 
 
 OPS: dict[Packet | HigherOrderOperator, OpInfo] = {}

@@ -15,7 +15,8 @@ are the same in both grad modes.
 that is constant across calls with the same op, shapes, dtypes and other
 arguments — the FLOPs (from perfcounter.costs), which tensors are read and how
 many bytes (`Read`), which are written in place (`Write`), which outputs are new
-storages (`Output`) — and the call's tensors in argument order. Plans are kept
+storages (`Output`), whether a compiler keeps it a kernel of its own (`extern`: a matmul
+or attention; storage.py's fused IO) — and the call's tensors in argument order. Plans are kept
 in `PLANS` (`cache_info()`, `cache_clear()`), keyed by a typed signature (each
 tensor's shape, stride and dtype: a plan keeps the arguments as data, `arg_data`); scalar
 arguments carry their type, since 1 and 1.0 hash alike but write different dtypes;
@@ -172,6 +173,7 @@ class OpPlan:
     cache_write: bool  # a write into a buffer marks it KV cache
     attention: bool  # tensors 1 and 2 are keys and values
     dups: tuple[tuple[int, int], ...]  # reads that may be one tensor passed twice (x * x)
+    extern: bool = False  # one kernel of its own when compiled (matmul, attention): costs.OpInfo
     contributions: dict = field(default_factory=dict)  # roles -> bytes by ROLES, see below
 
     @property
@@ -314,7 +316,8 @@ def _make_plan(func, args, kwargs, out, tensors, data=()) -> OpPlan:
     data_args = arg_data(args, kwargs)
     return OpPlan(name, dtype, data_args, signature(data_args), cost, has_formula, tuple(reads),
                   tuple(writes), tuple(outputs), out_role,
-                  info is not None and info.cache_write, info is not None and info.attention, dups)
+                  info is not None and info.cache_write, info is not None and info.attention, dups,
+                  info is not None and info.extern)
 
 
 def _key_of(values, key: list, tensors: list, strided: bool) -> None:

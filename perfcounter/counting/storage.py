@@ -15,6 +15,9 @@ Compulsory IO (each storage region read at most once and written at most once
 per phase): an access to a whole storage is summed at once and flagged on its
 `Storage`; partial accesses are noted as regions and merged when the block's
 trace is built (`Compulsory.totals`).
+
+Fused IO (what a compiled program moves outside its matmul and attention kernels) is kept
+beside it, each storage's stage on its `Storage`, the model in fused_io.py.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from perfcounter.counting.fused_io import fused_reads
 from perfcounter.trace import ROLES
 
 
@@ -44,6 +48,7 @@ WEIGHT, KV, ACTIVATION, INPUT, BUFFER, FRESH, JOINED = (int(r) for r in Role)
 SKIP = 7  # in a call's roles: a tensor passed twice, read once
 _REPORTED = (0, 1, 2, 3, 4, 2, 2)
 _KEPT = (WEIGHT, KV, BUFFER)  # roles that outlive a block
+_BEFORE = (True, True, False, True, True, False, False)  # by role: existed before the block
 assert ROLES == tuple(r.name.lower() for r in Role)[:5]
 
 storage_id = getattr(torch._C, "_storage_id", None) or (lambda t: t.untyped_storage()._cdata)
@@ -58,7 +63,8 @@ def reported_role(role: int) -> int:
 class Storage:
     """One storage as the counter knows it in the current block."""
 
-    __slots__ = ("role", "size", "alloc", "read", "written", "part_read", "part_written", "ref")
+    __slots__ = ("role", "size", "alloc", "read", "written", "part_read", "part_written", "ref",
+                 "stage", "fused", "pending", "read_stage", "read_bytes")
 
     def __init__(self, role: int, size: int, alloc: int, ref=None):
         self.role = role
@@ -67,6 +73,15 @@ class Storage:
         self.read = self.written = False  # whole storage read / written in this block
         self.part_read = self.part_written = False  # part of it, noted as regions
         self.ref = ref  # StorageWeakRef for roles that outlive a block
+        # fused IO (fused_io.py), written out: a new output's storage is made on the hot path
+        self.stage = 0  # extern kernels on the longest chain that made its content
+        self.fused = False  # its content was last written by a fused op (of `stage`)
+        self.pending = 0  # bytes a fused op wrote that are charged once read elsewhere
+        self.read_stage, self.read_bytes = -1, 0  # fused reads charged in that stage
+
+    def forget_fused(self) -> None:
+        """The fused-IO state of a storage made before the block (as __init__ sets it)."""
+        self.stage, self.fused, self.pending, self.read_stage, self.read_bytes = 0, False, 0, -1, 0
 
 
 class Region:
@@ -89,6 +104,8 @@ class Compulsory:
     regions: dict[tuple[int, bool], Region] = field(default_factory=dict)  # (alloc, is write)
     more: list[tuple[tuple[int, bool], int, int]] = field(default_factory=list)  # further regions
     kv_allocs: set[int] = field(default_factory=set)  # allocations that are KV cache
+    fused_read: list[int] = field(default_factory=lambda: [0] * len(ROLES))  # by ROLES
+    fused_written: list[int] = field(default_factory=lambda: [0] * len(ROLES))
 
     def totals(self) -> tuple[list[int], list[int]]:
         """(bytes read, bytes written) by ROLES: partial regions merged per storage
@@ -139,6 +156,7 @@ class StorageTable:
         for sid, st in self.by_id.items():
             if st.role in _KEPT and st.ref is not None and not _expired(st.ref.cdata):
                 st.read = st.written = st.part_read = st.part_written = False
+                st.forget_fused()
                 kept[sid] = st
         self.by_id = kept
         if len(self.kv_valid_bytes) > 2 * len(kept) + 64:  # forget dead allocations now and then
@@ -197,7 +215,7 @@ class StorageTable:
                 counted[old] -= st.size
                 counted[KV] += st.size
 
-    def new_kv_output(self, o, nbytes: int) -> None:
+    def new_kv_output(self, o, nbytes: int) -> Storage:
         """A new storage that is KV cache from the start (a cache grown by concatenation)."""
         st = self.new(storage_id(o), KV, nbytes, o.untyped_storage())
         st.written = True
@@ -205,6 +223,7 @@ class StorageTable:
         self.kv_valid_bytes[st.alloc] = nbytes
         self.kv_allocs.add(st.alloc)
         self.comp.kv_allocs.add(st.alloc)
+        return st
 
     def promote(self, plan, tensors) -> None:
         """KV-cache detection for cache writes and attention (rare ops)."""
@@ -250,8 +269,10 @@ class StorageTable:
 
     def account(self, plan, tensors, out) -> tuple:
         """One call's bookkeeping: each tensor's role (returned, in the order of
-        `OpPlan.contribution`), and what the compulsory model must add."""
+        `OpPlan.contribution`), and what the compulsory and fused-IO models must add."""
         by_id, comp = self.by_id, self.comp
+        extern, fused_written = plan.extern, comp.fused_written
+        seen, stage = [], 0  # a fused op's reads (storage, bytes, place); the highest stage read
         if plan.cache_write or plan.attention:
             self.promote(plan, tensors)
         skip = ()
@@ -271,6 +292,13 @@ class StorageTable:
                 st = self.first_sight(t, sid)
             role = st.role
             roles.append(role)
+            if st.stage > stage:
+                stage = st.stage
+            if not extern:
+                seen.append((st, nbytes, place))
+            elif st.pending:  # an extern kernel reads what a fused one wrote: it left that kernel
+                fused_written[_REPORTED[role]] += st.pending
+                st.pending = 0
             if role == KV:
                 reads_kv = True
             if st.read:
@@ -288,10 +316,23 @@ class StorageTable:
             else:  # a broadcast view never reads more than its storage
                 offset, nbytes = t.storage_offset() * itemsize, min(nbytes, st.size)
             self.touch_part(st, offset, nbytes, False)
+        if extern:
+            stage += 1
+        elif seen:
+            fused_reads(seen, stage, comp.fused_read, fused_written, _REPORTED)
         for index, nbytes, scattered in plan.writes:
             t = tensors[index]
             st = self.lookup(t)
             roles.append(st.role)
+            st.stage = stage
+            if extern:
+                st.fused, st.pending = False, 0
+            elif _BEFORE[st.role]:  # outlives the block: the value leaves the kernel now
+                st.fused = False
+                fused_written[_REPORTED[st.role]] += min(nbytes, st.size)
+            else:
+                st.fused = True
+                st.pending = min(st.pending + nbytes, st.size)
             if st.written:
                 continue
             if scattered:
@@ -311,14 +352,19 @@ class StorageTable:
             for index, nbytes in plan.outputs:
                 o = outs[index]
                 if role == KV:
-                    self.new_kv_output(o, nbytes)
+                    st = self.new_kv_output(o, nbytes)
+                    if not extern:
+                        fused_written[KV] += nbytes
                 elif nbytes:
                     self._allocs += 1
                     st = by_id[storage_id(o)] = Storage(role, nbytes, self._allocs)
                     st.written = True
                     comp.written[role] += nbytes
+                    if not extern:
+                        st.fused, st.pending = True, nbytes
                 else:  # an empty() is not written
-                    self.new(storage_id(o), role, o.untyped_storage().nbytes())
+                    st = self.new(storage_id(o), role, o.untyped_storage().nbytes())
+                st.stage = stage
                 roles.append(role)
         return tuple(roles)
 

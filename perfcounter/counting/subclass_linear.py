@@ -205,4 +205,5 @@ def _make_plan(layer: _Layer, x: Tensor, out: Tensor, bias, tensors: list) -> Op
             reads.append(Read(i, nbytes, t.element_size(), Place.REGION))
     name = "aten.linear.default" if layer.linear else "aten.embedding.default"
     return OpPlan(name, dtype, args, signature(args), cost, True, tuple(reads), (),
-                  (Output(0, out.numel() * out.element_size()),), ACTIVATION, False, False, ())
+                  (Output(0, out.numel() * out.element_size()),), ACTIVATION, False, False, (),
+                  layer.linear)  # a linear is a matmul kernel; an embedding a fused gather

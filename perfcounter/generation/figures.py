@@ -2,7 +2,8 @@
 
 `Figures`: one record's calls, FLOPs, executed FLOPs, primitive counts (by KINDS) and
 bytes read and written (by ROLES). `PhaseFigures`: what a phase holds that its records
-cannot (compulsory bytes read and written by ROLES, valid KV-cache bytes read). Both
+cannot (compulsory bytes read and written by ROLES, valid KV-cache bytes read, fused IO
+read and written by ROLES). Both
 add, subtract, scale, step along a line (`at.along(slope, d)` = at + slope·d) and give
 the integer slope between two of them (`slope_to`, DeriveError when there is none);
 `values()` lists every number in field order (a message, a least-squares row) and
@@ -115,13 +116,17 @@ class PhaseFigures(_Arithmetic):
     compulsory_read: tuple[int, ...] = _NO_ROLES  # bytes, by ROLES
     compulsory_written: tuple[int, ...] = _NO_ROLES
     kv_cache_valid_read: int = 0
+    fused_read: tuple[int, ...] = _NO_ROLES  # bytes, by ROLES (Trace.fused_read)
+    fused_written: tuple[int, ...] = _NO_ROLES
 
     @classmethod
     def of(cls, t: Trace) -> PhaseFigures:
-        return cls(tuple(t.compulsory_read), tuple(t.compulsory_written), t.kv_cache_valid_read)
+        return cls(tuple(t.compulsory_read), tuple(t.compulsory_written), t.kv_cache_valid_read,
+                   tuple(t.fused_read), tuple(t.fused_written))
 
     def trace_fields(self) -> dict:
         """Trace(**...) keywords."""
         return {"compulsory_read": list(self.compulsory_read),
                 "compulsory_written": list(self.compulsory_written),
-                "kv_cache_valid_read": self.kv_cache_valid_read}
+                "kv_cache_valid_read": self.kv_cache_valid_read,
+                "fused_read": list(self.fused_read), "fused_written": list(self.fused_written)}

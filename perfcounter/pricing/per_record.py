@@ -4,7 +4,7 @@ a simulation placing modules on several devices, plots by module kind.
 predict.py prices a phase as a whole in its execution regime. Eager, every record is priced
 alone (op_predictions) and the shares are those figures. Compiled and CUDA graphs, the
 matmul and attention kernels ("extern") keep their own figures, and the fused kernels
-between them (one fused group per phase, its compulsory bytes) are shared out among the
+between them (one fused group per phase, its fused IO) are shared out among the
 records they absorbed by those records' bytes (by their calls when none moves a byte);
 CUDA graphs' launch, one per step, is shared among all records by their work. The shares
 add up to the phase's prediction less its host-link transfers (predict adds those apart),

@@ -39,11 +39,17 @@ nothing else. A prediction prices each op record as
 Compiled (fusion): matmuls and attention stay one kernel each ("extern", priced
 as above with the compiled overhead). Every other op is assumed fused into the
 kernels between them: chains of elementwise ops, reductions and indexing do not
-round-trip memory and pay no per-op overhead. They move the compulsory bytes
-(each storage once per phase) that the extern kernels do not already stream
-(their weight and KV reads), at the elementwise rate (cold or warm as bytes_cold
-below says), and cost one compiled
-overhead per fused kernel, one between each pair of extern calls.
+round-trip memory and pay no per-op overhead. They move the trace's fused IO
+(`fused_bytes`, counted by counting/storage.py: the bytes that cross a fused kernel's
+boundary: what fused ops read from weights, buffers, inputs, the KV cache, extern outputs
+and earlier kernels' outputs, and what they write that an extern kernel, a later kernel or
+memory outliving the phase (a KV-cache write) takes; an RMSNorm's float32 upcast or
+silu(x) before its multiply stays in registers), at the elementwise rate (cold or warm as
+bytes_cold below says), and cost one compiled overhead per fused kernel, one between each
+pair of extern calls. A trace without fused IO (all zero: a file written before it was
+counted) is priced as before it was: the compulsory bytes (each storage once per phase)
+that the extern kernels do not already stream (their weight and KV reads), which charges
+every intermediate of a fused chain.
 
 Eager on an asynchronous device (ASYNCHRONOUS: a GPU): the host dispatches op after op
 while the device runs the kernels queued before, so the dispatch shows only where it exceeds
@@ -274,6 +280,15 @@ class Prediction:
                 "basis": self.basis, "op_calls": self.op_calls, "strided_s": self.strided_s}
 
 
+def fused_io(trace: Trace, extern: list[OpPrediction]) -> int:
+    """Bytes the fused kernels of a compiled phase move (module doc): the trace's fused IO;
+    for a trace without it, its compulsory bytes less the extern kernels' weight and KV reads."""
+    if trace.fused_bytes:
+        return trace.fused_bytes
+    streamed = sum(p.record.read[i] for p in extern for i in _STREAMED)
+    return max(0, trace.compulsory_bytes - streamed)
+
+
 def predict(trace: Trace, spec, execution: str = "eager") -> Prediction:
     """The predicted latency of a trace on a device run `execution`: eager, compiled or
     cudagraphs (see the module doc)."""
@@ -293,8 +308,7 @@ def predict(trace: Trace, spec, execution: str = "eager") -> Prediction:
     for p in extern:
         by_class[p.op_class] = by_class.get(p.op_class, 0.0) + p.latency_s
     kernels = sum(p.record.calls for p in extern) + max(trace.steps, 1)
-    streamed = sum(p.record.read[i] for p in extern for i in _STREAMED)
-    fused_bytes = max(0, trace.compulsory_bytes - streamed) if fused else 0
+    fused_bytes = fused_io(trace, extern) if fused else 0
     fused_flops = sum(p.record.executed_flops for p in fused)
     dtype = max((p.record for p in fused), key=lambda r: r.bytes).dtype if fused else ""
     rt = rate(spec, "elementwise", dtype, fused_bytes / kernels)

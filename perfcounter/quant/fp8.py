@@ -16,7 +16,7 @@ What a fused engine kernel skips. TensorRT-LLM's FP8 uses static activation scal
 calibration (no abs-max pass: its 4-byte scale is a constant) and writes the fp8 activation
 from the kernel that produces it (RMSNorm, SiLU·mul, attention's output), so the cast's
 separate read of x disappears too; in the `compiled` and `cudagraphs` regimes the
-prediction fuses both records into their neighbours (compulsory bytes), which is close to
+prediction fuses both records into their neighbours (fused IO), which is close to
 that. Eager (and PyTorch on a GPU without such fusion) pays both passes, as counted.
 
 `aten._scaled_mm` runs on CPU tensors in torch 2.13, real and fake, so an fp8 model can be

@@ -11,8 +11,8 @@ execution).latency_s` says:
   max(compute, memory) (+ GEMV rows); on an asynchronous device (a GPU) the host's
   dispatch shows only where it exceeds the kernels' work: max(Σ overhead, Σ work).
 - compiled: matmuls and attention (predict.EXTERN) one kernel each, priced as above with
-  the compiled overhead; the rest fused: the step's compulsory bytes that those kernels do
-  not stream (weights, KV reads) at the elementwise rate, its FLOPs at the elementwise
+  the compiled overhead; the rest fused: the step's fused IO (trace.py: what crosses a
+  fused kernel's boundary) at the elementwise rate, its FLOPs at the elementwise
   FLOP/s, and one compiled kernel launch per extern kernel and one more.
 - cudagraphs: as compiled, no launch per kernel, one graph launch per step.
 
@@ -21,8 +21,8 @@ as the roofline's is: a matmul of up to SKINNY_ROWS rows is a GEMV with its own 
 rows are charged a row block, a calibrated spec's rates follow the rows and the working set,
 and eager dispatch hides behind the kernels. So it keeps the counts' affine figures per
 record group (steps.py) and prices them at every step: one record per group and layer,
-its rows (M) fitted from the counted steps, the step's compulsory bytes from the counts'
-fit. Rates are looked up once per (rows of each matmul, cold) and cached, unless the spec has
+its rows (M) fitted from the counted steps, the step's compulsory bytes and fused IO from
+the counts' fit. Rates are looked up once per (rows of each matmul, cold) and cached, unless the spec has
 measured curves (rates by working set: looked up at every step, slower). What differs from
 predicting the counted step's trace: a group is priced as one record (in an engine the
 pieces' attention is one varlen kernel), where predict prices each piece's attention
@@ -32,10 +32,9 @@ table to predict() on counted steps within 1 %.
 A placement (placement.py) prices each device's share with a PredictedTable of the records
 placed there (`repeats`: how many layers of each record group run on that device): its
 calls, work and view calls are the device's; of the step's compulsory bytes it holds what
-its matmuls and attention stream plus the rest (the fused group's bytes) shared by its
-fused records' bytes (all its bytes where nothing is fused), as per_record.py shares a
-compiled phase. That decides its cold or
-warm rates; compiled, it pays its extern kernels and one fused kernel more, CUDA graphs one
+its matmuls and attention stream plus the rest shared by its fused records' bytes (all its
+bytes where nothing is fused), as per_record.py shares a compiled phase. That decides its
+cold or warm rates; its fused kernels move the step's fused IO shared the same way; compiled, it pays its extern kernels and one fused kernel more, CUDA graphs one
 graph launch a step. With every record on one device it is the single-device table.
 """
 from __future__ import annotations
@@ -175,6 +174,8 @@ class PredictedTable:
         fused = ~ext & (nbytes > 0)
         rest = float(self.counts.compulsory @ f) \
             - float((streamed_by * self.counts.layers)[ext].sum())
+        fused_io = self.counts.fused
+        fused_io = rest if fused_io is None or not fused_io.any() else float(fused_io @ f)
         by = fused if fused.any() else nbytes > 0  # no fused record: shared by all bytes
         whole = float((nbytes * self.counts.layers)[by].sum())
         share = float((nbytes * layers)[by].sum()) / whole if whole else 1.0
@@ -204,7 +205,7 @@ class PredictedTable:
         if not fused.any():
             launch = overhead(spec, "cudagraphs") if self.execution == "cudagraphs" else 0.0
             return extern_s + launch + host
-        fused_bytes = max(0.0, rest * share)
+        fused_bytes = max(0.0, fused_io * share)
         fused_flops = float((fig[:, _EXECUTED] * layers)[fused].sum())
         dtype = self.samples[int(np.flatnonzero(fused)[np.argmax(nbytes[fused])])].dtype
         flops_per_s, bandwidth = self._fused_rate(dtype, cold, fused_bytes / (ext_calls + 1))

@@ -21,7 +21,8 @@ are not charged (`_strip`): the per-piece mask that carries the causal
 structure (its bytes, role "input", leave the attention record) and the copy
 joining the pieces' attention outputs (aten.cat in the attention module), laid
 out [1, T, H, D] as a varlen kernel writes it, so that the model's transpose
-back copies nothing. Records that move no byte and compute nothing (views,
+back copies nothing (its fused IO, the attention outputs read and the join written, goes
+too). Records that move no byte and compute nothing (views,
 metadata) are left out of the step table (steps.py).
 
 A mixture of experts runs its experts as an engine's fused MoE does (`_moe_forward`):
@@ -150,8 +151,12 @@ def _strip(trace: Trace, mask_storage: int) -> Trace:
     mask_storage: bytes of the one element every mask expands (compulsory IO reads it once)."""
     records = []
     masks = 0
+    fused_read, fused_written = list(trace.fused_read), list(trace.fused_written)
     for r in trace.records:
         if r.op == "aten.cat.default" and r.module.endswith("attention"):
+            # alone in its fused kernel: it reads the attention outputs and writes what wo reads
+            fused_read = [max(0, a - b) for a, b in zip(fused_read, r.read)]
+            fused_written = [max(0, a - b) for a, b in zip(fused_written, r.written)]
             continue
         if r.op in (_FLASH, _QUANTIZED) and r.read[_INPUT]:
             r = r.copy()
@@ -161,7 +166,8 @@ def _strip(trace: Trace, mask_storage: int) -> Trace:
     comp = list(trace.compulsory_read)
     if masks:
         comp[_INPUT] -= mask_storage
-    return replace(trace, records=records, compulsory_read=comp)
+    return replace(trace, records=records, compulsory_read=comp, fused_read=fused_read,
+                   fused_written=fused_written)
 
 
 def count_step(args: ModelArgs, pieces, dtype=torch.bfloat16, depth: int = 10, *,

@@ -34,8 +34,9 @@ kernel, priced as one record. `count_table` counts a model of one decoder layer 
 each kind (perfcounter's model: one kind) at the FIT shapes (ragged.count_step),
 fits every group figure by least squares, refuses a fit that does not reproduce
 every counted shape (StepModelError), and multiplies the layer groups by the number
-of layers. The step's compulsory bytes (each storage once: what a fused program moves,
-and whether the step fits the device's cache) cannot be split by record; they are fitted
+of layers. The step's compulsory bytes (each storage once: whether the step fits the
+device's cache) and its fused IO (what a compiled program moves outside its matmuls and
+attention, trace.py) cannot be split by record; they are fitted
 as a whole from counts of one and two layers, the second layer's share repeated (within
 1 %: a few bytes of activations per step, 1e-3 of them, are not affine). tests/test_serve_steps.py holds held-out mixed steps to the counted ones
 (FLOPs and bytes within 1 %; in practice exact) and a two-layer count to the table.
@@ -143,6 +144,7 @@ class StepCounts:
     xs: np.ndarray  # [FIT shapes, features] the counted steps' features (experts as counted)
     weights: str | None = None  # the linears' quantize scheme (its name), None: float
     kv: str | None = None  # the KV cache's quantized dtype ("int8", "fp8"), None: float
+    fused: np.ndarray | None = None  # [features] the whole model's fused IO (Trace.fused_bytes)
     load: ExpertLoad | None = None  # routing a step is priced at (None: balanced)
 
     @property
@@ -222,17 +224,17 @@ def count_table(args: ModelArgs, dtype=torch.bfloat16, *, weights=None, kv=None)
     stored, FLOPs at `dtype`, as ragged.count_step counts them)."""
     one = dataclasses.replace(args, n_layer=1)
     keys: dict = {}
-    rows, sample, traces, compulsory = [], {}, [], []
+    rows, sample, traces, whole_model = [], {}, [], []
     two = dataclasses.replace(args, n_layer=2)
     for shape in FIT:
         trace = count_step(one, [Piece(*p) for p in shape], dtype, weights=weights, kv=kv)
         traces.append(trace)
-        second = count_step(two, [Piece(*p) for p in shape], dtype, weights=weights,
-                            kv=kv).compulsory_bytes \
-            if args.n_layer > 1 else trace.compulsory_bytes
+        second = count_step(two, [Piece(*p) for p in shape], dtype, weights=weights, kv=kv) \
+            if args.n_layer > 1 else trace
         # one layer + (layers - 1) x the second layer's share
-        compulsory.append(trace.compulsory_bytes
-                          + (args.n_layer - 1) * (second - trace.compulsory_bytes))
+        whole_model.append([a + (args.n_layer - 1) * (b - a) for a, b in (
+            (trace.compulsory_bytes, second.compulsory_bytes),
+            (trace.fused_bytes, second.fused_bytes))])
         rows.append(_group_figures(trace, keys))
         for r in trace.records:
             sample.setdefault(group_key(r), r)
@@ -244,7 +246,7 @@ def count_table(args: ModelArgs, dtype=torch.bfloat16, *, weights=None, kv=None)
     ordered = sorted(keys, key=keys.get)
     layers = np.array([args.n_layer if ".layers.*" in k.module else 1 for k in ordered], float)
     # NB: a few bytes of activations per step are not affine (1e-3 of them at most)
-    whole = fit(xs, np.array(compulsory, float)[:, None], "compulsory bytes", 0.01)[0]
+    whole, fused = fit(xs, np.array(whole_model, float), "compulsory and fused bytes", 0.01)
     return StepCounts(args, str(dtype).replace("torch.", ""), ordered, coef, layers, sample,
                       args.sliding_window, traces, whole, xs,
-                      getattr(weights, "name", weights), kv)
+                      getattr(weights, "name", weights), kv, fused)
