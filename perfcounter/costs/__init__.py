@@ -66,14 +66,10 @@ from perfcounter.costs.reductions import (cumulative_cost, exponential_cost, his
 
 
 def runs_alone(name: str) -> bool:
-    """Whether the op of a record named `name` stays one kernel of its own when compiled: a
-    matmul (its formula in matmul.py) or attention, which compiled code calls as library
-    kernels; every other op fuses into its neighbours (pricing/predict.py's EXTERN classes)."""
+    """Whether the op of a record named `name` stays one kernel of its own when compiled
+    (OpInfo.extern: a matmul or attention); every other op fuses into its neighbours."""
     info = op_info_by_name(name)
-    if info is None or info.per_element in ("softmax", "rmsnorm"):
-        return False
-    return info.attention or (info.formula is not None
-                              and info.formula.__module__.rsplit(".", 1)[-1] == "matmul")
+    return info is not None and info.extern
 
 
 def compiled_launches(trace) -> int:
