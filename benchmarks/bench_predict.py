@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from generate import decode_one_token, prefill  # noqa: E402
 from perfcounter import TransformerPerformanceCounter  # noqa: E402
+from perfcounter.console import quiet_third_party  # noqa: E402
 from perfcounter.devices import get_device_spec, load_device_specs  # noqa: E402
 from perfcounter.devices.calibrate import calibrate, describe, save_calibrated  # noqa: E402
 from perfcounter.devices.op_rates import CLOCKS  # noqa: E402
@@ -161,6 +162,7 @@ def main(*, quick: bool = False, steps: int = 4, repeats: int = 2, threads: int 
 
 
 if __name__ == "__main__":
+    quiet_third_party()  # the libraries' notices and progress bars, as the commands do
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="SmolLM2-135M only")
     parser.add_argument("--steps", type=int, default=4, help="decode steps per run")

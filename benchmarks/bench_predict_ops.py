@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_predict import llama_1b, smollm2  # noqa: E402
 from generate import decode_one_token, prefill  # noqa: E402
 from perfcounter import TransformerPerformanceCounter  # noqa: E402
+from perfcounter.console import quiet_third_party  # noqa: E402
 from perfcounter.devices import get_device_spec, load_device_specs  # noqa: E402
 from perfcounter.devices.calibrate import calibrate, describe, save_calibrated  # noqa: E402
 from perfcounter.devices.op_rates import CLOCKS  # noqa: E402
@@ -115,6 +116,7 @@ def main(*, model: str = "llama-1b", dtype: str = "bfloat16", prompt: int = 512,
 
 
 if __name__ == "__main__":
+    quiet_third_party()  # the libraries' notices and progress bars, as the commands do
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="llama-1b", choices=list(MODELS))
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
