@@ -6,7 +6,7 @@ import torch
 
 from perfcounter.counting.mode import PerformanceCounterMode
 from perfcounter.devices import calibrate as Cal
-from perfcounter.devices import op_rates
+from perfcounter.devices import op_rates, overheads
 from perfcounter.pricing import predict as P
 from test_regimes import spec, toy
 
@@ -25,6 +25,23 @@ def test_compiled_launches_are_the_ones_the_compiled_regime_charges():
     with torch.no_grad(), PerformanceCounterMode() as mode:
         step()
     assert P.compiled_launches(mode.trace()) == 51
+
+
+def test_a_compiled_launch_is_the_extra_time_of_a_deeper_step(monkeypatch):
+    # the tiny transformer's launches: 2 x (6 extern calls a layer x L + the output
+    # projection) + 1 step = 12 L + 3: 27 at 2 layers, 99 at 8
+    # steps timed 0.605 ms and 1.685 ms: (1.685 - 0.605) ms / (99 - 27) = 15 us a launch;
+    # the shallow step's rest: 0.605 ms - 27 x 15 us = 0.2 ms a step
+    times = iter([0.605e-3, 1.685e-3])
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
+    monkeypatch.setattr(overheads, "time_calls", lambda *a, **kw: next(times))
+    got = overheads.compiled_costs("cpu")
+    assert got["compiled"] == pytest.approx(15e-6)
+    assert got["compiled_step"] == pytest.approx(0.2e-3)
+    # a deeper step no slower (noise): the shallow step over its launches, no step figure
+    times = iter([0.54e-3, 0.5e-3])
+    got = overheads.compiled_costs("cpu")
+    assert got["compiled"] == pytest.approx(0.54e-3 / 27) and got["compiled_step"] == 0.0
 
 
 def test_a_gpus_triad_and_curves_reach_past_its_l2(monkeypatch):
@@ -54,6 +71,7 @@ def test_a_cpu_calibration_keeps_its_figures():
                         min_time=0.01, rounds=1, retries=0)
     assert "cudagraphs" not in cal.overhead_s  # no graphs on a CPU: the stated default
     assert cal.overhead_s["compiled"] < 1e-3  # one direct op call, not a compiled step
+    assert "compiled_step" not in cal.overhead_s
     assert cal.matmul_n == 32
 
 

@@ -52,8 +52,11 @@ ATTN_WORK = 8_704 / 0.25e9 * 1e6  # max(1,024 / 0.25e9 = 4.096, 8,704 / 0.25e9 =
 ADDS_WORK = 24_000 / 0.5e9 * 1e6  # max(2,000 / 0.5e9 = 4, 24,000 / 0.5e9 = 48)
 # fused (compiled, cudagraphs): compulsory 89,096 read + 2,000 written = 91,096 B less what the
 # GEMV and attention stream (weight 160,000 + KV 8,192 > 91,096: none left) = 0 B; the adds'
-# 2,000 FLOPs at 0.5e9 = 4 us
+# 2,000 FLOPs at the elementwise rate 0.5e9 = 4 us; on a GPU at the vector units' rate, the
+# float32 peak 1e9 (predict.vector_flops: the elementwise rate is an add's, bound by its
+# bytes) = 2 us
 FUSED_WORK = 2_000 / 0.5e9 * 1e6
+GPU_FUSED_WORK = 2_000 / 1e9 * 1e6
 
 
 def test_eager_pays_every_op_call():
@@ -78,6 +81,61 @@ def test_cudagraphs_pays_one_launch_per_step_and_none_per_kernel():
     assert p.overhead_s * 1e6 == pytest.approx(20)
     assert p.latency_s * 1e6 == pytest.approx(20 + GEMV_WORK + ATTN_WORK + FUSED_WORK)
     assert p.by_class["graph launch"] * 1e6 == pytest.approx(20)
+
+
+def test_a_compiled_step_pays_its_entry_once_a_step():
+    # compiled_step 30 us: the 10 launches x 0.5 us = 5 us and 2 steps x 30 us = 60 us
+    s = spec(op_overhead_s={"eager": 1e-6, "compiled": 0.5e-6, "compiled_step": 30e-6,
+                            "cudagraphs": 10e-6})
+    p = P.predict(toy(), s, "compiled")
+    assert p.overhead_s * 1e6 == pytest.approx(65)
+    assert p.latency_s * 1e6 == pytest.approx(65 + GEMV_WORK + ATTN_WORK + FUSED_WORK)
+    # a CUDA graph replays the step: no entry of the compiled program, 2 graph launches x 10 us
+    assert P.predict(toy(), s, "cudagraphs").overhead_s * 1e6 == pytest.approx(20)
+
+
+def test_compiled_on_a_gpu_overlaps_the_launches_with_the_kernels():
+    work = GEMV_WORK + ATTN_WORK + GPU_FUSED_WORK  # 324.8 + 34.816 + 2 = 361.616 us
+    # 10 launches x 100 us + 2 steps x 50 us = 1,100 us of host time; the kernels run
+    # meanwhile: the step takes the host's 1,100 us, 738.384 of them showing beside the work
+    gpu = spec(device_type="cuda", op_overhead_s={"compiled": 100e-6, "compiled_step": 50e-6})
+    p = P.predict(toy(), gpu, "compiled")
+    assert p.latency_s * 1e6 == pytest.approx(1100)
+    assert p.overhead_s * 1e6 == pytest.approx(1100 - work)
+    assert sum(p.by_class.values()) == pytest.approx(p.latency_s)
+    # 10 x 1 us of launches hide behind 361.616 us of kernels
+    fast = spec(device_type="cuda", op_overhead_s={"compiled": 1e-6})
+    assert P.predict(toy(), fast, "compiled").latency_s * 1e6 == pytest.approx(work)
+    # a CPU runs its compiled kernels on the launching thread: 1,100 + 363.616 us (its fused
+    # arithmetic at the elementwise rate: 4 us)
+    cpu = spec(op_overhead_s={"compiled": 100e-6, "compiled_step": 50e-6})
+    assert P.predict(toy(), cpu, "compiled").latency_s * 1e6 == pytest.approx(
+        1100 + GEMV_WORK + ATTN_WORK + FUSED_WORK)
+
+
+def test_a_gpus_dispatch_pays_its_warm_figure_when_the_weights_stream():
+    # eager_cold is a CPU's: the weights streaming through its caches evict the host's state.
+    # A GPU streams them through its own memory: its host dispatch stays warm.
+    overheads = {"eager": 8e-6, "eager_cold": 11e-6}
+    assert P.overhead(spec(op_overhead_s=overheads), "eager", cold=True) == 11e-6
+    assert P.overhead(spec(device_type="cuda", op_overhead_s=overheads), "eager",
+                      cold=True) == 8e-6
+
+
+def test_a_gemms_bandwidth_past_the_largest_square_matmul_is_the_gemvs():
+    # gemv streams 100 GB/s (warm) / 50 (cold) at 1 MB, 1,000 / 900 GB/s at 100 MB; the only
+    # gemm point is at 1 MB, 5 TFLOP/s. A 100 MB gemm streams at the gemv's 1,000 / 900 GB/s
+    # and computes at the gemm point's 5 TFLOP/s (no larger point); at 10 MB, half way in
+    # log size: sqrt(100 x 1,000) = 316.2 GB/s warm, sqrt(50 x 900) = 212.1 cold
+    curves = {"gemv": {"float32": [(1e6, 100e9, 50e9, 1e12), (1e8, 1000e9, 900e9, 2e12)]},
+              "gemm": {"float32": [(1e6, 100e9, 50e9, 5e12)]}}
+    s = spec(op_curves=curves, op_efficiency={})
+    r = P.rate(s, "gemm", "float32", 1e8)
+    assert (r.warm_bytes_per_s, r.cold_bytes_per_s, r.flops_per_s) == pytest.approx(
+        (1000e9, 900e9, 5e12))
+    r = P.rate(s, "gemm", "float32", 1e7)
+    assert (r.warm_bytes_per_s, r.cold_bytes_per_s) == pytest.approx((316.23e9, 212.13e9),
+                                                                      rel=1e-4)
 
 
 def test_regime_overheads_have_stated_defaults_for_every_device_type():

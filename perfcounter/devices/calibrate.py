@@ -26,8 +26,8 @@ import torch
 from perfcounter.devices.calibration_check import (all_flags, best_of, check_record,
                                                    describe_check, load_average, spread)
 from perfcounter.devices.dtypes import as_dtype, dtype_name
-from perfcounter.devices.op_rates import (CLOCKS, ROW_KS, ROWS, MiB, call_overhead, check_clock,
-                                          compiled_launch_s, eager_overheads, fill_operands,
+from perfcounter.devices.op_rates import (CLOCKS, ROW_KS, MiB, call_overhead, check_clock,
+                                          compiled_costs, eager_overheads, fill_operands,
                                           gemv_row_seconds, graph_launch_s,
                                           last_level_cache_bytes, matmul_rows, op_curves, sync,
                                           time_calls)
@@ -134,8 +134,10 @@ class Calibration:
         if self.cache_bytes:
             source["cache_bytes"] = f"{how}: largest cache level in /sys/devices/system/cpu"
         if self.overhead_s:
-            compiled = ("a tiny transformer's compiled decode step / the kernel launches the "
-                        "compiled regime charges it (costs.compiled_launches); cudagraphs = "
+            compiled = ("a tiny transformer's compiled decode step at 2 and 8 layers: the "
+                        "extra time over the extra kernel launches the compiled regime "
+                        "charges (costs.compiled_launches), compiled_step = the rest of the "
+                        "shallow step; cudagraphs = "
                         "one CUDA graph's replay and sync" if self.device.startswith("cuda")
                         else "one direct op call")
             source["op_overhead_s"] = (f"{how}: eager = a tiny transformer's decode step / "
@@ -151,9 +153,12 @@ class Calibration:
                                    f"(operands rotated through the triad's arrays), {timing}; "
                                    "see perfcounter/devices/op_rates.py")
         if self.rows:
-            source["matmul_rows"] = (f"{how}: x[M,K] @ W^T, W cold (16 MiB), K = "
-                                     f"{' and '.join(map(str, ROW_KS))} (times summed), M = "
-                                     f"{', '.join(map(str, ROWS))}; {self.clock} clock")
+            gpu = self.device.startswith("cuda")
+            source["matmul_rows"] = (f"{how}: x[M,K] @ W^T, W cold ({64 if gpu else 16} MiB), "
+                                     f"K = {' and '.join(map(str, ROW_KS))} (times summed), M = "
+                                     f"{', '.join(map(str, sorted(self.rows[next(iter(self.rows))])))}; "
+                                     + ("each kernel timed on the device (CUDA events)" if gpu
+                                        else f"{self.clock} clock"))
         dtype = torch.bfloat16 if torch.bfloat16 in self.flops else next(iter(self.flops))
         return DeviceSpec(device_type=torch.device(self.device).type, name=name,
                           bandwidth=self.bandwidth, vram=self.memory_bytes, dtype=dtype,
@@ -247,8 +252,8 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
             rows = gemv_row_seconds(pool, dtypes, device, min_time, clock)
             gpu = device.type == "cuda"  # a GPU's compiled step is bound by its launches
             return {**eager_overheads(device, clock=clock),
-                    "compiled": compiled_launch_s(device) if gpu
-                    else call_overhead(device, clock=clock),
+                    **(compiled_costs(device) if gpu
+                       else {"compiled": call_overhead(device, clock=clock)}),
                     **({"cudagraphs": graph_launch_s(device)} if gpu else {}),
                     **{row_key(d, m): s for d, by_m in rows.items() for m, s in by_m.items()}}
         row_s = row_table(got.get("overheads", {}))

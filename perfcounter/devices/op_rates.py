@@ -14,9 +14,9 @@ turn from one pool, the triad's arrays, larger than the cache, so that each
 call reads memory). The Python cost of one direct op call (timed on 1-element
 tensors) is taken off each call before a rate is computed. gemm takes its
 bandwidths from the gemv points.
-Matmuls by rows (`matmul_rows`): x[M,K] @ W[N,K]ᵀ with a cold 16 MiB weight,
+Matmuls by rows (`matmul_rows`): x[M,K] @ W[N,K]ᵀ with a cold 16 MiB weight (a GPU: 64 MiB),
 K = 2048 and 8192 (a feed-forward's up and down projections), for M of 2 to
-1024 rows, FLOP/s each: a linear layer's layout and sizes (CPU kernels compute
+1024 rows (a GPU: to 4096), FLOP/s each: a linear layer's layout and sizes (CPU kernels compute
 a few rows about as long as many: 8 rows take as long as 16; a few hundred
 rows run below the square n×n @ n×n rate, further below in bfloat16).
 Per-op overheads (`op_overhead_s`): eager = the time of a tiny transformer's
@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 from perfcounter.devices.dtypes import dtype_name
 from perfcounter.devices.overheads import (  # noqa: F401 (calibrate's names, re-exported)
-    call_overhead, compiled_launch_s, eager_overheads, graph_launch_s, host_call_s,
+    call_overhead, compiled_costs, eager_overheads, graph_launch_s, host_call_s,
     tiny_decode_step)
 from perfcounter.devices.timing import (  # noqa: F401 (re-exported)
     CLOCKS, MAX_CALLS, MiB, cache_levels, check_clock, kernel_seconds, last_level_cache_bytes,
@@ -137,6 +137,14 @@ def attention_flops(length: int, dt, device, min_time: float, clock: str = "wall
     seconds = time_calls(lambda: lambda: F.scaled_dot_product_attention(
         q, kv, kv, attn_mask=mask, enable_gqa=True), device, min_time, clock, kernel=True)
     return 4 * 32 * length * length * 64 / seconds
+
+
+def attention_length(device) -> int:
+    """The longest sequence attention_flops times: 512 on a CPU (a call of 4·32·512²·64 =
+    2.1 GFLOPs), 2,048 on a GPU, whose attention kernels fill the device only at a long
+    prompt's length (an H200's SDPA ran 96 TFLOP/s at 512; a 7B model's 2,048-token prefill
+    left its attention ~10 ms of 63, against 23 ms at 96 TFLOP/s)."""
+    return 2048 if torch.device(device).type == "cuda" else 512
 
 
 ROW_K = (256, 4096)  # the inner dims gemv_row_seconds compares, at the same weight bytes
@@ -233,8 +241,8 @@ def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = 
                     flops_s = 2 * SKINNY * shapes[0][0] * shapes[0][1] / max(t16 - direct,
                                                                             0.25 * t16)
                 elif cls == "attention":
-                    flops_s = attention_flops(min(512, shapes[0][2]), dt, device, per_point,
-                                              clock)
+                    flops_s = attention_flops(min(attention_length(device), shapes[0][2]), dt,
+                                              device, per_point, clock)
                 else:
                     flops_s = max(flops, 1) / warm_s
                 if points and nbytes <= points[-1][0]:
@@ -249,21 +257,26 @@ ROWS = (2, 4, 8, SKINNY, 32, 64, 128, 256, 512, 1024)  # the row counts matmul_r
 
 
 ROW_KS = (2048, 8192)  # the inner dims matmul_rows times: a feed-forward's up (d) and down (4d)
+GPU_ROWS = (2048, 4096)  # more rows timed on a GPU: a long prompt's prefill, at the GPU's rate
 
 
 def matmul_rows(pool: torch.Tensor, dtypes, device, min_time: float,
                 clock: str = "wall", row_s: dict | None = None) -> dict:
     """{dtype name: {rows M: FLOP/s}}: x[M,K] @ W[N,K]ᵀ, W cold and about 16 MiB, for each K
-    of ROW_KS (N = 16 MiB / K), at each M of ROWS; the FLOP/s of the two calls together
+    of ROW_KS (N = 16 MiB / K), at each M of ROWS; on a GPU W of 64 MiB (16 MiB at K = 8,192
+    is N = 1,024: 64 output tiles of 128² at 1,024 rows, fewer than an H200's 132 SMs; its
+    1,024 rows ran 614 TFLOP/s, a 4096² matmul 773) and also M of GPU_ROWS; the FLOP/s of
+    the two calls together
     (their times summed: a bfloat16 matmul of K = 8192 runs slower than one of 2048
     at a few hundred rows); the weight rows' share (row_s, gemv_row_seconds) taken off, as
     predict.py adds it apart. See predict.rows_flops."""
     carve, direct = _Pool(pool), host_call_s(device, clock)
-    budget = min(16 * MiB, pool.numel() * pool.element_size() // 4)
+    gpu = torch.device(device).type == "cuda"
+    budget = min(64 * MiB if gpu else 16 * MiB, pool.numel() * pool.element_size() // 4)
     out = {}
     for dt in dtypes:
         table = {}
-        for m in ROWS:
+        for m in ROWS + (GPU_ROWS if gpu else ()):
             flops = seconds = 0.0
             for k in ROW_KS:
                 n = max(64, budget // (k * dt.itemsize))

@@ -1,7 +1,7 @@
 """The fixed costs of running ops, measured for `perfcounter calibrate` (op_rates.py's module
 doc says what each is): one direct op call, a tiny transformer's eager decode step per op
-call (warm, and with the caches streamed), per launch of its compiled step, one CUDA graph's
-launch per step."""
+call (warm, and with the caches streamed), per launch of its compiled step and per compiled
+step (two depths compared), one CUDA graph's launch per step."""
 from __future__ import annotations
 
 import torch
@@ -74,12 +74,12 @@ def eager_overheads(device, min_time: float = 0.1, clock: str = "wall") -> dict[
     return {"eager": warm / calls, "eager_cold": max(cold - streams, warm) / calls}
 
 
-def tiny_decode_step(device):
-    """(model, step): a tiny transformer (4 layers of dim 64, GQA, rotary, KV cache, SwiGLU)
-    and one decode step of it, whose work is next to nothing: what is timed is the cost of
-    running its ops (eager_overheads, compiled_launch_s)."""
+def tiny_decode_step(device, n_layer: int = 4):
+    """(model, step): a tiny transformer (`n_layer` layers of dim 64, GQA, rotary, KV cache,
+    SwiGLU) and one decode step of it, whose work is next to nothing: what is timed is the
+    cost of running its ops (eager_overheads, compiled_costs)."""
     torch.manual_seed(0)
-    model = Transformer(ModelArgs(block_size=64, vocab_size=256, n_layer=4, n_head=4,
+    model = Transformer(ModelArgs(block_size=64, vocab_size=256, n_layer=n_layer, n_head=4,
                                   n_local_heads=2, dim=64, intermediate_size=128)).to(device)
     model.setup_caches(max_batch_size=1, max_seq_length=64)
     idx = torch.zeros(1, 1, dtype=torch.long, device=device)
@@ -90,19 +90,33 @@ def tiny_decode_step(device):
     return model, step
 
 
-def compiled_launch_s(device, min_time: float = 0.1, clock: str = "wall") -> float:
-    """Seconds per kernel launch of a compiled step: the tiny transformer's decode step under
-    torch.compile, timed, divided by the launches the compiled regime charges its counted
-    trace (costs.compiled_launches: each matmul and attention call, and a fused kernel
-    beside each). On a GPU a compiled decode step is bound by these launches from Python
-    (a 1B model's compiled step on an H200: 4.3-5.1 ms, against 1.2 ms as one CUDA graph),
-    each costing more than one direct op call (10.8 us there)."""
-    _, step = tiny_decode_step(device)
-    with torch.no_grad():
-        with PerformanceCounterMode() as mode:
-            step()
-        launches = compiled_launches(mode.trace())
-        compiled = torch.compile(step)
-        compiled(), compiled()  # compilation, then a warm call
-        seconds = time_calls(lambda: compiled, device, min_time, clock)
-    return seconds / max(launches, 1)
+COMPILED_DEPTHS = (2, 8)  # layers of the two tiny models compiled_costs compares
+
+
+def compiled_costs(device, min_time: float = 0.1, clock: str = "wall") -> dict[str, float]:
+    """{"compiled": s per kernel launch, "compiled_step": s per step} of a compiled decode
+    step, from the tiny transformer at two depths (COMPILED_DEPTHS) under torch.compile: each
+    step timed, and its launches counted as the compiled regime charges them
+    (costs.compiled_launches: each matmul and attention call, and a fused kernel beside each).
+    t = step + launches x per launch: the deeper model's extra time over its extra launches
+    is the cost per launch (what each layer adds: its launches, and its guards); what is
+    left of the shallow model's time is the step's own (the compiled program's entry, its
+    guards and wrapper, the host's synchronization). On a GPU a compiled decode step is
+    bound by them (a 1B model's compiled step on an H200: 3.4-5.1 ms, against 1.2 ms as one
+    CUDA graph); a single model's time over its launches charges every launch the entry's
+    share (24.5 us there, against ~15 us per launch in a 1B model's step)."""
+    seconds, launches = [], []
+    for n_layer in COMPILED_DEPTHS:
+        _, step = tiny_decode_step(device, n_layer)
+        with torch.no_grad():
+            with PerformanceCounterMode() as mode:
+                step()
+            launches.append(compiled_launches(mode.trace()))
+            compiled = torch.compile(step)
+            compiled(), compiled()  # compilation, then a warm call
+            seconds.append(time_calls(lambda: compiled, device, min_time, clock))
+    per_launch = max(seconds[1] - seconds[0], 0.0) / max(launches[1] - launches[0], 1)
+    if per_launch <= 0.0:  # the deeper step ran no slower: noise; the shallow one's average
+        per_launch = seconds[0] / max(launches[0], 1)
+    return {"compiled": per_launch,
+            "compiled_step": max(seconds[0] - launches[0] * per_launch, 0.0)}

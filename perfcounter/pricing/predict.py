@@ -84,7 +84,7 @@ from perfcounter.costs import compiled_launches, op_info_by_name  # noqa: F401 (
 from perfcounter.devices.dtypes import as_dtype, dtype_name
 from perfcounter.format import si
 from perfcounter.pricing.achievable import (  # noqa: F401 (re-exported: predict's names)
-    CALIBRATED, DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S, STRIDED_SHARE, WEIGHT_CLASSES, Rate,
+    ASYNCHRONOUS, CALIBRATED, DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S, STRIDED_SHARE, WEIGHT_CLASSES, Rate,
     check_execution,
     gemv_row_s, is_calibrated, measured_dtype, overhead, rate, rows_flops)
 from perfcounter.pricing.roofline import is_integer_dtype, roofline
@@ -102,10 +102,6 @@ SKINNY_ROWS = 16  # a matmul of at most this many rows is a GEMV: it streams its
 ROW_BLOCK = 8
 EXTERN = ("gemv", *WEIGHT_CLASSES, "gemm", "attention")  # one kernel each, also when compiled
 _WEIGHT = ROLES.index("weight")
-# devices whose host queues kernels ahead of them (a GPU, an accelerator): eager time is the
-# longer of the host's dispatch and the device's work; elsewhere (cpu, pim, mobile) the ops
-# run one after another on the thread that dispatches them
-ASYNCHRONOUS = ("cuda", "mps", "tpu")
 _STREAMED = (_WEIGHT, ROLES.index("kv_cache"))
 _FAMILY = {"matmul": "gemm", "attention": "attention", "norms": "reduction",
            "reductions": "reduction", "indexing": "indexing", "elementwise": "elementwise",
@@ -295,37 +291,62 @@ def predict(trace: Trace, spec, execution: str = "eager") -> Prediction:
     ops = op_predictions(trace, spec, execution)
     by_class: dict[str, float] = {}
     bases = {p.basis for p in ops}
-    host = roofline(trace, spec).host_link_s
+    host_link = roofline(trace, spec).host_link_s
     if execution == "eager":
         for p in ops:
             by_class[p.op_class] = by_class.get(p.op_class, 0.0) + p.latency_s
         return Prediction(execution, sum(p.overhead_s for p in ops),
-                          sum(p.work_s for p in ops), host, by_class,
+                          sum(p.work_s for p in ops), host_link, by_class,
                           "+".join(sorted(bases)), sum(p.record.calls for p in ops),
                           sum(p.work_s for p in ops if p.strided))
     extern = [p for p in ops if p.op_class in EXTERN]
     fused = [p for p in ops if p.op_class not in EXTERN and p.record.bytes]
-    for p in extern:
-        by_class[p.op_class] = by_class.get(p.op_class, 0.0) + p.latency_s
-    kernels = sum(p.record.calls for p in extern) + max(trace.steps, 1)
+    steps = max(trace.steps, 1)
+    kernels = sum(p.record.calls for p in extern) + steps
     fused_bytes = fused_io(trace, extern) if fused else 0
     fused_flops = sum(p.record.executed_flops for p in fused)
     dtype = max((p.record for p in fused), key=lambda r: r.bytes).dtype if fused else ""
     rt = rate(spec, "elementwise", dtype, fused_bytes / kernels)
     bandwidth = rt.cold_bytes_per_s if streams_cold(trace, spec) else rt.warm_bytes_per_s
-    fused_s = max(fused_flops / rt.flops_per_s, fused_bytes / bandwidth)
+    fused_s = max(fused_flops / vector_flops(spec, rt), fused_bytes / bandwidth)
     if execution == "cudagraphs":  # one graph launch per step, no launch per kernel
-        fused_overhead = max(trace.steps, 1) * overhead(spec, "cudagraphs")
-    else:
-        fused_overhead = (max(trace.steps, 1) + sum(p.record.calls for p in extern)) \
+        host = {"graph launch": steps * overhead(spec, "cudagraphs")}
+    else:  # a launch per kernel, and the compiled program's entry per step
+        host = {}
+        for p in extern:
+            host[p.op_class] = host.get(p.op_class, 0.0) + p.overhead_s
+        host["fused"] = (steps + sum(p.record.calls for p in extern)) \
             * overhead(spec, "compiled") if fused else 0.0
-    by_class["fused"] = fused_s + (fused_overhead if execution == "compiled" else 0.0)
-    if execution == "cudagraphs":
-        by_class["graph launch"] = fused_overhead
+        host["fused"] += steps * spec.op_overhead_s.get("compiled_step", 0.0)
+    work = sum(p.work_s for p in extern) + fused_s
+    shown = 1.0  # the share of the host's time that the step's time shows
+    if execution == "compiled" and spec.device_type in ASYNCHRONOUS and sum(host.values()):
+        shown = max(sum(host.values()) - work, 0.0) / sum(host.values())  # launches overlap
+    for p in extern:  # the device's kernels (module doc), as eager's dispatch does
+        by_class[p.op_class] = by_class.get(p.op_class, 0.0) + p.work_s
+    for key, s in host.items():
+        by_class[key] = by_class.get(key, 0.0) + s * shown
+    by_class["fused"] = by_class.get("fused", 0.0) + fused_s
     bases.add(rt.basis)
-    return Prediction(execution, sum(p.overhead_s for p in extern) + fused_overhead,
-                      sum(p.work_s for p in extern) + fused_s, host,
-                      by_class, "+".join(sorted(bases)), kernels)
+    return Prediction(execution, sum(host.values()) * shown, work, host_link, by_class,
+                      "+".join(sorted(bases)), kernels)
+
+
+def vector_flops(spec, elementwise: Rate) -> float:
+    """FLOP/s of the fused kernels' arithmetic. On an asynchronous device (a GPU) the vector
+    units' float32 peak (a fused kernel computes in float32 on CUDA cores, tens of TFLOP/s):
+    its fused kernels are bound by their bytes, and the elementwise curve's FLOP/s is an add's,
+    bound by its bytes and by a kernel's fixed device time, which the bytes' side already pays
+    (an H200's add of 64 KiB ran 2 GFLOP/s: a 7B model's decode priced 1.6 ms of fused
+    arithmetic that way, 1,000x its FLOPs at the peak). Elsewhere the elementwise rate: a CPU
+    runs generated elementwise code (exponentials, divisions, horizontal sums) far below its
+    FMA peak, about as fast per FLOP as the add. The larger of the two."""
+    if spec.device_type not in ASYNCHRONOUS:
+        return elementwise.flops_per_s
+    try:
+        return max(float(spec.peak_flops("float32", strict=True)), elementwise.flops_per_s)
+    except (KeyError, ValueError, TypeError):
+        return max(float(spec.flops_per_s), elementwise.flops_per_s)
 
 
 def phase_regime(execution: str, label: str) -> str:

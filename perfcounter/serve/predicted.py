@@ -12,8 +12,10 @@ execution).latency_s` says:
   dispatch shows only where it exceeds the kernels' work: max(Σ overhead, Σ work).
 - compiled: matmuls and attention (predict.EXTERN) one kernel each, priced as above with
   the compiled overhead; the rest fused: the step's fused IO (trace.py: what crosses a
-  fused kernel's boundary) at the elementwise rate, its FLOPs at the elementwise
-  FLOP/s, and one compiled kernel launch per extern kernel and one more.
+  fused kernel's boundary) at the elementwise rate, its FLOPs at predict.vector_flops, one
+  compiled kernel launch per extern kernel and one more, and the compiled program's entry
+  (compiled_step); on an asynchronous device the launches show only where they exceed the
+  kernels' work, as eager's dispatch.
 - cudagraphs: as compiled, no launch per kernel, one graph launch per step.
 
 The step table of a prediction (`PredictedTable`) cannot be affine in the step's features
@@ -45,7 +47,7 @@ from perfcounter.pricing.achievable import (check_execution, gemv_row_s, overhea
                                             rows_flops)
 from perfcounter.pricing.predict import (ASYNCHRONOUS, EXTERN, ROW_BLOCK, SKINNY_ROWS,
                                          gemv_weight, has_explicit_mask, matmul_rows, op_class,
-                                         op_predictions, predict)
+                                         op_predictions, predict, vector_flops)
 from perfcounter.pricing.roofline import is_integer_dtype
 from perfcounter.serve.pricing import PricedTable, RooflinePricer
 from perfcounter.serve.steps import EXPERTS, StepCounts, StepModelError, fit, group_key
@@ -158,7 +160,8 @@ class PredictedTable:
         out = None if self.by_curves else self._rates.get(key)
         if out is None:
             rt = rate(self.pricer.spec, "elementwise", dtype, working_set)
-            out = (rt.flops_per_s, rt.cold_bytes_per_s if cold else rt.warm_bytes_per_s)
+            out = (vector_flops(self.pricer.spec, rt),
+                   rt.cold_bytes_per_s if cold else rt.warm_bytes_per_s)
             if not self.by_curves:
                 self._rates[key] = out
         return out
@@ -199,20 +202,22 @@ class PredictedTable:
                 dispatch = max(dispatch - total, 0.0)
             return dispatch + total + host
         ext_calls = float(calls[ext].sum())
-        extern_s = float(work[ext].sum())
-        if self.execution == "compiled":
-            extern_s += ext_calls * overhead(spec, "compiled", cold)
-        if not fused.any():
-            launch = overhead(spec, "cudagraphs") if self.execution == "cudagraphs" else 0.0
-            return extern_s + launch + host
-        fused_bytes = max(0.0, fused_io * share)
-        fused_flops = float((fig[:, _EXECUTED] * layers)[fused].sum())
-        dtype = self.samples[int(np.flatnonzero(fused)[np.argmax(nbytes[fused])])].dtype
-        flops_per_s, bandwidth = self._fused_rate(dtype, cold, fused_bytes / (ext_calls + 1))
-        fused_s = max(fused_flops / flops_per_s, fused_bytes / bandwidth)
-        launch = overhead(spec, "cudagraphs") if self.execution == "cudagraphs" \
-            else (ext_calls + 1) * overhead(spec, "compiled")
-        return extern_s + fused_s + launch + host
+        work_s = float(work[ext].sum())
+        compiled = self.execution == "compiled"
+        launches = ext_calls * overhead(spec, "compiled", cold) if compiled else 0.0
+        if fused.any():
+            fused_bytes = max(0.0, fused_io * share)
+            fused_flops = float((fig[:, _EXECUTED] * layers)[fused].sum())
+            dtype = self.samples[int(np.flatnonzero(fused)[np.argmax(nbytes[fused])])].dtype
+            flops_per_s, bandwidth = self._fused_rate(dtype, cold, fused_bytes / (ext_calls + 1))
+            work_s += max(fused_flops / flops_per_s, fused_bytes / bandwidth)
+            launches += (ext_calls + 1) * overhead(spec, "compiled") if compiled else 0.0
+        if not compiled:  # CUDA graphs: one launch of the step's graph
+            return work_s + overhead(spec, "cudagraphs") + host
+        launches += spec.op_overhead_s.get("compiled_step", 0.0)  # the program's entry
+        if self.asynchronous:  # the host launches ahead of the kernels
+            launches = max(launches - work_s, 0.0)
+        return work_s + launches + host
 
     def energy_j(self, f: np.ndarray, seconds: float) -> float:
         """Joules of a step: the bound's dynamic joules (the same bytes and FLOPs) + static W
