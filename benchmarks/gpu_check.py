@@ -119,7 +119,9 @@ def default_model(spec_path: str, device: str, new_tokens: int,
 def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
           repeats: int, name: str | None = None) -> list[list[str]]:
     torch.manual_seed(0)
-    model = Transformer(args).to(device=device, dtype=dtype).eval()
+    t0 = time.perf_counter()
+    with torch.device(device):  # initialized where it runs: a 7B model's 6.7B weights in seconds
+        model = Transformer(args).to(dtype=dtype).eval()
     model.setup_caches(1, prompt + steps + 1)
     x = torch.randint(0, args.vocab_size, (1, prompt), device=device)
     pos = torch.arange(prompt, device=device)
@@ -161,6 +163,7 @@ def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
                 rows.append(row_done([name, execution, label, f"{measured[label] * 1e3:,.2f} ms",
                                       f"{p * 1e3:,.2f} ms", f"{measured[label] / p:.2f}",
                                       counted]))
+    print(f"  ({name}: {time.perf_counter() - t0:.0f} s)", flush=True)
     return rows  # the model freed on return: the allocator reuses its memory
 
 
@@ -175,6 +178,7 @@ def main(*, device: str = "cuda", repeats: int = 3, spec_path: str | None = None
         cal = calibrate(device=device, **(dict(array_bytes=8 << 20, matmul_n=128, min_time=0.02,
                                                repeats=2, rounds=1, retries=0) if cpu else {}))
         print("\n".join(describe(cal)), flush=True)
+        print(f"(calibration: {time.perf_counter() - t0:.0f} s)", flush=True)
         spec_path = str(save_calibrated(cal.to_spec("calibrated"),
                                         save_spec or Path(tempfile.mkdtemp()) / "calibrated.yaml"))
     dtype = torch.float32 if cpu else torch.bfloat16

@@ -142,8 +142,8 @@ def attention_flops(length: int, dt, device, min_time: float, clock: str = "wall
 def attention_length(device) -> int:
     """The longest sequence attention_flops times: 512 on a CPU (a call of 4·32·512²·64 =
     2.1 GFLOPs), 2,048 on a GPU, whose attention kernels fill the device only at a long
-    prompt's length (an H200's SDPA ran 96 TFLOP/s at 512; a 7B model's 2,048-token prefill
-    left its attention ~10 ms of 63, against 23 ms at 96 TFLOP/s)."""
+    prompt's length (an H200's SDPA, head dim 64 under a causal mask: 96 TFLOP/s at 512,
+    226 at 2,048, the rate a 2,048-token prompt's attention runs at: docs/measured.md)."""
     return 2048 if torch.device(device).type == "cuda" else 512
 
 
