@@ -138,6 +138,21 @@ def test_a_gemms_bandwidth_past_the_largest_square_matmul_is_the_gemvs():
                                                                       rel=1e-4)
 
 
+def test_a_gpus_attention_streams_at_its_own_default_share():
+    # no efficiency for attention (EFF without it), 1 GB/s and 1 GFLOP/s (float32) peaks: on a
+    # GPU its bytes stream at the stated 0.73 (an H200's SDPA), its FLOPs at the default 0.5
+    eff = {k: v for k, v in EFF.items() if k != "attention"}
+    assert P.DEFAULT_STREAM_EFFICIENCY["cuda"]["attention"] == 0.73
+    r = P.rate(spec(device_type="cuda", op_efficiency=eff), "attention", "float32", 1e6)
+    assert (r.flops_per_s, r.warm_bytes_per_s, r.cold_bytes_per_s) == pytest.approx(
+        (0.5e9, 0.73e9, 0.73e9))
+    # a CPU: the default 0.5 on both sides; a spec's own efficiency: its figure on both
+    r = P.rate(spec(op_efficiency=eff), "attention", "float32", 1e6)
+    assert (r.flops_per_s, r.cold_bytes_per_s) == pytest.approx((0.5e9, 0.5e9))
+    r = P.rate(spec(device_type="cuda"), "attention", "float32", 1e6)
+    assert (r.flops_per_s, r.cold_bytes_per_s) == pytest.approx((0.25e9, 0.25e9))
+
+
 def test_regime_overheads_have_stated_defaults_for_every_device_type():
     bare = spec(op_overhead_s={}, op_efficiency={})
     for execution in ("eager", "compiled", "cudagraphs"):

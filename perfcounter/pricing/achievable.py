@@ -43,6 +43,14 @@ STRIDED_SHARE = 3 / 5
 DEFAULT_EFFICIENCY = {"gemv": 0.8, "gemm": 0.7, "attention": 0.5, "elementwise": 0.8,
                       "reduction": 0.6, "indexing": 0.3, "gemv_int8": 0.6, "gemv_int4": 0.43,
                       "gemv_fp8": 0.77, "strided": 0.8 * STRIDED_SHARE}
+# Where a class streams its bytes at another share than it computes, by device_type: the bytes'
+# side (DEFAULT_EFFICIENCY keeps the FLOPs'). A GPU's attention reads its KV cache as a stream:
+# an H200's SDPA of one query over L keys (bfloat16, 8 heads of 64, a 128 MiB working set) ran
+# 3,519 GB/s warm and 3,531 cold of its datasheet 4,800: 0.73 (`perfcounter calibrate` in
+# benchmarks/gpu_check.py at aaf2a2b, docs/measured.md#on-a-gpu), where its GEMV ran 0.81 and its
+# add 0.83, the GEMV and elementwise defaults' 0.8. An H200 measurement applied to every GPU, as
+# the GEMV figures are an H100's; attention's FLOPs keep the 0.5 assumed of a fused kernel.
+DEFAULT_STREAM_EFFICIENCY = {"cuda": {"attention": 0.73}}
 WEIGHT_CLASSES = ("gemv_int8", "gemv_int4", "gemv_fp8")  # a GEMV priced by its weight's dtype
 # Stated default fixed costs, seconds, by device_type and execution. Source: assumption of
 # this project; CPU eager: 1.8-2.6 us of dispatch per tiny aten op measured on a 2-core Xeon
@@ -105,7 +113,9 @@ def rate(spec, cls: str, dtype: str, working_set: float) -> Rate:
     "gemv_int4", "gemv_fp8") in `dtype` at `working_set` bytes on `spec`. A quantized GEMV: the spec's
     own efficiency for it, else the float GEMV's measured curve (a calibration times float
     kernels only), else its stated default. Elementwise on strided views ("strided") without
-    its own curve or efficiency: the contiguous elementwise rate x STRIDED_SHARE."""
+    its own curve or efficiency: the contiguous elementwise rate x STRIDED_SHARE. At a stated
+    default, a class's bytes stream at DEFAULT_STREAM_EFFICIENCY's share where it names the
+    class for the device's type (a GPU's attention)."""
     if cls == "strided" and "strided" not in spec.op_curves \
             and "strided" not in spec.op_efficiency \
             and ("elementwise" in spec.op_curves or "elementwise" in spec.op_efficiency):
@@ -140,7 +150,9 @@ def rate(spec, cls: str, dtype: str, working_set: float) -> Rate:
         e, basis = 1.0, "peak"
     else:
         e, basis = DEFAULT_EFFICIENCY[cls], "default"
-    return Rate(peak * e, spec.bandwidth * e, spec.bandwidth * e, basis)
+    stream = DEFAULT_STREAM_EFFICIENCY.get(spec.device_type, {}).get(cls, e) \
+        if basis == "default" else e
+    return Rate(peak * e, spec.bandwidth * stream, spec.bandwidth * stream, basis)
 
 
 def overhead(spec, execution: str, cold: bool = False) -> float:

@@ -84,8 +84,8 @@ from perfcounter.costs import compiled_launches, op_info_by_name  # noqa: F401 (
 from perfcounter.devices.dtypes import as_dtype, dtype_name
 from perfcounter.format import si
 from perfcounter.pricing.achievable import (  # noqa: F401 (re-exported: predict's names)
-    ASYNCHRONOUS, CALIBRATED, DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S, STRIDED_SHARE, WEIGHT_CLASSES, Rate,
-    check_execution,
+    ASYNCHRONOUS, CALIBRATED, DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S, DEFAULT_STREAM_EFFICIENCY,
+    STRIDED_SHARE, WEIGHT_CLASSES, Rate, check_execution,
     gemv_row_s, is_calibrated, measured_dtype, overhead, rate, rows_flops)
 from perfcounter.pricing.roofline import is_integer_dtype, roofline
 from perfcounter.trace import ROLES, OpRecord, Trace
