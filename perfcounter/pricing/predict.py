@@ -49,7 +49,13 @@ bytes_cold below says), and cost one compiled overhead per fused kernel, one bet
 pair of extern calls. A trace without fused IO (all zero: a file written before it was
 counted) is priced as before it was: the compulsory bytes (each storage once per phase)
 that the extern kernels do not already stream (their weight and KV reads), which charges
-every intermediate of a fused chain.
+every intermediate of a fused chain. Each step also pays the compiled program's entry (the
+spec's `compiled_step`: guards and the wrapper's Python, measured on a GPU; none elsewhere).
+On an asynchronous device the host launches the compiled kernels while the device runs the
+ones queued before, as in eager: the launches and entries show only where they exceed the
+kernels' work (an H200's 1B compiled decode step was host-bound: ~195 launches, 3.4-3.6 ms,
+against 1.1 ms for the same kernels as one CUDA graph). The fused arithmetic runs at
+`vector_flops`: on a GPU its float32 peak.
 
 Eager on an asynchronous device (ASYNCHRONOUS: a GPU): the host dispatches op after op
 while the device runs the kernels queued before, so the dispatch shows only where it exceeds
