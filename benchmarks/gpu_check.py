@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import generate  # noqa: E402
 from bench_predict import LLAMA_1B  # noqa: E402
 from perfcounter import TransformerPerformanceCounter  # noqa: E402
+from perfcounter.costs import compiled_launches  # noqa: E402
 from perfcounter.console import quiet_third_party  # noqa: E402
 from perfcounter.devices import get_device_spec, load_device_specs  # noqa: E402
 from perfcounter.devices.calibrate import calibrate, describe, save_calibrated  # noqa: E402
@@ -83,6 +84,21 @@ def timed(fn, device: str, repeats: int) -> float:
 MODELS = ("default", "1b", "7b")
 
 
+def host_calls(trace, execution: str, seconds: float) -> list[str]:
+    """[calls a step, measured us per call]: what the host pays a call where it binds. Eager:
+    the op calls the counter records (views included; the calibrated `eager` figure is per such
+    call); compiled: the kernel launches the compiled regime charges (costs.compiled_launches;
+    `compiled` is per launch); CUDA graphs: one replay a step."""
+    steps = max(trace.steps, 1)
+    if execution == "eager":
+        calls = sum(r.calls for r in trace.records if not r.op.startswith("prim."))
+    elif execution == "compiled":
+        calls = compiled_launches(trace)
+    else:
+        calls = steps
+    return [f"{calls / steps:,.0f}", f"{seconds / max(calls, 1) * 1e6:,.2f} us"]
+
+
 def row_done(row: list[str]) -> list[str]:
     """`row`, printed as it is measured: a run cut short still shows what it had."""
     print("  " + " | ".join(row), flush=True)
@@ -112,7 +128,8 @@ def default_model(spec_path: str, device: str, new_tokens: int,
             p = s.prediction().latency_s
             rows.append(row_done(["SmolLM2-135M (GGUF, float weights)", execution, label,
                                   f"{s.latency * 1e3:,.2f} ms", f"{p * 1e3:,.2f} ms",
-                                  f"{s.latency / p:.2f}", "-"]))
+                                  f"{s.latency / p:.2f}", "-",
+                                  *host_calls(s.trace, execution, s.latency)]))
     return rows
 
 
@@ -162,7 +179,8 @@ def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
                     f"{s.latency / per * 1e3:,.2f} ms"
                 rows.append(row_done([name, execution, label, f"{measured[label] * 1e3:,.2f} ms",
                                       f"{p * 1e3:,.2f} ms", f"{measured[label] / p:.2f}",
-                                      counted]))
+                                      counted, *host_calls(s.trace, execution,
+                                                           measured[label] * per)]))
     print(f"  ({name}: {time.perf_counter() - t0:.0f} s)", flush=True)
     return rows  # the model freed on return: the allocator reuses its memory
 
@@ -201,7 +219,8 @@ def main(*, device: str = "cuda", repeats: int = 3, spec_path: str | None = None
                       ModelArgs.from_name("llama-2-7b"), prompt=32 if cpu else 2048,
                       steps=2 if cpu else 8, repeats=repeats)
     head = ["model", "regime", "phase", "measured", "predicted", "meas/pred",
-            "counted (CUDA timer)" if not cpu else "counted"]
+            "counted (CUDA timer)" if not cpu else "counted", "calls a step",
+            "measured per call"]
     print(format_table(rows, head, markdown=True))
     print(f"\n{name}; {time.perf_counter() - t0:.0f} s in all")
     return rows
