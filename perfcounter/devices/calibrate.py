@@ -323,7 +323,9 @@ def describe(cal: Calibration) -> list[str]:
         if execution.startswith("gemv_row"):
             lines.append(f"GEMV, per weight row, {execution}: {seconds * 1e9:.0f} ns")
         else:
-            lines.append(f"overhead per op call, {execution}: {seconds * 1e6:.2f} us")
+            unit = {"compiled": "per kernel launch", "compiled_step": "per compiled step",
+                    "cudagraphs": "per CUDA graph launch"}.get(execution, "per op call")
+            lines.append(f"overhead {unit}, {execution}: {seconds * 1e6:.2f} us")
     for cls, by_dtype in cal.curves.items():
         for dt, points in by_dtype.items():
             cells = ", ".join(f"{w / MiB:g} MiB {a / 1e9:.1f}/{b / 1e9:.1f} GB/s "
