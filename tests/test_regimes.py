@@ -6,7 +6,7 @@ import torch
 from perfcounter.devices import DeviceSpec, DeviceSpecError
 from perfcounter.pricing import predict as P
 from perfcounter.pricing.achievable import DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S
-from perfcounter.pricing.per_record import record_predictions
+from perfcounter.pricing.per_record import per_step_overhead_s, record_predictions
 from perfcounter.trace import OpRecord, Trace, args_from_text
 
 ROLES = ("weight", "kv_cache", "activation", "input", "buffer")
@@ -111,6 +111,27 @@ def test_compiled_on_a_gpu_overlaps_the_launches_with_the_kernels():
     cpu = spec(op_overhead_s={"compiled": 100e-6, "compiled_step": 50e-6})
     assert P.predict(toy(), cpu, "compiled").latency_s * 1e6 == pytest.approx(
         1100 + GEMV_WORK + ATTN_WORK + FUSED_WORK)
+
+
+def test_each_record_shares_a_gpus_overlapped_compiled_launches():
+    # as test_compiled_on_a_gpu_overlaps...: 1,100 us of host time, 738.384 us of it showing:
+    # every launch shows at 738.384 / 1,100 = 0.67126. The GEMV's 2 launches x 100 us: 134.25
+    # us, the attention's the same; the adds take the fused kernels' 6 launches and the 2
+    # entries: (600 + 100) x 0.67126 = 469.88 us
+    gpu = spec(device_type="cuda", op_overhead_s={"compiled": 100e-6, "compiled_step": 50e-6})
+    gemv, adds, attn = record_predictions(toy(), gpu, "compiled")
+    shown = (1100 - (GEMV_WORK + ATTN_WORK + GPU_FUSED_WORK)) / 1100
+    assert gemv.overhead_s * 1e6 == pytest.approx(200 * shown)
+    assert attn.overhead_s * 1e6 == pytest.approx(200 * shown)
+    assert adds.overhead_s * 1e6 == pytest.approx(700 * shown)
+    assert sum(t.latency_s for t in (gemv, adds, attn)) * 1e6 == pytest.approx(1100)
+    # a placement charges the per-step part itself (the 2 fused kernels and 2 entries a step
+    # pays once: 2 x (100 + 50) = 300 us, 300 x 0.67126 showing): the records keep the rest,
+    # 400 x 0.67126 for adds
+    assert P.predict(toy(), gpu, "compiled").host_shown == pytest.approx(shown)
+    assert per_step_overhead_s(toy(), gpu, "compiled") * 1e6 == pytest.approx(300 * shown)
+    _, adds, _ = record_predictions(toy(), gpu, "compiled", per_step=False)
+    assert adds.overhead_s * 1e6 == pytest.approx(400 * shown)
 
 
 def test_a_gpus_dispatch_pays_its_warm_figure_when_the_weights_stream():

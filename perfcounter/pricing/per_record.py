@@ -31,15 +31,20 @@ class RecordTime(NamedTuple):
 
 def per_step_overhead_s(trace, spec, execution: str) -> float:
     """The launches a phase pays once per step, not per kernel: CUDA graphs' graph launch;
-    compiled, the fused kernel each step starts with (when anything is fused); eager none.
-    A placement pays them on every device it uses (each device launches its own)."""
+    compiled, the program's entry (the spec's compiled_step) and the fused kernel each step
+    starts with (when anything is fused), at the share of the host's launches the phase shows
+    (Prediction.host_shown: below 1 where a GPU's kernels hide them); eager none. A placement
+    pays them on every device it uses (each device launches its own)."""
     steps = max(trace.steps, 1)
     if execution == "cudagraphs":
         return steps * overhead(spec, "cudagraphs")
-    if execution == "compiled" and any(r.bytes and op_class(r.op, r.args) not in EXTERN
-                                       and not r.op.startswith("prim.") for r in trace.records):
-        return steps * overhead(spec, "compiled")
-    return 0.0
+    if execution != "compiled":
+        return 0.0
+    fused = any(r.bytes and op_class(r.op, r.args) not in EXTERN
+                and not r.op.startswith("prim.") for r in trace.records)
+    once = (overhead(spec, "compiled") if fused else 0.0) \
+        + spec.op_overhead_s.get("compiled_step", 0.0)
+    return steps * once * (predict(trace, spec, execution).host_shown if once else 1.0)
 
 
 def record_predictions(trace, spec, execution: str = "eager", *,
@@ -55,8 +60,10 @@ def record_predictions(trace, spec, execution: str = "eager", *,
     whole = predict(trace, spec, execution)
     extern = {k: p for k, p in ops.items() if p.op_class in EXTERN}
     fused = {k: p for k, p in ops.items() if p.op_class not in EXTERN and p.record.bytes}
-    # what the fused group costs: the phase's figures less the extern kernels'
-    fused_overhead = whole.overhead_s - sum(p.overhead_s for p in extern.values())  # launches
+    # what the fused group costs: the phase's figures less the extern kernels' (their launches
+    # at the share of the host's time the phase shows: compiled on a GPU, module doc of predict)
+    shown = whole.host_shown
+    fused_overhead = whole.overhead_s - sum(p.overhead_s * shown for p in extern.values())
     fused_work = whole.work_s - sum(p.work_s for p in extern.values())
     launch = whole.by_class.get("graph launch", 0.0)  # cudagraphs: in fused_overhead
     if not per_step:  # the launches a step pays once, charged by the caller
@@ -70,7 +77,7 @@ def record_predictions(trace, spec, execution: str = "eager", *,
     for r in trace.records:
         k = id(r)
         if k in extern:
-            out.append(RecordTime(extern[k].overhead_s, extern[k].work_s))
+            out.append(RecordTime(extern[k].overhead_s * shown, extern[k].work_s))
         elif k in fused:
             share = weight[k] / total
             out.append(RecordTime((fused_overhead - launch) * share, fused_work * share))

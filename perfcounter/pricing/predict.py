@@ -270,6 +270,8 @@ class Prediction:
     basis: str  # where the rates came from: "curve", "efficiency", "default", "peak" (joined)
     op_calls: int  # op calls priced (compiled: kernels)
     strided_s: float = 0.0  # eager: work on strided views at the stated share (module doc)
+    host_shown: float = 1.0  # compiled: the share of the host's launches the phase shows
+    # (below 1 where an asynchronous device's kernels hide them, module doc)
 
     @property
     def latency_s(self) -> float:
@@ -335,7 +337,7 @@ def predict(trace: Trace, spec, execution: str = "eager") -> Prediction:
     by_class["fused"] = by_class.get("fused", 0.0) + fused_s
     bases.add(rt.basis)
     return Prediction(execution, sum(host.values()) * shown, work, host_link, by_class,
-                      "+".join(sorted(bases)), kernels)
+                      "+".join(sorted(bases)), kernels, host_shown=shown)
 
 
 def vector_flops(spec, elementwise: Rate) -> float:
