@@ -44,6 +44,14 @@ def test_a_compiled_launch_is_the_extra_time_of_a_deeper_step(monkeypatch):
     assert got["compiled"] == pytest.approx(0.54e-3 / 27) and got["compiled_step"] == 0.0
 
 
+def test_a_gpu_times_attention_and_matmul_rows_at_a_long_prompts_size():
+    # attention FLOP/s up to 2,048 tokens on a GPU (512 on a CPU: 4 x 32 x 512^2 x 64 = 2.1
+    # GFLOPs a call); matmul rows to 4,096 on a GPU, past the CPU's 1,024
+    assert op_rates.attention_length("cpu") == 512
+    assert op_rates.attention_length("cuda") == 2048
+    assert op_rates.ROWS[-1] == 1024 and op_rates.GPU_ROWS == (2048, 4096)
+
+
 def test_a_gpus_triad_and_curves_reach_past_its_l2(monkeypatch):
     # an H200's L2 (60 MiB): 6 x 60 = 360 MiB per triad array; the pool of three is 1,080 MiB,
     # a quarter of it 270 MiB, so the curves' 128 MiB working set (2x L2) is measured
