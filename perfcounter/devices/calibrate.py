@@ -154,9 +154,10 @@ class Calibration:
                                    "see perfcounter/devices/op_rates.py")
         if self.rows:
             gpu = self.device.startswith("cuda")
+            rows = ", ".join(map(str, sorted(next(iter(self.rows.values())))))
             source["matmul_rows"] = (f"{how}: x[M,K] @ W^T, W cold ({64 if gpu else 16} MiB), "
-                                     f"K = {' and '.join(map(str, ROW_KS))} (times summed), M = "
-                                     f"{', '.join(map(str, sorted(self.rows[next(iter(self.rows))])))}; "
+                                     f"K = {' and '.join(map(str, ROW_KS))} (times summed), "
+                                     f"M = {rows}; "
                                      + ("each kernel timed on the device (CUDA events)" if gpu
                                         else f"{self.clock} clock"))
         dtype = torch.bfloat16 if torch.bfloat16 in self.flops else next(iter(self.flops))

@@ -345,9 +345,10 @@ def vector_flops(spec, elementwise: Rate) -> float:
     units' float32 peak (a fused kernel computes in float32 on CUDA cores, tens of TFLOP/s):
     its fused kernels are bound by their bytes, and the elementwise curve's FLOP/s is an add's,
     bound by its bytes and by a kernel's fixed device time, which the bytes' side already pays
-    (an H200's add of 64 KiB ran 2 GFLOP/s, its float32 peak is 51 TFLOP/s). Elsewhere the elementwise rate: a CPU
-    runs generated elementwise code (exponentials, divisions, horizontal sums) far below its
-    FMA peak, about as fast per FLOP as the add. The larger of the two."""
+    (an H200's add of 64 KiB ran 2 GFLOP/s, its float32 peak is 51 TFLOP/s). Elsewhere the
+    elementwise rate: a CPU runs generated elementwise code (exponentials, divisions,
+    horizontal sums) far below its FMA peak, about as fast per FLOP as the add. The larger of
+    the two."""
     if spec.device_type not in ASYNCHRONOUS:
         return elementwise.flops_per_s
     try:
