@@ -17,6 +17,8 @@ Steps:
    --gguf names none (a GPU machine the package cannot reach), step 2 times its shape this
    way (the smollm2-135m preset, random bfloat16 weights). `--models 7b` adds Llama-2-7B's shape (random bf16
    weights, ~13.5 GB) at a 2,048-token prompt: the prefill where compiled fusion matters most.
+   `--models widths`: the host's cost per eager op call and per compiled launch on 2-layer
+   models of widths 64 to 4,096 (host_by_width), beside the calibrated figures.
 Every prediction prices the regime that was timed (predict.py: eager / compiled /
 cudagraphs). Prints one table and the device's name; nothing is fitted to what it measures.
 """
@@ -81,7 +83,8 @@ def timed(fn, device: str, repeats: int) -> float:
     return best
 
 
-MODELS = ("default", "1b", "7b")
+MODELS = ("default", "1b", "7b", "widths")
+WIDTHS = (64, 576, 2048, 4096)  # the `widths` model's dims: calibrate's tiny model's to a 7B's
 
 
 def host_calls(trace, execution: str, seconds: float) -> list[str]:
@@ -185,6 +188,44 @@ def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
     return rows  # the model freed on return: the allocator reuses its memory
 
 
+def host_by_width(spec, device: str, dtype, repeats: int) -> list[list[str]]:
+    """The host's cost per eager op call and per compiled launch, measured on 2-layer
+    Llama-shaped models of each width in WIDTHS (CPU: 64 and 128), random weights: a decode
+    step of 2 layers is host-bound on a GPU at every width, so measured / calls is the host's
+    figure there, beside the calibrated one (measured on calibrate's tiny model, width 64).
+    Answers whether a wider model's op calls cost the host more."""
+    rows = []
+    for dim in (64, 128) if device == "cpu" else WIDTHS:
+        torch.manual_seed(0)
+        args = ModelArgs(block_size=64, vocab_size=256, n_layer=2, n_head=max(1, dim // 64),
+                         n_local_heads=max(1, dim // 256), dim=dim,
+                         intermediate_size=dim * 8 // 3 // 64 * 64 or 64)
+        with torch.device(device):
+            model = Transformer(args).to(dtype=dtype).eval()
+        model.setup_caches(1, 64)
+        tok, pos = torch.zeros(1, 1, dtype=torch.long, device=device), torch.tensor([8],
+                                                                                    device=device)
+        with torch.no_grad():
+            counter = TransformerPerformanceCounter(device_spec=spec)
+            with counter.count("decode", num_tokens=1):
+                generate.decode_one_token(model, tok, pos, temperature=0.0)
+            trace = counter.counts["decode"].trace
+            for execution in ("eager", "compiled"):
+                step = generate.decode_one_token if execution == "eager" else \
+                    torch.compile(generate.decode_one_token)
+
+                def run(step=step):
+                    for _ in range(8):
+                        step(model, tok, pos, temperature=0.0)
+                run()
+                seconds = timed(run, device, repeats) / 8
+                calls, per_call = host_calls(trace, execution, seconds)
+                figure = spec.op_overhead_s.get(execution)
+                rows.append(row_done([f"width {dim}", execution, calls, per_call,
+                                      "-" if figure is None else f"{figure * 1e6:,.2f} us"]))
+    return rows
+
+
 def main(*, device: str = "cuda", repeats: int = 3, spec_path: str | None = None,
          models: tuple[str, ...] = ("default", "1b"), gguf: Path | None = None,
          save_spec: Path | None = None) -> list:
@@ -221,7 +262,12 @@ def main(*, device: str = "cuda", repeats: int = 3, spec_path: str | None = None
     head = ["model", "regime", "phase", "measured", "predicted", "meas/pred",
             "counted (CUDA timer)" if not cpu else "counted", "calls a step",
             "measured per call"]
-    print(format_table(rows, head, markdown=True))
+    if rows:
+        print(format_table(rows, head, markdown=True))
+    if "widths" in models:
+        widths = host_by_width(spec, device, dtype, repeats)
+        print(format_table(widths, ["2-layer model", "regime", "calls a step",
+                                    "measured per call", "calibrated per call"], markdown=True))
     print(f"\n{name}; {time.perf_counter() - t0:.0f} s in all")
     return rows
 
