@@ -139,6 +139,8 @@ def default_model(spec_path: str, device: str, new_tokens: int,
 def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
           repeats: int, name: str | None = None) -> list[list[str]]:
     torch.manual_seed(0)
+    torch._dynamo.reset()  # each model compiles afresh: decode_one_token's compiled entries of
+    # earlier models would count toward Dynamo's recompile limit (8), past which it runs eager
     t0 = time.perf_counter()
     with torch.device(device):  # initialized where it runs: a 7B model's 6.7B weights in seconds
         model = Transformer(args).to(dtype=dtype).eval()
@@ -197,6 +199,7 @@ def host_by_width(spec, device: str, dtype, repeats: int) -> list[list[str]]:
     rows = []
     for dim in (64, 128) if device == "cpu" else WIDTHS:
         torch.manual_seed(0)
+        torch._dynamo.reset()  # a fresh compile per width (see llama)
         args = ModelArgs(block_size=64, vocab_size=256, n_layer=2, n_head=max(1, dim // 64),
                          n_local_heads=max(1, dim // 256), dim=dim,
                          intermediate_size=dim * 8 // 3 // 64 * 64 or 64)
