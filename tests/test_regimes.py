@@ -57,6 +57,9 @@ ADDS_WORK = 24_000 / 0.5e9 * 1e6  # max(2,000 / 0.5e9 = 4, 24,000 / 0.5e9 = 48)
 # bytes) = 2 us
 FUSED_WORK = 2_000 / 0.5e9 * 1e6
 GPU_FUSED_WORK = 2_000 / 1e9 * 1e6
+# a GPU spec's kernels without their fixed device time (achievable.kernel_s), where a test
+# prices the host's launches alone
+NO_KERNEL = {"kernel": 0.0}
 
 
 def test_eager_pays_every_op_call():
@@ -98,13 +101,14 @@ def test_compiled_on_a_gpu_overlaps_the_launches_with_the_kernels():
     work = GEMV_WORK + ATTN_WORK + GPU_FUSED_WORK  # 324.8 + 34.816 + 2 = 361.616 us
     # 10 launches x 100 us + 2 steps x 50 us = 1,100 us of host time; the kernels run
     # meanwhile: the step takes the host's 1,100 us, 738.384 of them showing beside the work
-    gpu = spec(device_type="cuda", op_overhead_s={"compiled": 100e-6, "compiled_step": 50e-6})
+    gpu = spec(device_type="cuda", op_overhead_s={"compiled": 100e-6, "compiled_step": 50e-6,
+                                             **NO_KERNEL})
     p = P.predict(toy(), gpu, "compiled")
     assert p.latency_s * 1e6 == pytest.approx(1100)
     assert p.overhead_s * 1e6 == pytest.approx(1100 - work)
     assert sum(p.by_class.values()) == pytest.approx(p.latency_s)
     # 10 x 1 us of launches hide behind 361.616 us of kernels
-    fast = spec(device_type="cuda", op_overhead_s={"compiled": 1e-6})
+    fast = spec(device_type="cuda", op_overhead_s={"compiled": 1e-6, **NO_KERNEL})
     assert P.predict(toy(), fast, "compiled").latency_s * 1e6 == pytest.approx(work)
     # a CPU runs its compiled kernels on the launching thread: 1,100 + 363.616 us (its fused
     # arithmetic at the elementwise rate: 4 us)
@@ -118,7 +122,8 @@ def test_each_record_shares_a_gpus_overlapped_compiled_launches():
     # every launch shows at 738.384 / 1,100 = 0.67126. The GEMV's 2 launches x 100 us: 134.25
     # us, the attention's the same; the adds take the fused kernels' 6 launches and the 2
     # entries: (600 + 100) x 0.67126 = 469.88 us
-    gpu = spec(device_type="cuda", op_overhead_s={"compiled": 100e-6, "compiled_step": 50e-6})
+    gpu = spec(device_type="cuda", op_overhead_s={"compiled": 100e-6, "compiled_step": 50e-6,
+                                             **NO_KERNEL})
     gemv, adds, attn = record_predictions(toy(), gpu, "compiled")
     shown = (1100 - (GEMV_WORK + ATTN_WORK + GPU_FUSED_WORK)) / 1100
     assert gemv.overhead_s * 1e6 == pytest.approx(200 * shown)
@@ -231,12 +236,13 @@ def test_a_float_gemv_pays_its_weight_rows():
 def test_eager_on_a_gpu_overlaps_the_hosts_dispatch_with_the_kernels():
     work = GEMV_WORK + ADDS_WORK + ATTN_WORK  # 324.8 + 48 + 34.816 = 407.616 us
     # 14 op calls x 100 us = 1,400 us of dispatch: the kernels run meanwhile, 992.384 us show
-    gpu = spec(device_type="cuda", op_overhead_s={"eager": 100e-6})
+    gpu = spec(device_type="cuda", op_overhead_s={"eager": 100e-6, **NO_KERNEL})
     p = P.predict(toy(), gpu, "eager")
     assert p.overhead_s * 1e6 == pytest.approx(1400 - work)
     assert p.latency_s * 1e6 == pytest.approx(1400)
     # 1 us a call: 14 us of dispatch hide behind 407.616 us of kernels
-    assert P.predict(toy(), spec(device_type="cuda"), "eager").overhead_s == 0.0
+    assert P.predict(toy(), spec(device_type="cuda", op_overhead_s={"eager": 1e-6, **NO_KERNEL}),
+                     "eager").overhead_s == 0.0
     # a CPU runs the ops on the dispatching thread: every microsecond shows
     assert P.predict(toy(), spec(op_overhead_s={"eager": 100e-6}), "eager").latency_s * 1e6 \
         == pytest.approx(1400 + work)
@@ -279,3 +285,40 @@ def test_each_record_shares_the_prediction_in_every_regime():
         whole = P.predict(trace, s, execution)
         assert sum(t.latency_s for t in record_predictions(trace, s, execution)) \
             == pytest.approx(whole.latency_s - whole.host_link_s)
+
+
+def test_a_gpus_kernels_pay_a_fixed_device_time_beside_their_bytes():
+    # each kernel of a GPU occupies it 2 us beside its bytes ("kernel": 2e-6), where its
+    # rates are efficiencies (the toy's), not a measured curve. CUDA graphs: the 2 GEMV, 2
+    # attention and 2 + 4 = 6 fused kernels (one per step and after each extern call, as
+    # compiled launches them) = 10 kernels x 2 us = 20 us more work than without
+    fixed = {"eager": 1e-6, "compiled": 0.5e-6, "cudagraphs": 10e-6}
+    gpu = spec(device_type="cuda", op_overhead_s={**fixed, "kernel": 2e-6})
+    bare = spec(device_type="cuda", op_overhead_s={**fixed, **NO_KERNEL})
+    graphs = P.predict(toy(), gpu, "cudagraphs")
+    assert graphs.work_s * 1e6 == pytest.approx(GEMV_WORK + ATTN_WORK + GPU_FUSED_WORK + 20)
+    assert (graphs.latency_s - P.predict(toy(), bare, "cudagraphs").latency_s) * 1e6 \
+        == pytest.approx(20)
+    # eager: every op call that moves bytes is a kernel: 2 + 10 + 2 = 14 x 2 us = 28 us; the
+    # 14 us of dispatch hide behind the 407.616 + 28 us of kernels
+    eager = P.predict(toy(), gpu, "eager")
+    assert eager.work_s * 1e6 == pytest.approx(GEMV_WORK + ADDS_WORK + ATTN_WORK + 28)
+    assert eager.overhead_s == 0.0
+    (gemv, adds, attn) = P.op_predictions(toy(), gpu, "eager")
+    assert (gemv.fixed_s, adds.fixed_s, attn.fixed_s) == pytest.approx((4e-6, 20e-6, 4e-6))
+    # a GPU without its own figure pays the stated default; a CPU's op runs on the thread
+    # that calls it: no kernel time beside its call overhead
+    assert P.op_predictions(toy(), spec(device_type="cuda"), "eager")[0].fixed_s \
+        == pytest.approx(2 * P.DEFAULT_KERNEL_S["cuda"])
+    assert all(p.fixed_s == 0.0 for p in P.op_predictions(toy(), spec(), "eager"))
+
+
+def test_a_measured_curve_holds_its_kernels_fixed_time():
+    # a calibrated GPU's curves were timed kernel by kernel: a small working set's rate
+    # already holds the fixed time (an H200's add of 64 KiB: 3.3 us), so none is added
+    curve = {"float32": [[1e3, 1e9, 1e9, 1e9], [1e9, 1e9, 1e9, 1e9]]}
+    curves = {c: curve for c in ("gemv", "gemm", "attention", "elementwise", "reduction",
+                                 "indexing")}
+    gpu = spec(device_type="cuda", op_curves=curves, op_efficiency={},
+               op_overhead_s={"eager": 1e-6, "kernel": 2e-6})
+    assert all(p.fixed_s == 0.0 for p in P.op_predictions(toy(), gpu, "eager"))

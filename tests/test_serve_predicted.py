@@ -102,7 +102,9 @@ def test_compiled_fused_group_and_kernel_launches():
     # extern kernels of a decode step: 2 layers x (wqkv, wo, w1, w2, w3, attention) + the
     # output = 13; compiled: each pays a launch (13), and the fused kernels between them one
     # each, 13 + 1 = 14: 27 launches. A second decode adds an attention per layer: 15 + 16 = 31
-    slow, free = toy("h100-sxm", compiled=1.0), toy("h100-sxm", compiled=0.0)
+    # (without the GPU's fixed time a kernel and the compiled step's entry: launches alone)
+    alone = {"kernel": 0.0, "compiled_step": 0.0}
+    slow, free = toy("h100-sxm", compiled=1.0, **alone), toy("h100-sxm", compiled=0.0, **alone)
     launches = [step_table(TINY, torch.bfloat16, PredictionPricer(slow, "compiled")).price(s)
                 - step_table(TINY, torch.bfloat16, PredictionPricer(free, "compiled")).price(s)
                 for s in ([(1, 5)], [(1, 5), (1, 9)])]

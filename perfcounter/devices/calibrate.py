@@ -28,7 +28,7 @@ from perfcounter.devices.calibration_check import (all_flags, best_of, check_rec
 from perfcounter.devices.dtypes import as_dtype, dtype_name
 from perfcounter.devices.op_rates import (CLOCKS, ROW_KS, MiB, call_overhead, check_clock,
                                           compiled_costs, eager_overheads, fill_operands,
-                                          gemv_row_seconds, graph_launch_s,
+                                          gemv_row_seconds, graph_launch_s, kernel_time_s,
                                           last_level_cache_bytes, matmul_rows, op_curves, sync,
                                           time_calls)
 from perfcounter.devices.registry import calibrated_spec_path
@@ -138,7 +138,8 @@ class Calibration:
                         "extra time over the extra kernel launches the compiled regime "
                         "charges (costs.compiled_launches), compiled_step = the rest of the "
                         "shallow step; cudagraphs = "
-                        "one CUDA graph's replay and sync" if self.device.startswith("cuda")
+                        "one CUDA graph's replay and sync; kernel = a CUDA graph of 64 tiny "
+                        "kernels replayed, device time / 64" if self.device.startswith("cuda")
                         else "one direct op call")
             source["op_overhead_s"] = (f"{how}: eager = a tiny transformer's decode step / "
                                        f"the op calls counted in it (eager_cold: with a "
@@ -255,7 +256,8 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
             return {**eager_overheads(device, clock=clock),
                     **(compiled_costs(device) if gpu
                        else {"compiled": call_overhead(device, clock=clock)}),
-                    **({"cudagraphs": graph_launch_s(device)} if gpu else {}),
+                    **({"cudagraphs": graph_launch_s(device),
+                        "kernel": kernel_time_s(device)} if gpu else {}),
                     **{row_key(d, m): s for d, by_m in rows.items() for m, s in by_m.items()}}
         row_s = row_table(got.get("overheads", {}))
         if part == "curves":
@@ -325,7 +327,8 @@ def describe(cal: Calibration) -> list[str]:
             lines.append(f"GEMV, per weight row, {execution}: {seconds * 1e9:.0f} ns")
         else:
             unit = {"compiled": "per kernel launch", "compiled_step": "per compiled step",
-                    "cudagraphs": "per CUDA graph launch"}.get(execution, "per op call")
+                    "cudagraphs": "per CUDA graph launch",
+                    "kernel": "per kernel, device time"}.get(execution, "per op call")
             lines.append(f"overhead {unit}, {execution}: {seconds * 1e6:.2f} us")
     for cls, by_dtype in cal.curves.items():
         for dt, points in by_dtype.items():

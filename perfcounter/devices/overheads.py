@@ -1,7 +1,7 @@
 """The fixed costs of running ops, measured for `perfcounter calibrate` (op_rates.py's module
 doc says what each is): one direct op call, a tiny transformer's eager decode step per op
 call (warm, and with the caches streamed), per launch of its compiled step and per compiled
-step (two depths compared), one CUDA graph's launch per step."""
+step (two depths compared), one CUDA graph's launch per step, a tiny kernel's device time."""
 from __future__ import annotations
 
 import torch
@@ -39,6 +39,31 @@ def graph_launch_s(device, min_time: float = 0.05) -> float | None:
         with torch.cuda.graph(graph):
             a.add_(1.0)
     return time_calls(lambda: graph.replay, device, min_time)
+
+GRAPH_KERNELS = 64  # tiny kernels in the graph kernel_time_s replays
+
+
+def kernel_time_s(device) -> float | None:
+    """Seconds of device time one tiny kernel occupies a CUDA device (the `kernel` overhead:
+    a CUDA graph of GRAPH_KERNELS adds of one element replayed, timed on the device, / the
+    kernels: no host launch between them, each kernel's launch on the device, scheduling and
+    tail); None off CUDA."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    a = torch.ones(1, device=device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.device(device):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            a.add_(1.0)  # warm-up off the default stream, as capture asks
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph):
+            for _ in range(GRAPH_KERNELS):
+                a.add_(1.0)
+    return time_calls(lambda: graph.replay, device, 0.05, kernel=True) / GRAPH_KERNELS
+
 
 def call_overhead(device, min_time: float = 0.05, clock: str = "wall") -> float:
     """Seconds of one direct op call on tiny tensors (torch.add of 1-element tensors)."""

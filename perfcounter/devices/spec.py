@@ -67,11 +67,13 @@ EFFICIENCY_CLASSES = (*OP_CLASSES, "gemv_int8", "gemv_int4", "gemv_fp8")
 # dispatcher state the next op needs (a CPU's: a GPU streams its weights through its own memory),
 # or "compiled_step": seconds a compiled step costs the host beside its kernel launches (the
 # compiled program's entry: guards, the wrapper's Python; measured on a GPU),
+# or "kernel": a GPU kernel's fixed device time beside its bytes and FLOPs (one of a CUDA
+# graph's tiny kernels; pricing/achievable.kernel_s),
 # or "gemv_row_<dtype>" / "gemv_row16_<dtype>": seconds per weight row of a matmul of 1 / 16
 # activation rows (op_rates.gemv_row_seconds)
 ROW_DTYPES = ("float32", "bfloat16", "float16")
-OVERHEADS = (*EXECUTIONS, "eager_cold", "compiled_step", *(f"gemv_row{m}_{d}" for m in ("", "16")
-                                          for d in ROW_DTYPES))
+OVERHEADS = (*EXECUTIONS, "eager_cold", "compiled_step", "kernel",
+             *(f"gemv_row{m}_{d}" for m in ("", "16") for d in ROW_DTYPES))
 
 
 def row_key(dtype: str, m: int) -> str:

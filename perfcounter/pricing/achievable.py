@@ -26,13 +26,15 @@ from perfcounter.pricing.roofline import is_integer_dtype, peak_flops
 # GEMV by weight dtype: a weight-only int8 / int4 kernel dequantizes in registers and streams
 # its weight below a bf16 GEMV's rate. Source: inclusionAI/humming pull request 2
 # (github.com/inclusionAI/humming/pull/2, H100, n = k = 8192, M = 1): torch w16a16
-# 2.30 TFLOP/s, marlin w8a16 3.46, w4a16 4.98, i.e. weight streams of 2.30, 1.73 and
-# 1.25 TB/s: int8 at 0.75 and int4 at 0.54 of the bf16 stream; x the GEMV default 0.8.
+# 2.30 TFLOP/s, marlin w8a16 3.46, w4a16 4.98, i.e. kernels of 58.4, 38.8 and 27.0 us; less
+# a kernel's fixed device time (DEFAULT_KERNEL_S, 2.8 us: these efficiencies price the
+# stream, kernel_s the rest) their 134, 67 and 34 MB weights stream at 2.42, 1.86 and
+# 1.39 TB/s: int8 at 0.77 and int4 at 0.58 of the bf16 stream; x the GEMV default 0.8.
 # An fp8 GEMV (W8A8, fp8 x fp8: nothing dequantized, both operands fed to fp8 tensor cores)
 # is not the weight-only int8 kernel: NVIDIA/cutlass issue 1139 (github.com/NVIDIA/cutlass/
 # issues/1139, H100, e4m3 x e4m3, M = 16-64, N = 14336, K = 4096): the best CUTLASS kernels
-# stream ~2.2 TB/s (~68 % of HBM bandwidth by Nsight Compute), 0.96 of the bf16 stream above
-# (2.30 TB/s); x the GEMV default 0.8 = 0.77.
+# stream ~2.2 TB/s (~68 % of HBM bandwidth by Nsight Compute): 58.7 MB of weight in 26.7 us,
+# less the fixed 2.8 us 2.46 TB/s, 1.02 of the bf16 stream above; x the GEMV default 0.8.
 # Elementwise on strided views ("strided": x[..., ::2] * cos, rotary's halves): memory moves
 # whole cache lines (64 B on a CPU, 32 B sectors on a GPU), of which a stride-2 view uses half.
 # A binary op on two such views and a dense output is counted 3 n elements (2 n read, n
@@ -41,8 +43,8 @@ from perfcounter.pricing.roofline import is_integer_dtype, peak_flops
 # 0.64; docs/predictions.md), x the elementwise default 0.8 = 0.48. A calibration measures it.
 STRIDED_SHARE = 3 / 5
 DEFAULT_EFFICIENCY = {"gemv": 0.8, "gemm": 0.7, "attention": 0.5, "elementwise": 0.8,
-                      "reduction": 0.6, "indexing": 0.3, "gemv_int8": 0.6, "gemv_int4": 0.43,
-                      "gemv_fp8": 0.77, "strided": 0.8 * STRIDED_SHARE}
+                      "reduction": 0.6, "indexing": 0.3, "gemv_int8": 0.62, "gemv_int4": 0.46,
+                      "gemv_fp8": 0.81, "strided": 0.8 * STRIDED_SHARE}
 # Where a class streams its bytes at another share than it computes, by device_type: the bytes'
 # side (DEFAULT_EFFICIENCY keeps the FLOPs'). A GPU's attention reads its KV cache as a stream:
 # an H200's SDPA of one query over L keys (bfloat16, 8 heads of 64, a 128 MiB working set) ran
@@ -52,13 +54,32 @@ DEFAULT_EFFICIENCY = {"gemv": 0.8, "gemm": 0.7, "attention": 0.5, "elementwise":
 # the GEMV figures are an H100's; attention's FLOPs keep the 0.5 assumed of a fused kernel.
 DEFAULT_STREAM_EFFICIENCY = {"cuda": {"attention": 0.73}}
 WEIGHT_CLASSES = ("gemv_int8", "gemv_int4", "gemv_fp8")  # a GEMV priced by its weight's dtype
-# Stated default fixed costs, seconds, by device_type and execution. Source: assumption of
-# this project; CPU eager: 1.8-2.6 us of dispatch per tiny aten op measured on a 2-core Xeon
-# (issue 16), plus module Python; GPU eager: a kernel launch (~5 us) plus dispatch;
-# compiled: per kernel, one generated-code call (CPU) or one launch of a generated kernel
-# (GPU); cudagraphs: per STEP, one graph launch and its host sync (no per-kernel launch).
+# Stated default fixed costs, seconds, by device_type and execution. CPU: assumption of this
+# project; eager: 1.8-2.6 us of dispatch per tiny aten op measured on a 2-core Xeon (issue 16),
+# plus module Python; compiled: per kernel, one generated-code call. GPU eager: assumption, a
+# kernel launch (~5 us) plus dispatch (an H200's calibrations measured 5.8 and 7.9 us per op
+# call of a tiny model's decode step). GPU compiled: per kernel, torch.compile's launch of one
+# generated kernel from its Python wrapper, 12.5 us, and per step its entry (guards, the
+# wrapper: DEFAULT_STEP_S) 69 us, measured on an H200 (calibrate: a tiny compiled decode step
+# at 2 and 8 layers, benchmarks/gpu_check.py at aaf2a2b, docs/measured.md#on-a-gpu); an
+# engine that launches from C++ (a TensorRT engine, llama.cpp) pays less, which its spec's
+# own figures state. cudagraphs: per STEP, one graph launch and its host sync (assumption;
+# the H200 measured 9.7 and 18.2 us), no launch per kernel.
 DEFAULT_OVERHEAD_S = {"cpu": {"eager": 3e-6, "compiled": 1e-6, "cudagraphs": 2e-5},
-                      "cuda": {"eager": 8e-6, "compiled": 2e-6, "cudagraphs": 2e-5}}
+                      "cuda": {"eager": 8e-6, "compiled": 1.25e-5, "cudagraphs": 2e-5}}
+DEFAULT_STEP_S = {"cuda": 6.9e-5}  # a compiled step's entry (compiled_step); none on a CPU
+# A GPU kernel's fixed device time, seconds: each kernel, however small, occupies the device
+# for its launch on the device, its blocks' scheduling, its first loads' latency and its tail,
+# beside its bytes and FLOPs (which the efficiencies above price as streams). Source: an
+# H200's CUDA-graph decode steps, where the host launches nothing per kernel and the weights
+# stream in a small share of the step: the SmolLM2-135M shape ran 1.06 ms a step and a 1.04B
+# Llama 1.11 ms, against 0.07 and 0.54 ms for their bytes and FLOPs at the defaults above, over
+# 363 and 195 kernels: 2.7 and 2.9 us a kernel (benchmarks/gpu_check.py at aaf2a2b,
+# docs/measured.md#on-a-gpu); that run's calibration timed a lone add of 64 KiB at 3.3 us
+# of device time. A spec's own `kernel` overhead (measured by calibrate on a GPU: a CUDA graph
+# of tiny kernels replayed) replaces it; a measured curve already holds it (its small working
+# sets take that long), so only rates from efficiencies or defaults pay it (kernel_s).
+DEFAULT_KERNEL_S = {"cuda": 2.8e-6}
 CALIBRATED = "perfcounter calibrate"  # what the source of a measured spec says
 # devices whose host queues kernels ahead of them (a GPU, an accelerator): a step's time is the
 # longer of the host's dispatch and the device's work (predict.py); elsewhere (cpu, pim, mobile)
@@ -172,6 +193,28 @@ def overhead(spec, execution: str, cold: bool = False) -> float:
         _warn_missing(spec, "op_overhead_s", f"the stated default {defaults[execution] * 1e6:g} "
                       f"us per op ({execution})")
     return defaults[execution]
+
+
+def compiled_step_s(spec) -> float:
+    """Seconds a compiled step's entry costs the host on `spec` (guards, the wrapper's Python):
+    the spec's `compiled_step`, else DEFAULT_STEP_S for its device type, else 0 (a CPU: its
+    compiled step is priced by its kernels' calls alone)."""
+    if "compiled_step" in spec.op_overhead_s:
+        return spec.op_overhead_s["compiled_step"]
+    return DEFAULT_STEP_S.get(spec.device_type, 0.0)
+
+
+def kernel_s(spec, basis: str) -> float:
+    """Seconds of device time one kernel costs on `spec` beside its bytes and FLOPs, for
+    rates of `basis` (Rate.basis): none from a measured curve (its small working sets hold
+    it) or off an asynchronous device (a CPU's op runs on the thread that calls it: its call
+    overhead is the fixed cost); else the spec's `kernel` overhead, else DEFAULT_KERNEL_S for
+    its device type (none stated for others: 0)."""
+    if basis == "curve" or spec.device_type not in ASYNCHRONOUS:
+        return 0.0
+    if "kernel" in spec.op_overhead_s:
+        return spec.op_overhead_s["kernel"]
+    return DEFAULT_KERNEL_S.get(spec.device_type, 0.0)
 
 
 def rows_flops(spec, dtype: str, rows: int) -> float | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from perfcounter.pricing.achievable import overhead
+from perfcounter.pricing.achievable import compiled_step_s, overhead
 from perfcounter.pricing.predict import EXTERN, op_class, op_predictions, predict
 
 
@@ -43,7 +43,7 @@ def per_step_overhead_s(trace, spec, execution: str) -> float:
     fused = any(r.bytes and op_class(r.op, r.args) not in EXTERN
                 and not r.op.startswith("prim.") for r in trace.records)
     once = (overhead(spec, "compiled") if fused else 0.0) \
-        + spec.op_overhead_s.get("compiled_step", 0.0)
+        + compiled_step_s(spec)
     return steps * once * (predict(trace, spec, execution).host_shown if once else 1.0)
 
 

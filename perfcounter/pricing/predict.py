@@ -5,7 +5,7 @@ The roofline (roofline.py) is a bound: every op at peak FLOP/s and peak bandwidt
 nothing else. A prediction prices each op record as
 
     calls x overhead(execution) + max(flops / F, bytes_cold / Bc + bytes_warm / Bw)
-        [+ a GEMV's weight rows x the time per row]
+        [+ a GEMV's weight rows x the time per row] [+ calls x a GPU kernel's fixed time]
 
 - overhead: the fixed cost of one op call, from the spec's `op_overhead_s` by
   execution: "eager" (Python, dispatcher, module calls: measured per recorded
@@ -29,6 +29,12 @@ nothing else. A prediction prices each op record as
   weight rows x the spec's time per row (`gemv_row_<dtype>`, measured by calibrate: each row
   starts a dot product afresh, which makes a K = 576 GEMV stream at about half the rate of a
   K = 4096 one on a CPU).
+- a GPU kernel's fixed time (achievable.kernel_s): on an asynchronous device each call of a
+  record that moves or computes anything is a kernel, which occupies the device ~3 us
+  however small (launch on the device, scheduling, first loads, tail); priced where the
+  rates come from efficiencies or defaults (a measured curve's small working sets hold it).
+  A decode step of a small model is made of it: an H200's CUDA-graph step of the
+  SmolLM2-135M shape ran 1.06 ms, its weights stream in 0.07.
 - bytes_cold: every byte when one step's distinct bytes exceed the spec's
   `cache_bytes`: weights and KV cache cannot stay cached between steps, and
   streaming them evicts the activations between one op and the next (a
@@ -50,7 +56,8 @@ pair of extern calls. A trace without fused IO (all zero: a file written before 
 counted) is priced as before it was: the compulsory bytes (each storage once per phase)
 that the extern kernels do not already stream (their weight and KV reads), which charges
 every intermediate of a fused chain. Each step also pays the compiled program's entry (the
-spec's `compiled_step`: guards and the wrapper's Python, measured on a GPU; none elsewhere).
+spec's `compiled_step`: guards and the wrapper's Python, measured on a GPU; none elsewhere), and
+each fused kernel the device's fixed time of a kernel (kernel_s), as an extern one does.
 On an asynchronous device the host launches the compiled kernels while the device runs the
 ones queued before, as in eager: the launches and entries show only where they exceed the
 kernels' work (an H200's 1B compiled decode step was host-bound: ~195 launches, 3.4-3.6 ms,
@@ -90,9 +97,10 @@ from perfcounter.costs import compiled_launches, op_info_by_name  # noqa: F401 (
 from perfcounter.devices.dtypes import as_dtype, dtype_name
 from perfcounter.format import si
 from perfcounter.pricing.achievable import (  # noqa: F401 (re-exported: predict's names)
-    ASYNCHRONOUS, CALIBRATED, DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S, DEFAULT_STREAM_EFFICIENCY,
+    ASYNCHRONOUS, CALIBRATED, DEFAULT_EFFICIENCY, DEFAULT_KERNEL_S, DEFAULT_OVERHEAD_S,
+    DEFAULT_STREAM_EFFICIENCY,
     STRIDED_SHARE, WEIGHT_CLASSES, Rate, check_execution,
-    gemv_row_s, is_calibrated, measured_dtype, overhead, rate, rows_flops)
+    compiled_step_s, gemv_row_s, is_calibrated, kernel_s, measured_dtype, overhead, rate, rows_flops)
 from perfcounter.pricing.roofline import is_integer_dtype, roofline
 from perfcounter.trace import ROLES, OpRecord, Trace
 from perfcounter.trace_args import tensor_args
@@ -195,10 +203,11 @@ class OpPrediction:
     basis: str
     rows_s: float = 0.0  # a GEMV's weight rows x the spec's time per row (gemv_row_s)
     strided: bool = False  # elementwise on a strided view at a stated share (module doc)
+    fixed_s: float = 0.0  # its kernels' fixed device time, calls x kernel_s (module doc)
 
     @property
     def work_s(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.rows_s
+        return max(self.compute_s, self.memory_s) + self.rows_s + self.fixed_s
 
     @property
     def latency_s(self) -> float:
@@ -218,7 +227,8 @@ def _memory_s(bytes_cold: float, bytes_warm: float, r: Rate) -> float:
 
 def op_predictions(trace: Trace, spec, execution: str = "eager") -> list[OpPrediction]:
     """Every record priced alone: calls x the overhead of one call `execution` (cudagraphs:
-    none, the step pays) + max(compute, memory) + a GEMV's weight rows x the time per row."""
+    none, the step pays) + max(compute, memory) + a GEMV's weight rows x the time per row
+    + on a GPU each kernel's fixed time (kernel_s)."""
     check_execution(execution)
     cold = streams_cold(trace, spec)
     per_call = 0.0 if execution == "cudagraphs" else overhead(spec, execution, cold)
@@ -248,9 +258,10 @@ def op_predictions(trace: Trace, spec, execution: str = "eager") -> list[OpPredi
             elif cls == "gemv" and rows < ROW_BLOCK:
                 flops = flops * ROW_BLOCK / rows
         compute = flops / achieved if flops else 0.0
+        fixed = r.calls * kernel_s(spec, rt.basis) if r.bytes or r.executed_flops else 0.0
         out.append(OpPrediction(r, weight_cls, r.calls * per_call,
                                 compute, _memory_s(streamed, r.bytes - streamed, rt), rt.basis,
-                                rows_s, strided and "strided" not in spec.op_curves))
+                                rows_s, strided and "strided" not in spec.op_curves, fixed))
     if execution == "eager" and spec.device_type in ASYNCHRONOUS:  # dispatch overlaps kernels:
         dispatch, work = sum(p.overhead_s for p in out), sum(p.work_s for p in out)
         shown = max(dispatch - work, 0.0) / dispatch if dispatch else 0.0  # each op its share
@@ -317,6 +328,7 @@ def predict(trace: Trace, spec, execution: str = "eager") -> Prediction:
     rt = rate(spec, "elementwise", dtype, fused_bytes / kernels)
     bandwidth = rt.cold_bytes_per_s if streams_cold(trace, spec) else rt.warm_bytes_per_s
     fused_s = max(fused_flops / vector_flops(spec, rt), fused_bytes / bandwidth)
+    fused_s += kernels * kernel_s(spec, rt.basis) if fused else 0.0  # extern calls + steps
     if execution == "cudagraphs":  # one graph launch per step, no launch per kernel
         host = {"graph launch": steps * overhead(spec, "cudagraphs")}
     else:  # a launch per kernel, and the compiled program's entry per step
@@ -325,7 +337,7 @@ def predict(trace: Trace, spec, execution: str = "eager") -> Prediction:
             host[p.op_class] = host.get(p.op_class, 0.0) + p.overhead_s
         host["fused"] = (steps + sum(p.record.calls for p in extern)) \
             * overhead(spec, "compiled") if fused else 0.0
-        host["fused"] += steps * spec.op_overhead_s.get("compiled_step", 0.0)
+        host["fused"] += steps * compiled_step_s(spec)
     work = sum(p.work_s for p in extern) + fused_s
     shown = 1.0  # the share of the host's time that the step's time shows
     if execution == "compiled" and spec.device_type in ASYNCHRONOUS and sum(host.values()):

@@ -3,7 +3,7 @@
 `PredictionPricer(spec, execution)` sits on pricing.py's seam beside the roofline bound:
 `record_costs(trace)` gives each record (fixed, compute, memory) as `op_predictions` prices
 it (fixed: its calls x the regime's overhead per call, plus a float GEMV's weight rows x the
-time per row); its energy and host link are the roofline's (the same bytes and FLOPs
+time per row, plus on a GPU its kernels' fixed device time); its energy and host link are the roofline's (the same bytes and FLOPs
 cross the same link). A step of the scheduler costs what `predict(step_trace, spec,
 execution).latency_s` says:
 
@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfcounter.pricing.achievable import (check_execution, gemv_row_s, overhead, rate,
-                                            rows_flops)
+from perfcounter.pricing.achievable import (check_execution, compiled_step_s, gemv_row_s,
+                                            kernel_s, overhead, rate, rows_flops)
 from perfcounter.pricing.predict import (ASYNCHRONOUS, EXTERN, ROW_BLOCK, SKINNY_ROWS,
                                          gemv_weight, has_explicit_mask, matmul_rows, op_class,
                                          op_predictions, predict, vector_flops)
@@ -67,7 +67,8 @@ class PredictionPricer:
         self.label = f"predicted, {execution}"
 
     def record_costs(self, trace: Trace) -> list[tuple[float, float, float]]:
-        """(overhead + a GEMV's weight rows, compute, memory) per record, as op_predictions
+        """(overhead + a GEMV's weight rows + its kernels' fixed time, compute, memory) per
+        record, as op_predictions
         prices each alone; metadata (prim.*) records cost nothing. NB: compiled and
         cudagraphs fuse the records other than matmuls and attention: those are (0, 0, 0)
         here, their fused group and launches a step's figure (step_seconds)."""
@@ -78,7 +79,7 @@ class PredictionPricer:
             if p is None or (self.execution != "eager" and p.op_class not in EXTERN):
                 out.append((0.0, 0.0, 0.0))
             else:
-                out.append((p.overhead_s + p.rows_s, p.compute_s, p.memory_s))
+                out.append((p.overhead_s + p.rows_s + p.fixed_s, p.compute_s, p.memory_s))
         return out
 
     def record_energy_j(self, trace: Trace) -> list[float] | None:
@@ -124,7 +125,8 @@ class PredictedTable:
 
     # -- rates of one group, as op_predictions takes them for one record --------------------
     def _group_rates(self, g: int, rows: int, cold: bool, working_set: float):
-        """(seconds per FLOP, seconds per byte, weight-row seconds per call) of group g."""
+        """(seconds per FLOP, seconds per byte, weight-row and fixed kernel seconds per call)
+        of group g."""
         spec, s, cls = self.pricer.spec, self.samples[g], self.classes[g]
         rate_cls, row_s, scale = cls, 0.0, 1.0
         if self.matmul[g]:
@@ -142,10 +144,11 @@ class PredictedTable:
             elif cls == "gemv" and rows < ROW_BLOCK:
                 scale = ROW_BLOCK / rows
         bandwidth = rt.cold_bytes_per_s if cold else rt.warm_bytes_per_s
-        return scale / achieved, 1.0 / bandwidth, row_s
+        return scale / achieved, 1.0 / bandwidth, row_s + kernel_s(spec, rt.basis)
 
     def _rates_at(self, rows: np.ndarray, cold: bool, per_call: np.ndarray) -> np.ndarray:
-        """[3, groups]: seconds per FLOP, per byte, weight-row seconds per call."""
+        """[3, groups]: seconds per FLOP, per byte, weight-row and fixed kernel seconds per
+        call."""
         key = (tuple(rows[self.matmul].tolist()), cold)
         out = None if self.by_curves else self._rates.get(key)
         if out is None:
@@ -155,13 +158,15 @@ class PredictedTable:
                 self._rates[key] = out
         return out
 
-    def _fused_rate(self, dtype: str, cold: bool, working_set: float) -> tuple[float, float]:
+    def _fused_rate(self, dtype: str, cold: bool, working_set: float) -> tuple:
+        """(FLOP/s, bytes/s, fixed seconds a kernel) of the fused kernels."""
         key = ("fused", dtype, cold)
         out = None if self.by_curves else self._rates.get(key)
         if out is None:
             rt = rate(self.pricer.spec, "elementwise", dtype, working_set)
             out = (vector_flops(self.pricer.spec, rt),
-                   rt.cold_bytes_per_s if cold else rt.warm_bytes_per_s)
+                   rt.cold_bytes_per_s if cold else rt.warm_bytes_per_s,
+                   kernel_s(self.pricer.spec, rt.basis))
             if not self.by_curves:
                 self._rates[key] = out
         return out
@@ -209,12 +214,14 @@ class PredictedTable:
             fused_bytes = max(0.0, fused_io * share)
             fused_flops = float((fig[:, _EXECUTED] * layers)[fused].sum())
             dtype = self.samples[int(np.flatnonzero(fused)[np.argmax(nbytes[fused])])].dtype
-            flops_per_s, bandwidth = self._fused_rate(dtype, cold, fused_bytes / (ext_calls + 1))
-            work_s += max(fused_flops / flops_per_s, fused_bytes / bandwidth)
+            flops_per_s, bandwidth, fixed = self._fused_rate(dtype, cold,
+                                                             fused_bytes / (ext_calls + 1))
+            work_s += max(fused_flops / flops_per_s, fused_bytes / bandwidth) \
+                + (ext_calls + 1) * fixed
             launches += (ext_calls + 1) * overhead(spec, "compiled") if compiled else 0.0
         if not compiled:  # CUDA graphs: one launch of the step's graph
             return work_s + overhead(spec, "cudagraphs") + host
-        launches += spec.op_overhead_s.get("compiled_step", 0.0)  # the program's entry
+        launches += compiled_step_s(spec)  # the program's entry
         if self.asynchronous:  # the host launches ahead of the kernels
             launches = max(launches - work_s, 0.0)
         return work_s + launches + host
