@@ -14,9 +14,11 @@ def test_gpu_check_runs_on_the_cpu(capsys):
     rows = gpu_check.main(device="cpu", repeats=1, models=("1b", "widths"))
     assert [(r[1], r[2]) for r in rows] == [("eager", "prefill"), ("eager", "decode"),
                                            ("compiled", "prefill"), ("compiled", "decode")]
-    assert all(float(r[5]) > 0 for r in rows)
+    assert all(float(r[5]) > 0 and float(r[6]) > 0 for r in rows)
     out = capsys.readouterr().out
-    assert "| model | regime | phase | measured | predicted | meas/pred | counted |" in out
+    assert ("| model | regime | phase | measured | predicted | meas/pred | meas/pred, registry "
+            "| counted |") in out
+    assert "registry entry beside it: generic-cpu" in out
     # the host's cost per call by width: each 2-layer model, eager and compiled
     for dim in (64, 128):
         assert f"| width {dim} | eager |" in out and f"| width {dim} | compiled |" in out
