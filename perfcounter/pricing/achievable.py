@@ -27,14 +27,14 @@ from perfcounter.pricing.roofline import is_integer_dtype, peak_flops
 # its weight below a bf16 GEMV's rate. Source: inclusionAI/humming pull request 2
 # (github.com/inclusionAI/humming/pull/2, H100, n = k = 8192, M = 1): torch w16a16
 # 2.30 TFLOP/s, marlin w8a16 3.46, w4a16 4.98, i.e. kernels of 58.4, 38.8 and 27.0 us; less
-# a kernel's fixed device time (DEFAULT_KERNEL_S, 2.8 us: these efficiencies price the
-# stream, kernel_s the rest) their 134, 67 and 34 MB weights stream at 2.42, 1.86 and
-# 1.39 TB/s: int8 at 0.77 and int4 at 0.58 of the bf16 stream; x the GEMV default 0.8.
+# a kernel's fixed device time (DEFAULT_KERNEL_S, 2.7 us: these efficiencies price the
+# stream, kernel_s the rest) their 134, 67 and 34 MB weights stream at 2.41, 1.86 and
+# 1.38 TB/s: int8 at 0.77 and int4 at 0.58 of the bf16 stream; x the GEMV default 0.8.
 # An fp8 GEMV (W8A8, fp8 x fp8: nothing dequantized, both operands fed to fp8 tensor cores)
 # is not the weight-only int8 kernel: NVIDIA/cutlass issue 1139 (github.com/NVIDIA/cutlass/
 # issues/1139, H100, e4m3 x e4m3, M = 16-64, N = 14336, K = 4096): the best CUTLASS kernels
 # stream ~2.2 TB/s (~68 % of HBM bandwidth by Nsight Compute): 58.7 MB of weight in 26.7 us,
-# less the fixed 2.8 us 2.46 TB/s, 1.02 of the bf16 stream above; x the GEMV default 0.8.
+# less the fixed 2.7 us 2.45 TB/s, 1.02 of the bf16 stream above; x the GEMV default 0.8.
 # Elementwise on strided views ("strided": x[..., ::2] * cos, rotary's halves): memory moves
 # whole cache lines (64 B on a CPU, 32 B sectors on a GPU), of which a stride-2 view uses half.
 # A binary op on two such views and a dense output is counted 3 n elements (2 n read, n
@@ -73,13 +73,13 @@ DEFAULT_STEP_S = {"cuda": 6.9e-5}  # a compiled step's entry (compiled_step); no
 # beside its bytes and FLOPs (which the efficiencies above price as streams). Source: an
 # H200's CUDA-graph decode steps, where the host launches nothing per kernel and the weights
 # stream in a small share of the step: the SmolLM2-135M shape ran 1.06 ms a step and a 1.04B
-# Llama 1.11 ms, against 0.07 and 0.54 ms for their bytes and FLOPs at the defaults above, over
-# 363 and 195 kernels: 2.7 and 2.9 us a kernel (benchmarks/gpu_check.py at aaf2a2b,
-# docs/measured.md#on-a-gpu); that run's calibration timed a lone add of 64 KiB at 3.3 us
+# Llama 1.11 ms, against 0.091 and 0.563 ms for their bytes, FLOPs and graph launch at the
+# defaults above, over 363 and 195 kernels: 2.67 and 2.80 us a kernel, 2.7 (gpu_check.py at
+# aaf2a2b, docs/measured.md#on-a-gpu; `python benchmarks/bench_kernel_time.py`); that run's calibration timed a lone add of 64 KiB at 3.3 us
 # of device time. A spec's own `kernel` overhead (measured by calibrate on a GPU: a CUDA graph
 # of tiny kernels replayed) replaces it; a measured curve already holds it (its small working
 # sets take that long), so only rates from efficiencies or defaults pay it (kernel_s).
-DEFAULT_KERNEL_S = {"cuda": 2.8e-6}
+DEFAULT_KERNEL_S = {"cuda": 2.7e-6}
 CALIBRATED = "perfcounter calibrate"  # what the source of a measured spec says
 # devices whose host queues kernels ahead of them (a GPU, an accelerator): a step's time is the
 # longer of the host's dispatch and the device's work (predict.py); elsewhere (cpu, pim, mobile)
