@@ -28,8 +28,13 @@ the counts' fit. Rates are looked up once per (rows of each matmul, cold) and ca
 measured curves (rates by working set: looked up at every step, slower). What differs from
 predicting the counted step's trace: a group is priced as one record (in an engine the
 pieces' attention is one varlen kernel), where predict prices each piece's attention
-alone; with curves, at the group's bytes per call. tests/test_serve_predicted.py holds the
-table to predict() on counted steps within 1 %.
+alone; with curves, at the group's bytes per call. Compiled and CUDA graphs, the regimes an
+engine serves in, also launch that attention as one kernel a layer, which pays one fixed
+device time (achievable.kernel_s) and is followed by one fused kernel, where our model's
+eager program calls SDPA once a piece (eager keeps a kernel a call: at a batch of 73 decodes
+a kernel a piece would add 2 x 73 x 32 kernels to a Llama-3-8B step, 12.6 ms at 2.7 us).
+tests/test_serve_predicted.py holds the table to predict() on counted steps within 1 %
+(their attention pieces merged into one call where the table merges them).
 
 A placement (placement.py) prices each device's share with a PredictedTable of the records
 placed there (`repeats`: how many layers of each record group run on that device): its
@@ -40,6 +45,8 @@ cold or warm rates; its fused kernels move the step's fused IO shared the same w
 graph launch a step. With every record on one device it is the single-device table.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -89,7 +96,10 @@ class PredictionPricer:
         return self.bound.host_link(trace)
 
     def step_seconds(self, trace: Trace) -> float:
-        """A counted step's predicted seconds: predict(trace, spec, execution).latency_s."""
+        """A counted step's predicted seconds: predict(trace, spec, execution).latency_s;
+        compiled and CUDA graphs, of the step as an engine runs it (varlen_attention)."""
+        if self.execution != "eager":
+            trace = varlen_attention(trace)
         return predict(trace, self.spec, self.execution).latency_s
 
     def make_table(self, counts: StepCounts) -> "PredictedTable":
@@ -114,6 +124,7 @@ class PredictedTable:
         self.classes = [op_class(s.op, s.args) for s in self.samples]
         self.matmul = np.array([c in ("gemv", "gemm") for c in self.classes])
         self.extern = np.array([c in EXTERN for c in self.classes])
+        self.attention = np.array([c == "attention" for c in self.classes])
         self.dense = np.array([c == "attention" and has_explicit_mask(s.args)
                                for c, s in zip(self.classes, self.samples)])
         self.weights = [gemv_weight(s) if m else None for s, m in zip(self.samples, self.matmul)]
@@ -197,8 +208,12 @@ class PredictedTable:
             rows[self.per_expert] = max(1.0, round(f[1] * k / max(f[EXPERTS], 1.0)))
         per_call = nbytes / np.maximum(calls, 1.0)
         per_flop, per_byte, row_s = self._rates_at(rows, cold, per_call)
-        work = (np.maximum(flops * per_flop, nbytes * per_byte) + calls * row_s) * layers
-        calls = calls * layers
+        # the kernels a layer runs: compiled and CUDA graphs, an engine's: the pieces' attention
+        # one varlen kernel (module doc); eager, PyTorch's: one a call
+        kernels = calls if self.execution == "eager" else \
+            np.where(self.attention, np.minimum(calls, 1.0), calls)
+        work = (np.maximum(flops * per_flop, nbytes * per_byte) + kernels * row_s) * layers
+        calls, kernels = calls * layers, kernels * layers
         host = float(self.bound.base @ f)  # the roofline's fixed part is its host link
         if self.execution == "eager":
             dispatch = (calls.sum() + float(self.idle_calls @ f)) * overhead(spec, "eager", cold)
@@ -206,7 +221,7 @@ class PredictedTable:
             if self.asynchronous:  # the host dispatches ahead of the kernels
                 dispatch = max(dispatch - total, 0.0)
             return dispatch + total + host
-        ext_calls = float(calls[ext].sum())
+        ext_calls = float(kernels[ext].sum())
         work_s = float(work[ext].sum())
         compiled = self.execution == "compiled"
         launches = ext_calls * overhead(spec, "compiled", cold) if compiled else 0.0
@@ -237,6 +252,26 @@ class PredictedTable:
     def price_trace(self, trace: Trace) -> float:
         """A counted step trace as perfcounter predicts it (predict.predict)."""
         return self.pricer.step_seconds(trace)
+
+
+def varlen_attention(trace: Trace) -> Trace:
+    """`trace` with each module's attention pieces (one SDPA call a piece in our model) as one
+    call: the varlen kernel an engine launches once a layer (module doc)."""
+    merged: dict = {}
+    records = []
+    for r in trace.records:
+        if r.op.startswith("prim.") or op_class(r.op, r.args) != "attention":
+            records.append(r)
+            continue
+        key = (group_key(r), r.module)
+        if key in merged:
+            merged[key].add(r)
+        else:
+            merged[key] = r.copy()
+            records.append(merged[key])
+    for r in merged.values():
+        r.calls = 1
+    return dataclasses.replace(trace, records=records)
 
 
 def _rows_and_idle_calls(counts: StepCounts, matmul: np.ndarray, repeats):
