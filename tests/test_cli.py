@@ -42,6 +42,9 @@ def test_devices_filter_detail_and_json(capsys):
     assert main(argv=["devices", "PIM_AI_4chip"]) == 0
     out = capsys.readouterr().out
     assert "pim-ai-4chip (pim)" in out and "mem_pj_per_bit: 0.95" in out and "UPMEM" in out
+    # what its predictions take, and where each figure comes from
+    assert "  predictions take (pricing/achievable.py):" in out
+    assert "    gemv: 0.8 of peak; stated default (DEFAULT_EFFICIENCY)" in out
     assert main(argv=["devices", "h100", "--json"]) == 0
     (data,) = json.loads(capsys.readouterr().out)
     assert data["name"] == "h100-sxm" and data["flops_by_dtype"]["bfloat16"] == 989.5e12

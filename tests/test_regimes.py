@@ -322,3 +322,23 @@ def test_a_measured_curve_holds_its_kernels_fixed_time():
     gpu = spec(device_type="cuda", op_curves=curves, op_efficiency={},
                op_overhead_s={"eager": 1e-6, "kernel": 2e-6})
     assert all(p.fixed_s == 0.0 for p in P.op_predictions(toy(), gpu, "eager"))
+
+
+def test_a_spec_names_every_figure_its_predictions_take_and_where_it_comes_from():
+    from perfcounter.pricing.achievable import prediction_inputs
+    figures = {name: (value, where) for name, value, where in prediction_inputs(
+        spec(device_type="cuda", op_overhead_s={"eager": 5e-6}))}
+    # the toy's own efficiencies (EFF): gemv 0.5, gemv_int4 0.25; gemv_fp8 has none: the
+    # stated default; strided: the contiguous elementwise rate x 3/5
+    assert figures["gemv"] == ("0.5 of peak", "sourced (op_efficiency)")
+    assert figures["gemv_int4"] == ("0.25 of peak", "sourced (op_efficiency)")
+    assert figures["gemv_fp8"][1] == "stated default (DEFAULT_EFFICIENCY)"
+    assert figures["strided"] == ("0.6 of elementwise", "stated share (STRIDED_SHARE)")
+    # its eager figure, the rest stated defaults: a GPU's compiled launch, step and kernel
+    assert figures["eager"] == ("5 us an op call", "sourced (op_overhead_us)")
+    assert figures["compiled"] == ("12.5 us a kernel launch", "stated default (DEFAULT_OVERHEAD_S)")
+    assert figures["compiled_step"] == ("69 us a compiled step", "stated default (DEFAULT_STEP_S)")
+    assert figures["kernel"] == ("2.7 us a kernel, device time", "stated default (DEFAULT_KERNEL_S)")
+    # a CPU runs no kernels of its own: no kernel figure, and no compiled step stated
+    cpu = {name: where for name, _, where in prediction_inputs(spec())}
+    assert "kernel" not in cpu and cpu["compiled_step"] == "none stated"

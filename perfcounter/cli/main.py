@@ -42,6 +42,7 @@ from perfcounter.devices import (DeviceSpec, DeviceSpecError, calibrated_spec_pa
 from perfcounter.devices.calibrate import calibrate, describe, save_calibrated
 from perfcounter.devices.spec_file import spec_to_entry
 from perfcounter.format import format_table, scaled, si
+from perfcounter.pricing.achievable import prediction_inputs
 
 _TABLE = ("name", "type", "memory", "bandwidth", "dtype", "bf16 TFLOP/s", "balance",
           "source")
@@ -84,6 +85,8 @@ def _describe(spec: DeviceSpec) -> str:
     if spec.roofline_balancepoint:
         lines.append(f"  balance: {spec.roofline_balancepoint:,.1f} FLOP/B (peak FLOP/s at "
                      f"{dtype_name(spec.dtype)} / bandwidth)")
+    lines.append("  predictions take (pricing/achievable.py):")
+    lines += [f"    {name}: {value}; {where}" for name, value, where in prediction_inputs(spec)]
     by_text: dict[str, list[str]] = {}
     for key, text in (sources.items() if isinstance(sources, dict) else []):
         by_text.setdefault(text, []).append(key)

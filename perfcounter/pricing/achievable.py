@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from perfcounter._util import PerfcounterWarning
 from perfcounter.devices.op_rates import interpolate, row_seconds
-from perfcounter.devices.spec import EXECUTIONS, row_table
+from perfcounter.devices.spec import EFFICIENCY_CLASSES, EXECUTIONS, row_table
 from perfcounter.pricing.roofline import is_integer_dtype, peak_flops
 
 # Stated defaults for a spec that gives neither curves nor efficiencies: achievable / peak.
@@ -252,3 +252,48 @@ def gemv_row_s(spec, dtype: str, rows: int = 1) -> float:
     weight row starts its dot products afresh; linear in log rows between); 0 where the spec
     has none (its matmul rates then hold for every shape)."""
     return row_seconds(row_table(spec.op_overhead_s), dtype, rows)
+
+
+def prediction_inputs(spec) -> list[tuple[str, str, str]]:
+    """(figure, value, where it comes from) for every figure a prediction on `spec` takes:
+    each kernel class's rate, each regime's fixed cost, a GPU kernel's fixed device time
+    (`perfcounter devices NAME` prints them; the order rate() and overhead() take them in)."""
+    measured = is_calibrated(spec)
+    out = []
+    for cls in EFFICIENCY_CLASSES:
+        if cls in spec.op_curves:
+            out.append((cls, "by working set", "measured curve (op_curves)"))
+        elif cls in spec.op_efficiency:
+            out.append((cls, f"{spec.op_efficiency[cls]:g} of peak", "sourced (op_efficiency)"))
+        elif cls in WEIGHT_CLASSES and "gemv" in spec.op_curves:
+            out.append((cls, "by working set", "the float GEMV's measured curve"))
+        elif cls == "strided" and ("elementwise" in spec.op_curves
+                                   or "elementwise" in spec.op_efficiency):
+            out.append((cls, f"{STRIDED_SHARE:g} of elementwise", "stated share (STRIDED_SHARE)"))
+        else:
+            e = DEFAULT_EFFICIENCY[cls]
+            stream = DEFAULT_STREAM_EFFICIENCY.get(spec.device_type, {}).get(cls)
+            value = f"{e:g} of peak" + (f", bytes at {stream:g}" if stream else "")
+            out.append((cls, value, "stated default (DEFAULT_EFFICIENCY)"))
+    defaults = DEFAULT_OVERHEAD_S.get(spec.device_type, DEFAULT_OVERHEAD_S["cuda"])
+    own = "measured (calibrate)" if measured else "sourced (op_overhead_us)"
+    for ex in EXECUTIONS:
+        unit = "a graph launch, per step" if ex == "cudagraphs" else \
+            "an op call" if ex == "eager" else "a kernel launch"
+        if ex in spec.op_overhead_s:
+            out.append((ex, f"{spec.op_overhead_s[ex] * 1e6:.3g} us {unit}", own))
+        else:
+            out.append((ex, f"{defaults[ex] * 1e6:.3g} us {unit}",
+                        "stated default (DEFAULT_OVERHEAD_S)"))
+    step = compiled_step_s(spec)
+    out.append(("compiled_step", f"{step * 1e6:.3g} us a compiled step",
+                own if "compiled_step" in spec.op_overhead_s else "stated default (DEFAULT_STEP_S)"
+                if step else "none stated"))
+    if spec.device_type in ASYNCHRONOUS:
+        fixed = kernel_s(spec, "default")
+        where = own if "kernel" in spec.op_overhead_s else \
+            "stated default (DEFAULT_KERNEL_S)" if fixed else "none stated"
+        if spec.op_curves:
+            where += "; the measured curves hold it"
+        out.append(("kernel", f"{fixed * 1e6:.3g} us a kernel, device time", where))
+    return out
