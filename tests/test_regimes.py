@@ -338,7 +338,8 @@ def test_a_spec_names_every_figure_its_predictions_take_and_where_it_comes_from(
     assert figures["eager"] == ("5 us an op call", "sourced (op_overhead_us)")
     assert figures["compiled"] == ("12.5 us a kernel launch", "stated default (DEFAULT_OVERHEAD_S)")
     assert figures["compiled_step"] == ("69 us a compiled step", "stated default (DEFAULT_STEP_S)")
-    assert figures["kernel"] == ("2.7 us a kernel, device time", "stated default (DEFAULT_KERNEL_S)")
+    assert figures["kernel"] == ("2.7 us a kernel, device time",
+                                 "stated default (DEFAULT_KERNEL_S)")
     # a CPU runs no kernels of its own: no kernel figure, and no compiled step stated
     cpu = {name: where for name, _, where in prediction_inputs(spec())}
     assert "kernel" not in cpu and cpu["compiled_step"] == "none stated"

@@ -68,17 +68,18 @@ WEIGHT_CLASSES = ("gemv_int8", "gemv_int4", "gemv_fp8")  # a GEMV priced by its 
 DEFAULT_OVERHEAD_S = {"cpu": {"eager": 3e-6, "compiled": 1e-6, "cudagraphs": 2e-5},
                       "cuda": {"eager": 8e-6, "compiled": 1.25e-5, "cudagraphs": 2e-5}}
 DEFAULT_STEP_S = {"cuda": 6.9e-5}  # a compiled step's entry (compiled_step); none on a CPU
-# A GPU kernel's fixed device time, seconds: each kernel, however small, occupies the device
-# for its launch on the device, its blocks' scheduling, its first loads' latency and its tail,
-# beside its bytes and FLOPs (which the efficiencies above price as streams). Source: an
-# H200's CUDA-graph decode steps, where the host launches nothing per kernel and the weights
-# stream in a small share of the step: the SmolLM2-135M shape ran 1.06 ms a step and a 1.04B
-# Llama 1.11 ms, against 0.091 and 0.563 ms for their bytes, FLOPs and graph launch at the
-# defaults above, over 363 and 195 kernels: 2.67 and 2.80 us a kernel, 2.7 (gpu_check.py at
-# aaf2a2b, docs/measured.md#on-a-gpu; `python benchmarks/bench_kernel_time.py`); that run's calibration timed a lone add of 64 KiB at 3.3 us
-# of device time. A spec's own `kernel` overhead (measured by calibrate on a GPU: a CUDA graph
-# of tiny kernels replayed) replaces it; a measured curve already holds it (its small working
-# sets take that long), so only rates from efficiencies or defaults pay it (kernel_s).
+# A GPU kernel's fixed device time, seconds: each kernel, however small, occupies the device for
+# its launch on the device, its blocks' scheduling, its first loads' latency and its tail,
+# beside its bytes and FLOPs (which the efficiencies above price as streams). Source: an H200's
+# CUDA-graph decode steps, where the host launches nothing per kernel and the weights stream in
+# a small share of the step: the SmolLM2-135M shape ran 1.06 ms a step and a 1.04B Llama 1.11
+# ms, against 0.091 and 0.563 ms for their bytes, FLOPs and graph launch at the defaults above,
+# over 363 and 195 kernels: 2.67 and 2.80 us a kernel, 2.7 (gpu_check.py at aaf2a2b,
+# docs/measured.md#on-a-gpu; `python benchmarks/bench_kernel_time.py`); that run's calibration
+# timed a lone add of 64 KiB at 3.3 us of device time. A spec's own `kernel` overhead (measured
+# by calibrate on a GPU: a CUDA graph of tiny kernels replayed) replaces it; a measured curve
+# already holds it (its small working sets take that long), so only rates from efficiencies or
+# defaults pay it (kernel_s).
 DEFAULT_KERNEL_S = {"cuda": 2.7e-6}
 CALIBRATED = "perfcounter calibrate"  # what the source of a measured spec says
 # devices whose host queues kernels ahead of them (a GPU, an accelerator): a step's time is the
@@ -131,9 +132,9 @@ def measured_dtype(tables: dict, dtype: str) -> str | None:
 
 def rate(spec, cls: str, dtype: str, working_set: float) -> Rate:
     """Achievable rates of op class `cls` (or a GEMV by its weight's dtype: "gemv_int8",
-    "gemv_int4", "gemv_fp8") in `dtype` at `working_set` bytes on `spec`. A quantized GEMV: the spec's
-    own efficiency for it, else the float GEMV's measured curve (a calibration times float
-    kernels only), else its stated default. Elementwise on strided views ("strided") without
+    "gemv_int4", "gemv_fp8") in `dtype` at `working_set` bytes on `spec`. A quantized GEMV:
+    the spec's own efficiency for it, else the float GEMV's measured curve (a calibration times
+    float kernels only), else its stated default. Elementwise on strided views ("strided") without
     its own curve or efficiency: the contiguous elementwise rate x STRIDED_SHARE. At a stated
     default, a class's bytes stream at DEFAULT_STREAM_EFFICIENCY's share where it names the
     class for the device's type (a GPU's attention)."""

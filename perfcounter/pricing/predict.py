@@ -100,7 +100,8 @@ from perfcounter.pricing.achievable import (  # noqa: F401 (re-exported: predict
     ASYNCHRONOUS, CALIBRATED, DEFAULT_EFFICIENCY, DEFAULT_KERNEL_S, DEFAULT_OVERHEAD_S,
     DEFAULT_STREAM_EFFICIENCY,
     STRIDED_SHARE, WEIGHT_CLASSES, Rate, check_execution,
-    compiled_step_s, gemv_row_s, is_calibrated, kernel_s, measured_dtype, overhead, rate, rows_flops)
+    compiled_step_s, gemv_row_s, is_calibrated, kernel_s, measured_dtype, overhead, rate,
+    rows_flops)
 from perfcounter.pricing.roofline import is_integer_dtype, roofline
 from perfcounter.trace import ROLES, OpRecord, Trace
 from perfcounter.trace_args import tensor_args

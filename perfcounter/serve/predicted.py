@@ -3,9 +3,9 @@
 `PredictionPricer(spec, execution)` sits on pricing.py's seam beside the roofline bound:
 `record_costs(trace)` gives each record (fixed, compute, memory) as `op_predictions` prices
 it (fixed: its calls x the regime's overhead per call, plus a float GEMV's weight rows x the
-time per row, plus on a GPU its kernels' fixed device time); its energy and host link are the roofline's (the same bytes and FLOPs
-cross the same link). A step of the scheduler costs what `predict(step_trace, spec,
-execution).latency_s` says:
+time per row, plus on a GPU its kernels' fixed device time); its energy and host link are
+the roofline's (the same bytes and FLOPs cross the same link). A step of the scheduler costs
+what `predict(step_trace, spec, execution).latency_s` says:
 
 - eager: every op call (views included) pays the eager overhead, every group
   max(compute, memory) (+ GEMV rows); on an asynchronous device (a GPU) the host's
