@@ -22,12 +22,8 @@ def host_call_s(device, clock: str = "wall") -> float:
     return call_overhead(device, clock=clock)
 
 
-def graph_launch_s(device, min_time: float = 0.05) -> float | None:
-    """Seconds one CUDA graph's launch and host synchronization cost a step (the
-    `cudagraphs` overhead: a graph of one tiny kernel replayed, wall clock); None off CUDA."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return None
+def tiny_graph(device: torch.device, kernels: int) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of `kernels` in-place adds of one element, captured on `device`."""
     a = torch.ones(1, device=device)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.device(device):
@@ -37,13 +33,25 @@ def graph_launch_s(device, min_time: float = 0.05) -> float | None:
             a.add_(1.0)  # warm-up off the default stream, as capture asks
         torch.cuda.current_stream().wait_stream(stream)
         with torch.cuda.graph(graph):
-            a.add_(1.0)
+            for _ in range(kernels):
+                a.add_(1.0)
+    return graph
+
+
+def graph_launch_s(device, min_time: float = 0.05) -> float | None:
+    """Seconds one CUDA graph's launch and host synchronization cost a step (the
+    `cudagraphs` overhead: a graph of one tiny kernel replayed, wall clock); None off CUDA."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    graph = tiny_graph(device, 1)
     return time_calls(lambda: graph.replay, device, min_time)
+
 
 GRAPH_KERNELS = 64  # tiny kernels in the graph kernel_time_s replays
 
 
-def kernel_time_s(device) -> float | None:
+def kernel_time_s(device, min_time: float = 0.05) -> float | None:
     """Seconds of device time one tiny kernel occupies a CUDA device (the `kernel` overhead:
     a CUDA graph of GRAPH_KERNELS adds of one element replayed, timed on the device, / the
     kernels: no host launch between them, each kernel's launch on the device, scheduling and
@@ -51,18 +59,8 @@ def kernel_time_s(device) -> float | None:
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    a = torch.ones(1, device=device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.device(device):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            a.add_(1.0)  # warm-up off the default stream, as capture asks
-        torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(graph):
-            for _ in range(GRAPH_KERNELS):
-                a.add_(1.0)
-    return time_calls(lambda: graph.replay, device, 0.05, kernel=True) / GRAPH_KERNELS
+    graph = tiny_graph(device, GRAPH_KERNELS)
+    return time_calls(lambda: graph.replay, device, min_time, kernel=True) / GRAPH_KERNELS
 
 
 def call_overhead(device, min_time: float = 0.05, clock: str = "wall") -> float:
