@@ -75,7 +75,7 @@ def test_compiled_fuses_the_elementwise_chain_and_pays_each_kernel():
     # (2 + 4 = 6), each 0.5 us: (4 + 6) x 0.5 = 5 us
     assert p.overhead_s * 1e6 == pytest.approx(5)
     assert p.latency_s * 1e6 == pytest.approx(5 + GEMV_WORK + ATTN_WORK + FUSED_WORK)
-    assert p.op_calls == 2 + 2 + 2  # the extern kernels + one per step
+    assert p.op_calls == 2 + 2 + 6  # the extern kernels + the fused ones
 
 
 def test_cudagraphs_pays_one_launch_per_step_and_none_per_kernel():
@@ -299,10 +299,14 @@ def test_a_gpus_kernels_pay_a_fixed_device_time_beside_their_bytes():
     assert graphs.work_s * 1e6 == pytest.approx(GEMV_WORK + ATTN_WORK + GPU_FUSED_WORK + 20)
     assert (graphs.latency_s - P.predict(toy(), bare, "cudagraphs").latency_s) * 1e6 \
         == pytest.approx(20)
+    assert graphs.op_calls == 10 and graphs.fixed_s * 1e6 == pytest.approx(20)
+    assert "20.00 µs of the work is the kernels' fixed device time (2.00 µs a kernel)" \
+        in P.describe_basis(gpu, graphs)
     # eager: every op call that moves bytes is a kernel: 2 + 10 + 2 = 14 x 2 us = 28 us; the
     # 14 us of dispatch hide behind the 407.616 + 28 us of kernels
     eager = P.predict(toy(), gpu, "eager")
     assert eager.work_s * 1e6 == pytest.approx(GEMV_WORK + ADDS_WORK + ATTN_WORK + 28)
+    assert eager.fixed_s * 1e6 == pytest.approx(28)
     assert eager.overhead_s == 0.0
     (gemv, adds, attn) = P.op_predictions(toy(), gpu, "eager")
     assert (gemv.fixed_s, adds.fixed_s, attn.fixed_s) == pytest.approx((4e-6, 20e-6, 4e-6))

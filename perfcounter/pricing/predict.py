@@ -280,10 +280,11 @@ class Prediction:
     host_link_s: float
     by_class: dict  # op class -> seconds (overhead included); "fused" for compiled groups
     basis: str  # where the rates came from: "curve", "efficiency", "default", "peak" (joined)
-    op_calls: int  # op calls priced (compiled: kernels)
+    op_calls: int  # op calls priced (compiled, CUDA graphs: kernels, extern and fused)
     strided_s: float = 0.0  # eager: work on strided views at the stated share (module doc)
     host_shown: float = 1.0  # compiled: the share of the host's launches the phase shows
     # (below 1 where an asynchronous device's kernels hide them, module doc)
+    fixed_s: float = 0.0  # of work_s: the kernels' fixed device time on a GPU (kernel_s)
 
     @property
     def latency_s(self) -> float:
@@ -293,7 +294,8 @@ class Prediction:
         return {"latency_s": self.latency_s, "execution": self.execution,
                 "overhead_s": self.overhead_s, "work_s": self.work_s,
                 "host_link_s": self.host_link_s, "by_class": dict(self.by_class),
-                "basis": self.basis, "op_calls": self.op_calls, "strided_s": self.strided_s}
+                "basis": self.basis, "op_calls": self.op_calls, "strided_s": self.strided_s,
+                "fixed_s": self.fixed_s}
 
 
 def fused_io(trace: Trace, extern: list[OpPrediction]) -> int:
@@ -318,18 +320,21 @@ def predict(trace: Trace, spec, execution: str = "eager") -> Prediction:
         return Prediction(execution, sum(p.overhead_s for p in ops),
                           sum(p.work_s for p in ops), host_link, by_class,
                           "+".join(sorted(bases)), sum(p.record.calls for p in ops),
-                          sum(p.work_s for p in ops if p.strided))
+                          sum(p.work_s for p in ops if p.strided),
+                          fixed_s=sum(p.fixed_s for p in ops))
     extern = [p for p in ops if p.op_class in EXTERN]
     fused = [p for p in ops if p.op_class not in EXTERN and p.record.bytes]
     steps = max(trace.steps, 1)
-    kernels = sum(p.record.calls for p in extern) + steps
+    kernels = sum(p.record.calls for p in extern) + steps  # the fused ones: one a step and
+    # one after each extern kernel
     fused_bytes = fused_io(trace, extern) if fused else 0
     fused_flops = sum(p.record.executed_flops for p in fused)
     dtype = max((p.record for p in fused), key=lambda r: r.bytes).dtype if fused else ""
     rt = rate(spec, "elementwise", dtype, fused_bytes / kernels)
     bandwidth = rt.cold_bytes_per_s if streams_cold(trace, spec) else rt.warm_bytes_per_s
     fused_s = max(fused_flops / vector_flops(spec, rt), fused_bytes / bandwidth)
-    fused_s += kernels * kernel_s(spec, rt.basis) if fused else 0.0  # extern calls + steps
+    fused_fixed = kernels * kernel_s(spec, rt.basis) if fused else 0.0  # extern calls + steps
+    fused_s += fused_fixed
     if execution == "cudagraphs":  # one graph launch per step, no launch per kernel
         host = {"graph launch": steps * overhead(spec, "cudagraphs")}
     else:  # a launch per kernel, and the compiled program's entry per step
@@ -350,7 +355,10 @@ def predict(trace: Trace, spec, execution: str = "eager") -> Prediction:
     by_class["fused"] = by_class.get("fused", 0.0) + fused_s
     bases.add(rt.basis)
     return Prediction(execution, sum(host.values()) * shown, work, host_link, by_class,
-                      "+".join(sorted(bases)), kernels, host_shown=shown)
+                      "+".join(sorted(bases)),
+                      sum(p.record.calls for p in extern) + (kernels if fused else 0),
+                      host_shown=shown,
+                      fixed_s=sum(p.fixed_s for p in extern) + fused_fixed)
 
 
 def vector_flops(spec, elementwise: Rate) -> float:
@@ -386,6 +394,9 @@ def describe_basis(spec, prediction: Prediction) -> str:
     if prediction.strided_s:
         text += (f"; {si(prediction.strided_s, 's')} of elementwise work on strided views at "
                  f"the stated {STRIDED_SHARE:.0%} of the contiguous rate (no strided curve)")
+    if prediction.fixed_s:
+        text += (f"; {si(prediction.fixed_s, 's')} of the work is the kernels' fixed device "
+                 f"time ({si(kernel_s(spec, 'default'), 's')} a kernel)")
     return text
 
 
