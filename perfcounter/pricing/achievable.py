@@ -196,6 +196,23 @@ def overhead(spec, execution: str, cold: bool = False) -> float:
     return defaults[execution]
 
 
+def vector_flops(spec, elementwise: Rate) -> float:
+    """FLOP/s of the fused kernels' arithmetic. On an asynchronous device (a GPU) the vector
+    units' float32 peak (a fused kernel computes in float32 on CUDA cores, tens of TFLOP/s):
+    its fused kernels are bound by their bytes, and the elementwise curve's FLOP/s is an add's,
+    bound by its bytes and by a kernel's fixed device time, which the bytes' side already pays
+    (an H200's add of 64 KiB ran 2 GFLOP/s, its float32 peak is 51 TFLOP/s). Elsewhere the
+    elementwise rate: a CPU runs generated elementwise code (exponentials, divisions,
+    horizontal sums) far below its FMA peak, about as fast per FLOP as the add. The larger of
+    the two."""
+    if spec.device_type not in ASYNCHRONOUS:
+        return elementwise.flops_per_s
+    try:
+        return max(float(spec.peak_flops("float32", strict=True)), elementwise.flops_per_s)
+    except (KeyError, ValueError, TypeError):
+        return max(float(spec.flops_per_s), elementwise.flops_per_s)
+
+
 def compiled_step_s(spec) -> float:
     """Seconds a compiled step's entry costs the host on `spec` (guards, the wrapper's Python):
     the spec's `compiled_step`, else DEFAULT_STEP_S for its device type, else 0 (a CPU: its

@@ -101,7 +101,7 @@ from perfcounter.pricing.achievable import (  # noqa: F401 (re-exported: predict
     DEFAULT_STREAM_EFFICIENCY,
     STRIDED_SHARE, WEIGHT_CLASSES, Rate, check_execution,
     compiled_step_s, gemv_row_s, is_calibrated, kernel_s, measured_dtype, overhead, rate,
-    rows_flops)
+    rows_flops, vector_flops)
 from perfcounter.pricing.roofline import is_integer_dtype, roofline
 from perfcounter.trace import ROLES, OpRecord, Trace
 from perfcounter.trace_args import tensor_args
@@ -359,23 +359,6 @@ def predict(trace: Trace, spec, execution: str = "eager") -> Prediction:
                       sum(p.record.calls for p in extern) + (kernels if fused else 0),
                       host_shown=shown,
                       fixed_s=sum(p.fixed_s for p in extern) + fused_fixed)
-
-
-def vector_flops(spec, elementwise: Rate) -> float:
-    """FLOP/s of the fused kernels' arithmetic. On an asynchronous device (a GPU) the vector
-    units' float32 peak (a fused kernel computes in float32 on CUDA cores, tens of TFLOP/s):
-    its fused kernels are bound by their bytes, and the elementwise curve's FLOP/s is an add's,
-    bound by its bytes and by a kernel's fixed device time, which the bytes' side already pays
-    (an H200's add of 64 KiB ran 2 GFLOP/s, its float32 peak is 51 TFLOP/s). Elsewhere the
-    elementwise rate: a CPU runs generated elementwise code (exponentials, divisions,
-    horizontal sums) far below its FMA peak, about as fast per FLOP as the add. The larger of
-    the two."""
-    if spec.device_type not in ASYNCHRONOUS:
-        return elementwise.flops_per_s
-    try:
-        return max(float(spec.peak_flops("float32", strict=True)), elementwise.flops_per_s)
-    except (KeyError, ValueError, TypeError):
-        return max(float(spec.flops_per_s), elementwise.flops_per_s)
 
 
 def phase_regime(execution: str, label: str) -> str:
