@@ -30,11 +30,11 @@ nothing else. A prediction prices each op record as
   starts a dot product afresh, which makes a K = 576 GEMV stream at about half the rate of a
   K = 4096 one on a CPU).
 - a GPU kernel's fixed time (achievable.kernel_s): on an asynchronous device each call of a
-  record that moves or computes anything is a kernel, which occupies the device ~3 us
-  however small (launch on the device, scheduling, first loads, tail); priced where the
-  rates come from efficiencies or defaults (a measured curve's small working sets hold it).
-  A decode step of a small model is made of it: an H200's CUDA-graph step of the
-  SmolLM2-135M shape ran 1.06 ms, its weights stream in 0.07.
+  record that moves or computes anything is a kernel, which occupies the device 2.7 us
+  (DEFAULT_KERNEL_S) however small (launch on the device, scheduling, first loads, tail);
+  priced where the rates come from efficiencies or defaults (a measured curve's small working
+  sets hold it). A decode step of a small model is made of it: an H200's CUDA-graph step of
+  the SmolLM2-135M shape ran 1.06 ms, its bytes and FLOPs take 0.09 ms at the defaults.
 - bytes_cold: every byte when one step's distinct bytes exceed the spec's
   `cache_bytes`: weights and KV cache cannot stay cached between steps, and
   streaming them evicts the activations between one op and the next (a
