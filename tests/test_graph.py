@@ -55,7 +55,9 @@ def test_toy_module_graph_counts(toy):
     # 0.8: memory 256 / 2.68e12 = 95.5 ps; compute charged 8 rows (ROW_BLOCK): 144 * 8 / 2 = 576
     # FLOPs / (0.8 * 67e12 fp32) = 10.7 ps; + DEFAULT_OVERHEAD_S cuda eager 8 us, of which a
     # GPU shows what its kernels do not hide: each of the 5 ops keeps 8 us x (1 - W / 40 us),
-    # W the 5 ops' work (each < 300 B at 2.68 TB/s: W < 1 ns), so fc1 = 8 us - W/5 + 95.5 ps
+    # W the 5 ops' work: each a GPU kernel's fixed 2.7 us (DEFAULT_KERNEL_S) + its bytes (each
+    # < 300 B at 2.68 TB/s: w < 0.2 ns), W = 13.5 us + w_sum, so fc1 = 8 us - W/5 + 2.7 us +
+    # 95.5 ps = 8 us - w_sum/5 + 95.5 ps
     assert fc1.roofline_s == pytest.approx(76.4e-12, abs=0.1e-12)
     assert 8e-6 + 95.5e-12 - 0.2e-9 < fc1.predicted_s < 8e-6 + 95.5e-12
     s = g.stats()

@@ -138,17 +138,18 @@ def test_one_recorded_forward_predicted_and_measured():
     # the first addmm reads x [8, 256], W [256, 256], b [256] and writes [8, 256]:
     # (2048 + 65536 + 256 + 2048) * 4 B = 279,552 B; roofline 279,552 / 3.35e12 B/s = 83.4 ns.
     # predicted (h100-sxm has no op_efficiency / op_overhead_s: predict.py's defaults): 8 rows
-    # is a GEMV, DEFAULT_EFFICIENCY 0.8: memory 279,552 / (0.8 * 3.35e12) = 104.3 ns, compute
-    # 2*8*256*256 + 8*256 = 1,050,624 / (0.8 * 67e12 fp32) = 19.6 ns -> work 104.3 ns.
-    # relu: elementwise, 0.8: (8192 + 8192) B / 2.68e12 B/s = 6.1 ns; the second addmm as the
-    # first: work 104.3 + 6.1 + 104.3 = 214.7 ns. DEFAULT_OVERHEAD_S cuda eager, 8 us a call:
-    # dispatch 3 x 8 us = 24 us, of which the GPU shows (24,000 - 214.7) / 24,000 = 0.99105,
-    # each op its share: 7,928.4 ns of overhead per op
+    # is a GEMV, DEFAULT_EFFICIENCY 0.8: memory 279,552 / (0.8 * 3.35e12) = 104.31 ns, compute
+    # 2*8*256*256 + 8*256 = 1,050,624 / (0.8 * 67e12 fp32) = 19.6 ns, + a GPU kernel's fixed
+    # 2,700 ns (DEFAULT_KERNEL_S) -> work 2,804.31 ns. relu: elementwise, a GPU's bytes at 0.9
+    # (DEFAULT_STREAM_EFFICIENCY): (8192 + 8192) B / 3.015e12 B/s = 5.43 ns + 2,700 = 2,705.43;
+    # the second addmm as the first: work 2 x 2,804.31 + 2,705.43 = 8,314.06 ns.
+    # DEFAULT_OVERHEAD_S cuda eager, 8 us a call: dispatch 3 x 8 us = 24 us, of which the GPU
+    # shows (24,000 - 8,314.06) / 24,000 = 0.653581, each op its share: 5,228.65 ns per op
     first, relu = [e for e in slices if e["tid"] == 1 and e["cat"] == "op"][:2]
-    assert first["dur"] == pytest.approx(8.033, abs=0.001)  # 7,928.4 + 104.3 ns
-    assert first["args"]["predicted_s"] == pytest.approx(8032.7e-9, abs=0.2e-9)
+    assert first["dur"] == pytest.approx(8.033, abs=0.001)  # 5,228.65 + 2,804.31 ns
+    assert first["args"]["predicted_s"] == pytest.approx(8032.96e-9, abs=0.02e-9)
     assert first["args"]["roofline_s"] == pytest.approx(83.4e-9, abs=0.1e-9)
-    assert relu["args"]["predicted_s"] == pytest.approx(7934.5e-9, abs=0.2e-9)  # 7,928.4 + 6.1
+    assert relu["args"]["predicted_s"] == pytest.approx(7934.08e-9, abs=0.02e-9)  # + 2,705.43
     measured = [e for e in slices if e["tid"] == 2 and e["cat"] == "op"]
     assert all("measured_s" in e["args"] and "predicted_s" not in e["args"] for e in measured)
     with pytest.raises(ValueError, match="pass spec="):

@@ -46,13 +46,19 @@ DEFAULT_EFFICIENCY = {"gemv": 0.8, "gemm": 0.7, "attention": 0.5, "elementwise":
                       "reduction": 0.6, "indexing": 0.3, "gemv_int8": 0.62, "gemv_int4": 0.46,
                       "gemv_fp8": 0.81, "strided": 0.8 * STRIDED_SHARE}
 # Where a class streams its bytes at another share than it computes, by device_type: the bytes'
-# side (DEFAULT_EFFICIENCY keeps the FLOPs'). A GPU's attention reads its KV cache as a stream:
-# an H200's SDPA of one query over L keys (bfloat16, 8 heads of 64, a 128 MiB working set) ran
-# 3,519 GB/s warm and 3,531 cold of its datasheet 4,800: 0.73 (`perfcounter calibrate` in
-# benchmarks/gpu_check.py at aaf2a2b, docs/measured.md#on-a-gpu), where its GEMV ran 0.81 and its
-# add 0.83, the GEMV and elementwise defaults' 0.8. An H200 measurement applied to every GPU, as
-# the GEMV figures are an H100's; attention's FLOPs keep the 0.5 assumed of a fused kernel.
-DEFAULT_STREAM_EFFICIENCY = {"cuda": {"attention": 0.73}}
+# side (DEFAULT_EFFICIENCY keeps the FLOPs'), as streams: a kernel's fixed device time
+# (DEFAULT_KERNEL_S) is priced apart. A GPU's attention reads its KV cache as a stream: an
+# H200's SDPA of one query over L keys (bfloat16, 8 heads of 64, a 128 MiB working set) ran
+# 3,519 GB/s of its datasheet 4,800, a 38.1 us kernel; less the fixed 2.7 us, 3,787 GB/s: 0.79
+# (`perfcounter calibrate` in benchmarks/gpu_check.py at aaf2a2b, docs/measured.md#on-a-gpu).
+# A GPU's elementwise kernels stream at 0.9 of bandwidth: the same H200's add of 128 MiB ran
+# 3,983 GB/s (33.7 us; less the fixed 2.7 us 4,330 GB/s: 0.90); copy kernels of
+# github.com/xytpai/nvbench (README, global_memory_bandwidth, float4) read 1,379 of 1,555 GB/s
+# on an A100-40GB (0.89) and 922 of 1,008 on an RTX 4090 (0.91); a100's own figure is 0.88.
+# Measurements of three GPUs applied to every GPU; the GEMV keeps its default 0.8 (an H100's
+# torch GEMV streamed 0.72 of bandwidth, the H200's 0.87: two sources apart), attention's
+# FLOPs the 0.5 assumed of a fused kernel.
+DEFAULT_STREAM_EFFICIENCY = {"cuda": {"attention": 0.79, "elementwise": 0.9}}
 WEIGHT_CLASSES = ("gemv_int8", "gemv_int4", "gemv_fp8")  # a GEMV priced by its weight's dtype
 # Stated default fixed costs, seconds, by device_type and execution. CPU: assumption of this
 # project; eager: 1.8-2.6 us of dispatch per tiny aten op measured on a 2-core Xeon (issue 16),
