@@ -80,7 +80,7 @@ DEFAULT_STEP_S = {"cuda": 6.9e-5}  # a compiled step's entry (compiled_step); no
 # CUDA-graph decode steps, where the host launches nothing per kernel and the weights stream in
 # a small share of the step: the SmolLM2-135M shape ran 1.06 ms a step and a 1.04B Llama 1.11
 # ms, against 0.091 and 0.563 ms for their bytes, FLOPs and graph launch at the defaults above,
-# over 363 and 195 kernels: 2.67 and 2.80 us a kernel, 2.7 (gpu_check.py at aaf2a2b,
+# over 363 and 195 kernels: 2.67 and 2.81 us a kernel, 2.7 (gpu_check.py at aaf2a2b,
 # docs/measured.md#on-a-gpu; `python benchmarks/bench_kernel_time.py`); that run's calibration
 # timed a lone add of 64 KiB at 3.3 us of device time. A spec's own `kernel` overhead (measured
 # by calibrate on a GPU: a CUDA graph of tiny kernels replayed) replaces it; a measured curve
