@@ -229,8 +229,10 @@ def host_by_width(spec, device: str, dtype, repeats: int) -> list[list[str]]:
     for dim in (64, 128) if device == "cpu" else WIDTHS:
         torch.manual_seed(0)
         torch._dynamo.reset()  # a fresh compile per width (see llama)
-        args = ModelArgs(block_size=64, vocab_size=256, n_layer=2, n_head=max(1, dim // 64),
-                         n_local_heads=max(1, dim // 256), dim=dim,
+        heads = max(1, dim // 64)  # grouped like the models of that width: 9 to 3, 32 to 8
+        kv = heads // 3 if heads % 3 == 0 else heads // 4 if heads % 4 == 0 else heads
+        args = ModelArgs(block_size=64, vocab_size=256, n_layer=2, n_head=heads,
+                         n_local_heads=kv, dim=dim,
                          intermediate_size=dim * 8 // 3 // 64 * 64 or 64)
         with torch.device(device):
             model = Transformer(args).to(dtype=dtype).eval()
