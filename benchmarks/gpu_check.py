@@ -278,6 +278,11 @@ def main(*, device: str = "cuda", repeats: int = 3, spec_path: str | None = None
     spec = get_device_spec(load_device_specs(spec_path)[0], dtype=dtype)
     name = "CPU" if cpu else torch.cuda.get_device_name()
     print(f"device: {name}; calibration {describe_check(spec.calibration_check)}", flush=True)
+    host = {k.split(" ", 1)[1]: v for k, v in spec.calibration_check.get("spread", {}).items()
+            if k.startswith("overheads ") and not k.startswith("overheads gemv_row")}
+    if host:  # how far the host's samples fell apart: a slow spell shows here
+        print("host's fixed costs, slowest sample over fastest: "
+              + ", ".join(f"{k} {v:+.0%}" for k, v in host.items()), flush=True)
     registry = registry_spec(device, dtype)
     print(f"registry entry beside it: {registry.name if registry else 'none names this card'}",
           flush=True)

@@ -35,6 +35,58 @@ def test_best_of_keeps_the_faster_figure_and_spread_says_by_how_much():
     assert C.spread(a, b) == {"curves gemv float32": 0.25, "rows float32": 0.25, "flops": 0.5}
 
 
+def test_best_of_keeps_the_smaller_of_two_overheads():
+    # overheads are seconds: a slow spell of the host makes them larger, never smaller, so
+    # eager 7.2 us against 11.9 us keeps 7.2; compiled 24.8 against 16.8 keeps 16.8 (the H200
+    # calibration that kept the larger of each: 11.9 and 24.8, 0.65-0.83 of its models' steps)
+    a = {"eager": 11.9e-6, "compiled": 24.8e-6, "kernel": 1.15e-6}
+    b = {"eager": 7.2e-6, "compiled": 16.8e-6, "kernel": 0.97e-6}
+    assert C.best_of(a, b, seconds=True) == {"eager": 7.2e-6, "compiled": 16.8e-6,
+                                             "kernel": 0.97e-6}
+    assert C.best_of(a, b) == a  # rates: the larger
+
+
+class Host:
+    """HostCosts with timers that play a host two speeds apart: each timing reads its
+    next value from `times` (a list per timing), one value per sample."""
+
+    def __init__(self, calls, times, launches=()):
+        self.host = op_rates.HostCosts.__new__(op_rates.HostCosts)
+        self.host.calls, self.host.launches = calls, list(launches)
+        self.host.timers = {name: iter(values).__next__ for name, values in times.items()}
+        self.host.fastest, self.host.samples = {}, []
+
+
+def test_the_hosts_costs_keep_the_fastest_sample_and_record_the_spread():
+    # a CPU host, 100 op calls a step; sample 1 in a slow spell (warm 1.1 ms, cold 2.0 ms,
+    # streams 0.5 ms, a direct call 2 us), sample 2 fast (0.6, 1.2, 0.4 ms, 1 us)
+    h = Host(100, {"warm": [1.1e-3, 0.6e-3], "cold": [2.0e-3, 1.2e-3],
+                   "streams": [0.5e-3, 0.4e-3], "call": [2e-6, 1e-6]}).host
+    first = h.sample()
+    # eager 1.1 ms / 100 = 11 us; cold (2.0 - 0.5) ms / 100 = 15 us
+    assert first == pytest.approx({"eager": 11e-6, "eager_cold": 15e-6, "compiled": 2e-6})
+    h.sample()
+    # the fastest of each timing: eager 0.6 ms / 100 = 6 us, cold (1.2 - 0.4) / 100 = 8 us
+    assert h.figures() == pytest.approx({"eager": 6e-6, "eager_cold": 8e-6, "compiled": 1e-6})
+    # spread: 11 / 6 - 1 = 0.833; cold 15 / 8 - 1 = 0.875 (sample 2: (1.2 - 0.4) / 100 = 8
+    # us); compiled 2 / 1 - 1 = 1
+    assert h.spread() == {"eager": 0.833, "eager_cold": 0.875, "compiled": 1.0}
+
+
+def test_a_gpus_compiled_costs_come_from_each_depths_fastest_step():
+    # launches 27 at 2 layers, 99 at 8 (test_gpu_calibration); the 8-layer step fast in
+    # sample 1 (1.685 ms), the 2-layer step fast in sample 2 (0.605 ms):
+    # (1.685 - 0.605) ms / 72 = 15 us a launch; 0.605 ms - 27 x 15 us = 0.2 ms a step
+    h = Host(100, {"warm": [1e-3] * 2, "cold": [1e-3] * 2, "streams": [0.0] * 2,
+                   "compiled 2": [0.9e-3, 0.605e-3], "compiled 8": [1.685e-3, 2.5e-3],
+                   "graph": [20e-6, 12e-6]}, launches=(27, 99)).host
+    h.sample(), h.sample()
+    got = h.figures()
+    assert got["compiled"] == pytest.approx(15e-6)
+    assert got["compiled_step"] == pytest.approx(0.2e-3)
+    assert got["cudagraphs"] == pytest.approx(12e-6)
+
+
 def test_a_rate_far_below_its_neighbours_is_flagged():
     curve = [(64e3, 20e9, 10e9, 1e9), (1 * MB, 5e9, 12e9, 1e9), (16 * MB, 22e9, 15e9, 1e9)]
     # warm at 1 MiB: 5 GB/s < 1/3 x min(20, 22) = 6.67 -> flagged; cold and FLOP/s are smooth
@@ -137,3 +189,31 @@ def test_the_thread_clock_needs_one_thread():
         assert op_rates.check_clock("auto") == "thread"
     finally:
         torch.set_num_threads(threads)
+
+
+def test_calibrate_samples_the_host_between_its_parts_and_keeps_its_fast_state(monkeypatch):
+    # a host whose eager cost alternates 5 us, 9 us, 5 us, ...: 4 parts x 2 rounds take 8
+    # samples (after flops, in overheads, after curves, after rows), and the calibration
+    # keeps 5 us, where the overheads part itself read 9 us in both rounds
+    seen = []
+
+    class Alternating:
+        def __init__(self, *args):
+            pass
+
+        def sample(self):
+            seen.append(5e-6 if len(seen) % 2 == 0 else 9e-6)
+            return {"eager": seen[-1], "eager_cold": seen[-1], "compiled": 1e-6}
+
+        def figures(self):
+            return {"eager": min(seen), "eager_cold": min(seen), "compiled": 1e-6}
+
+        def spread(self):
+            return {"eager": round(max(seen) / min(seen) - 1, 3)}
+    import perfcounter.devices.calibrate as Cal
+    monkeypatch.setattr(Cal, "HostCosts", Alternating)
+    cal = calibrate(array_bytes=1 * MB, repeats=1, matmul_n=32, dtypes=("float32",),
+                    min_time=0.01, rounds=2, retries=0)
+    assert len(seen) == 8 and seen[1] == seen[5] == 9e-6  # the overheads part's readings
+    assert cal.overhead_s["eager"] == 5e-6
+    assert cal.check["spread"]["overheads eager"] == 0.8  # 9 / 5 - 1

@@ -26,9 +26,8 @@ import torch
 from perfcounter.devices.calibration_check import (all_flags, best_of, check_record,
                                                    describe_check, load_average, spread)
 from perfcounter.devices.dtypes import as_dtype, dtype_name
-from perfcounter.devices.op_rates import (CLOCKS, ROW_KS, MiB, call_overhead, check_clock,
-                                          compiled_costs, eager_overheads, fill_operands,
-                                          gemv_row_seconds, graph_launch_s, kernel_time_s,
+from perfcounter.devices.op_rates import (CLOCKS, ROW_KS, MiB, HostCosts, check_clock,
+                                          fill_operands, gemv_row_seconds, kernel_time_s,
                                           last_level_cache_bytes, matmul_rows, op_curves, sync,
                                           time_calls)
 from perfcounter.devices.registry import calibrated_spec_path
@@ -145,7 +144,8 @@ class Calibration:
                                        f"the op calls counted in it (eager_cold: with a "
                                        f"stream of 4x L2 before each linear); compiled = {compiled}; "
                                        f"gemv_row_<dtype> = a GEMV's time per weight row "
-                                       f"(K = 256 vs 4096, same bytes); "
+                                       f"(K = 256 vs 4096, same bytes); the host's figures "
+                                       f"from the fastest of samples taken between all parts; "
                                        f"{self.clock} clock")
         if self.curves:
             timing = ("each kernel timed on the device (CUDA events)"
@@ -223,9 +223,10 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
     the per-op overheads and per-class rates on `device` (about 10 s a round); op times
     read from `clock` (CLOCKS; "auto": the thread's CPU time with one torch thread, else
     wall). matmul_n: the square matmul's n (None: 1024 on a CPU, GPU_MATMUL_N on a GPU).
-    Every figure is measured `rounds` times, the fastest kept and the spread
-    recorded; figures that break calibration_check's rules are measured again (up to
-    `retries` more rounds); what is still flagged, the spread and the load before and after
+    Every figure is measured `rounds` times, the fastest kept and the spread recorded; the
+    host's fixed costs (HostCosts) are sampled after every other part as well (a slow spell of
+    the host lasts seconds); figures that break calibration_check's rules are measured again
+    (up to `retries` more rounds); what is still flagged, the spread and the load before and after
     land in the result's `check` (passed: no flag)."""
     device = measurable_device(device)
     clock = check_clock("wall" if clock == "auto" and device.type == "cuda" else clock)
@@ -252,33 +253,42 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
                     for d in dtypes}
         if part == "overheads":
             rows = gemv_row_seconds(pool, dtypes, device, min_time, clock)
-            gpu = device.type == "cuda"  # a GPU's compiled step is bound by its launches
-            return {**eager_overheads(device, clock=clock),
-                    **(compiled_costs(device) if gpu
-                       else {"compiled": call_overhead(device, clock=clock)}),
-                    **({"cudagraphs": graph_launch_s(device),
-                        "kernel": kernel_time_s(device)} if gpu else {}),
+            return {**host.sample(),
+                    **({"kernel": kernel_time_s(device)} if device.type == "cuda" else {}),
                     **{row_key(d, m): s for d, by_m in rows.items() for m, s in by_m.items()}}
         row_s = row_table(got.get("overheads", {}))
         if part == "curves":
             return op_curves(pool, dtypes, device, min_time, clock, row_s)
         return matmul_rows(pool, dtypes, device, min_time, clock, row_s)
     parts = ["flops"] + (["overheads", "curves", "rows"] if curves else [])
+    host = HostCosts(device, clock, min(min_time, 0.1)) if curves else None
     got, spreads = {}, {}
+
+    def keep(part: str, again: dict) -> None:
+        got[part] = best_of(got[part], again, seconds=part == "overheads") if part in got \
+            else again
+        if host is None:
+            return
+        if part == "overheads":  # each host figure from the fastest of its timings so far
+            got[part].update(host.figures())
+        else:
+            host.sample()  # the host sampled between all parts: a slow spell of it is outlasted
     for part in parts:  # round 1, part by part (curves and rows use the overheads' row figures)
-        got[part] = measure(part)
+        keep(part, measure(part))
     for _ in range(rounds - 1):  # later rounds over every part again: spread out in time, a
         for part in parts:  # busy spell of the machine slows one round, not all
             again = measure(part)
             spreads.update(spread(got[part], again, f"{part} "))
-            got[part] = best_of(got[part], again)
+            keep(part, again)
     flags = _flags(got, matmul_n, device)
     for _ in range(retries):  # the parts a flag names, measured again: the fastest kept
         if not flags:
             break
         for part in {_part(f) for f in flags}:
-            got[part] = best_of(got[part], measure(part))
+            keep(part, measure(part))
         flags = _flags(got, matmul_n, device)
+    if host is not None:  # the host figures' spread over all samples, not over two rounds
+        spreads.update({f"overheads {k}": v for k, v in host.spread().items()})
     load.append(load_average())
     check = check_record(clock=clock, threads=torch.get_num_threads(), load=load,
                          flags=flags, spreads=spreads, rounds=rounds)

@@ -45,22 +45,23 @@ def load_average() -> float | None:
         return None
 
 
-def best_of(a: dict, b: dict) -> dict:
+def best_of(a: dict, b: dict, *, seconds: bool = False) -> dict:
     """Two measurements of the same figures merged, the faster of each kept: curves
     ({cls: {dtype: [(ws, warm, cold, flops)]}}), rows ({dtype: {rows: FLOP/s}}), rates
-    ({key: rate}) take the larger rate; overheads ("_s" figures, {execution: s}) the smaller."""
+    ({key: rate}) take the larger rate; `seconds` (overheads, {execution: s}) the smaller."""
+    faster = min if seconds else max
     out = {}
     for key in [*a, *(k for k in b if k not in a)]:  # a's order kept
         x, y = a.get(key), b.get(key)
         if x is None or y is None:
             out[key] = x if y is None else y
         elif isinstance(x, dict):
-            out[key] = best_of(x, y)
+            out[key] = best_of(x, y, seconds=seconds)
         elif isinstance(x, list):  # curve points, measured at the same working sets
-            out[key] = [(p[0], *(max(u, v) for u, v in zip(p[1:], q[1:])))
+            out[key] = [(p[0], *(faster(u, v) for u, v in zip(p[1:], q[1:])))
                         for p, q in zip(x, y)]
         else:
-            out[key] = max(x, y)
+            out[key] = faster(x, y)
     return out
 
 

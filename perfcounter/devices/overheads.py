@@ -38,14 +38,22 @@ def tiny_graph(device: torch.device, kernels: int) -> "torch.cuda.CUDAGraph":
     return graph
 
 
-def graph_launch_s(device, min_time: float = 0.05) -> float | None:
-    """Seconds one CUDA graph's launch and host synchronization cost a step (the
-    `cudagraphs` overhead: a graph of one tiny kernel replayed, wall clock); None off CUDA."""
+def graph_timer(device):
+    """A function timing one CUDA graph's launch and host synchronization, a step's
+    `cudagraphs` overhead (a graph of one tiny kernel, captured here, replayed; wall clock);
+    None off CUDA."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
     graph = tiny_graph(device, 1)
-    return time_calls(lambda: graph.replay, device, min_time)
+    return lambda: time_calls(lambda: graph.replay, device, 0.05)
+
+
+def graph_launch_s(device) -> float | None:
+    """Seconds one CUDA graph's launch and host synchronization cost a step (graph_timer,
+    timed once); None off CUDA."""
+    timer = graph_timer(device)
+    return None if timer is None else timer()
 
 
 GRAPH_KERNELS = 64  # tiny kernels in the graph kernel_time_s replays
@@ -70,31 +78,50 @@ def call_overhead(device, min_time: float = 0.05, clock: str = "wall") -> float:
                       min_time, clock) / 20
 
 
-def eager_overheads(device, min_time: float = 0.1, clock: str = "wall") -> dict[str, float]:
-    """{"eager": s, "eager_cold": s} per recorded op call of a tiny transformer's decode
-    step (see the module doc); eager_cold with a stream of 4x the L2 cache (8 MiB when
-    unknown) before each linear layer, the streams' own time taken off."""
-
+def eager_timers(device, min_time: float = 0.1, clock: str = "wall"):
+    """(op calls a step, {"warm", "streams", "cold": a function that times it once}) of a
+    tiny transformer's decode step: warm; the streams of 4x the L2 cache (8 MiB when unknown)
+    alone, one per linear layer; the step with a stream before each linear layer (cold)."""
+    device = torch.device(device)
     model, step = tiny_decode_step(device)
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     stream = torch.ones(max(cache_levels().get(2, 2 * MiB) * 4, 8 * MiB) // 4, device=device)
 
     def flush(*_):
         stream.add_(1.0)
+
+    def cold() -> float:
+        hooks = [m.register_forward_pre_hook(flush) for m in linears]
+        try:
+            return time_calls(lambda: step, device, 2 * min_time, clock)
+        finally:
+            for h in hooks:
+                h.remove()
     with torch.no_grad():
         step()
         with PerformanceCounterMode() as mode:
             step()
-        calls = max(1, sum(r.calls for r in mode.trace().records if not r.op.startswith("prim.")))
-        warm = time_calls(lambda: step, device, min_time, clock)
-        streams = time_calls(lambda: lambda: [flush() for _ in linears], device, min_time, clock)
-        hooks = [m.register_forward_pre_hook(flush) for m in linears]
-        try:
-            cold = time_calls(lambda: step, device, 2 * min_time, clock)
-        finally:
-            for h in hooks:
-                h.remove()
-    return {"eager": warm / calls, "eager_cold": max(cold - streams, warm) / calls}
+    calls = max(1, sum(r.calls for r in mode.trace().records if not r.op.startswith("prim.")))
+    return calls, {"warm": lambda: time_calls(lambda: step, device, min_time, clock),
+                   "streams": lambda: time_calls(lambda: lambda: [flush() for _ in linears],
+                                                 device, min_time, clock),
+                   "cold": cold}
+
+
+def eager_figures(calls: int, times: dict[str, float]) -> dict[str, float]:
+    """{"eager": s, "eager_cold": s} per op call from eager_timers' times: warm / calls; the
+    cold step less its streams (never below warm) / calls."""
+    return {"eager": times["warm"] / calls,
+            "eager_cold": max(times["cold"] - times["streams"], times["warm"]) / calls}
+
+
+def eager_overheads(device, min_time: float = 0.1, clock: str = "wall") -> dict[str, float]:
+    """{"eager": s, "eager_cold": s} per recorded op call of a tiny transformer's decode
+    step (see the module doc), timed once; eager_cold with a stream of 4x the L2 cache
+    before each linear layer, the streams' own time taken off."""
+    calls, timers = eager_timers(device, min_time, clock)
+    with torch.no_grad():
+        return eager_figures(calls, {name: timer() for name, timer in timers.items()})
 
 
 def tiny_decode_step(device, n_layer: int = 4):
@@ -116,19 +143,12 @@ def tiny_decode_step(device, n_layer: int = 4):
 COMPILED_DEPTHS = (2, 8)  # layers of the two tiny models compiled_costs compares
 
 
-def compiled_costs(device, min_time: float = 0.1, clock: str = "wall") -> dict[str, float]:
-    """{"compiled": s per kernel launch, "compiled_step": s per step} of a compiled decode
-    step, from the tiny transformer at two depths (COMPILED_DEPTHS) under torch.compile: each
-    step timed, and its launches counted as the compiled regime charges them
-    (costs.compiled_launches: each matmul and attention call, and a fused kernel beside each).
-    t = step + launches x per launch: the deeper model's extra time over its extra launches
-    is the cost per launch (what each layer adds: its launches, and its guards); what is
-    left of the shallow model's time is the step's own (the compiled program's entry, its
-    guards and wrapper, the host's synchronization). On a GPU a compiled decode step is
-    bound by them (a 1B model's compiled step on an H200: 3.4-5.1 ms, against 1.2 ms as one
-    CUDA graph); a single model's time over its launches charges every launch the entry's
-    share (24.5 us there, against ~15 us per launch in a 1B model's step)."""
-    seconds, launches = [], []
+def compiled_timers(device, min_time: float = 0.1, clock: str = "wall"):
+    """([launches], [a function that times the step once]) of the tiny transformer's decode
+    step compiled at each of COMPILED_DEPTHS (compiled once, here), its launches counted as
+    the compiled regime charges them (costs.compiled_launches: each matmul and attention
+    call, and a fused kernel beside each)."""
+    launches, timers = [], []
     for n_layer in COMPILED_DEPTHS:
         _, step = tiny_decode_step(device, n_layer)
         with torch.no_grad():
@@ -137,9 +157,92 @@ def compiled_costs(device, min_time: float = 0.1, clock: str = "wall") -> dict[s
             launches.append(compiled_launches(mode.trace()))
             compiled = torch.compile(step)
             compiled(), compiled()  # compilation, then a warm call
-            seconds.append(time_calls(lambda: compiled, device, min_time, clock))
+        timers.append(lambda compiled=compiled: time_calls(lambda: compiled, device, min_time,
+                                                           clock))
+    return launches, timers
+
+
+def compiled_fit(launches: list[int], seconds: list[float]) -> dict[str, float]:
+    """{"compiled": s per kernel launch, "compiled_step": s per step} from the compiled tiny
+    step's time at two depths: t = step + launches x per launch. The deeper model's extra
+    time over its extra launches is the cost per launch (what each layer adds: its launches
+    and its guards); what is left of the shallow model's time is the step's own (the
+    compiled program's entry, its guards and wrapper, the host's synchronization). On a GPU
+    a compiled decode step is bound by them (a 1B model's compiled step on an H200: 3.1-4.3
+    ms, against 1.1 ms as one CUDA graph); a single model's time over its launches would
+    charge every launch the entry's share. A deeper step no slower (noise): the shallow
+    step's time over its launches, no step figure."""
     per_launch = max(seconds[1] - seconds[0], 0.0) / max(launches[1] - launches[0], 1)
-    if per_launch <= 0.0:  # the deeper step ran no slower: noise; the shallow one's average
+    if per_launch <= 0.0:
         per_launch = seconds[0] / max(launches[0], 1)
     return {"compiled": per_launch,
             "compiled_step": max(seconds[0] - launches[0] * per_launch, 0.0)}
+
+
+def compiled_costs(device, min_time: float = 0.1, clock: str = "wall") -> dict[str, float]:
+    """{"compiled": s per kernel launch, "compiled_step": s per step} of a compiled decode
+    step, the tiny transformer at COMPILED_DEPTHS timed once each (compiled_fit)."""
+    launches, timers = compiled_timers(device, min_time, clock)
+    with torch.no_grad():
+        return compiled_fit(launches, [timer() for timer in timers])
+
+
+class HostCosts:
+    """The host's fixed costs of running ops (eager, eager_cold, compiled and, on a GPU,
+    compiled_step and cudagraphs), from timings that `sample()` takes again each time it is
+    called, the fastest of each timing kept (`figures()`).
+
+    A host moves between speeds over seconds, not over one timing's tenth of a second: on an
+    H200's 16-core host the same tiny decode step ran 6.2 us an op call, then 10.5 and 11.1
+    a few seconds later, then 6.4 again (`python benchmarks/bench_host_states.py`,
+    docs/measured.md#on-a-gpu). Neighbours and power states only ever slow the host down,
+    so calibrate samples it between its other parts and keeps the fast state: the cost a
+    step can count on. `spread()` records how far the samples fell apart.
+
+    Off CUDA, "compiled" is one direct op call (call_overhead): what generated code pays per
+    kernel; on CUDA the tiny step compiled at COMPILED_DEPTHS (compiled_fit) and one CUDA
+    graph's launch (graph_launch_s)."""
+
+    def __init__(self, device, clock: str = "wall", min_time: float = 0.1):
+        device = torch.device(device)
+        self.calls, self.timers = eager_timers(device, min_time, clock)
+        self.launches: list[int] = []
+        if device.type == "cuda":
+            self.launches, compiled = compiled_timers(device, min_time, clock)
+            self.timers.update({f"compiled {n}": t for n, t in zip(COMPILED_DEPTHS, compiled)})
+            self.timers["graph"] = graph_timer(device)
+        else:
+            self.timers["call"] = lambda: call_overhead(device, clock=clock)
+        self.fastest: dict[str, float] = {}
+        self.samples: list[dict[str, float]] = []  # each sample's figures
+
+    def sample(self) -> dict[str, float]:
+        """Every timing once; the fastest of each kept. Returns this sample's figures."""
+        with torch.no_grad():
+            times = {name: timer() for name, timer in self.timers.items()}
+        for name, seconds in times.items():
+            self.fastest[name] = min(seconds, self.fastest.get(name, seconds))
+        figures = self.figures(times)
+        self.samples.append(figures)
+        return figures
+
+    def figures(self, times: dict[str, float] | None = None) -> dict[str, float]:
+        """The overheads from `times` (default: the fastest of every sample)."""
+        t = self.fastest if times is None else times
+        out = eager_figures(self.calls, t)
+        if self.launches:
+            out.update(compiled_fit(self.launches, [t[f"compiled {n}"]
+                                                    for n in COMPILED_DEPTHS]))
+            out["cudagraphs"] = t["graph"]
+        else:
+            out["compiled"] = t["call"]
+        return out
+
+    def spread(self) -> dict[str, float]:
+        """{figure: slowest sample / fastest - 1} over every sample (0.5: 50 %)."""
+        out = {}
+        for name in self.samples[0] if self.samples else ():
+            values = [s[name] for s in self.samples]
+            lo, hi = min(values), max(values)
+            out[name] = round(hi / lo - 1 if lo > 0 else 0.0, 3)
+        return out
