@@ -89,9 +89,9 @@ def main(device: str = "cuda", rounds: int = 4, depths=(2, 8, 16)) -> dict:
         got["rounds"].append(cells)
         rows.append([str(i + 1), *(f"{c:.2f}" for c in cells)])
         print("  round " + " | ".join(rows[-1]), flush=True)
-    print(format_table(["round", "calibrate eager (us)", "calibrate eager_cold",
-                        "float32, 8 steps a sync", "float32, a sync a step",
-                        "bfloat16, 8 steps a sync"], rows), flush=True)
+    print(format_table(rows, ["round", "calibrate eager (us)", "calibrate eager_cold",
+                              "float32, 8 steps a sync", "float32, a sync a step",
+                              "bfloat16, 8 steps a sync"], markdown=True), flush=True)
     rows = []
     for n_layer in depths:
         model = tiny(device, torch.bfloat16, n_layer)
@@ -102,7 +102,8 @@ def main(device: str = "cuda", rounds: int = 4, depths=(2, 8, 16)) -> dict:
         rows.append([str(n_layer), str(launches), f"{seconds * 1e6:,.0f}", us(seconds, launches)])
         print("  compiled " + " | ".join(rows[-1]), flush=True)
     if rows:
-        print(format_table(["layers", "launches", "us a step", "us a launch"], rows))
+        print(format_table(rows, ["layers", "launches", "us a step", "us a launch"],
+                           markdown=True))
     return got
 
 

@@ -217,3 +217,12 @@ def test_calibrate_samples_the_host_between_its_parts_and_keeps_its_fast_state(m
     assert len(seen) == 8 and seen[1] == seen[5] == 9e-6  # the overheads part's readings
     assert cal.overhead_s["eager"] == 5e-6
     assert cal.check["spread"]["overheads eager"] == 0.8  # 9 / 5 - 1
+
+
+def test_the_check_line_names_the_figure_that_spread_most():
+    check = {"passed": True, "clock": "thread", "threads": 1, "load": [0.58, 0.7],
+             "spread": {"flops float32": 0.082, "overheads eager_cold": 1.33}}
+    assert C.describe_check(check) == ("passed its checks (thread clock, 1 thread(s), load "
+                                       "0.58, 0.7, largest spread 133% (overheads eager_cold))")
+    one_round = {**check, "spread": {}}  # nothing measured twice: no spread to report
+    assert C.describe_check(one_round).endswith("load 0.58, 0.7, no spread)")

@@ -166,9 +166,10 @@ def describe_check(check: dict) -> str:
     if not check:
         return "not checked (calibrated before checks were recorded)"
     load = ", ".join("?" if v is None else f"{v:g}" for v in check.get("load", []))
-    worst = max(check.get("spread", {}).values(), default=0.0)
+    spreads = check.get("spread", {})
+    worst = max(spreads, key=spreads.get, default=None)
     head = (f"{check.get('clock')} clock, {check.get('threads')} thread(s), load {load}, "
-            f"largest spread {worst:.0%}")
+            + (f"largest spread {spreads[worst]:.0%} ({worst})" if worst else "no spread"))
     if check.get("passed"):
         return f"passed its checks ({head})"
     flags = check.get("flags", [])
