@@ -168,7 +168,7 @@ def compiled_fit(launches: list[int], seconds: list[float]) -> dict[str, float]:
     time over its extra launches is the cost per launch (what each layer adds: its launches
     and its guards); what is left of the shallow model's time is the step's own (the
     compiled program's entry, its guards and wrapper, the host's synchronization). On a GPU
-    a compiled decode step is bound by them (a 1B model's compiled step on an H200: 3.1-4.3
+    a compiled decode step is bound by them (a 1B model's compiled step on an H200: 3.6-4.3
     ms, against 1.1 ms as one CUDA graph); a single model's time over its launches would
     charge every launch the entry's share. A deeper step no slower (noise): the shallow
     step's time over its launches, no step figure."""
