@@ -13,7 +13,8 @@ Steps:
 3. A Llama-shaped config with random weights (~1B: bench_predict.LLAMA_1B; on the CPU a tiny
    one), bfloat16 on CUDA: counted eagerly (the counter's CUDA timer: its figure is printed,
    "counted"), then timed uncounted in each regime with CUDA events (the CPU: wall clock),
-   best of --repeats; decode per step. Where the default model's GGUF is not installed and
+   best of --repeats, in two passes over the regimes (the faster kept: a slow spell of the
+   host lasts seconds, and spoils one pass, not both); decode per step. Where the default model's GGUF is not installed and
    --gguf names none (a GPU machine the package cannot reach), step 2 times its shape this
    way (the smollm2-135m preset, random bfloat16 weights). `--models 7b` adds Llama-2-7B's shape (random bf16
    weights, ~13.5 GB) at a 2,048-token prompt: the prefill where compiled fusion matters most.
@@ -184,9 +185,19 @@ def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
             with counter.count("decode", num_tokens=1):
                 tok = generate.decode_one_token(model, tok, torch.tensor([prompt + i],
                                                                          device=device), **greedy)
-        rows = []
         name = name or f"Llama {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B"
         name = f"{name}, {prompt}-token prompt"
+
+        def cells(execution: str, label: str, seconds: float) -> list[str]:
+            s = counter.counts[label]
+            per = s.steps if label == "decode" else 1
+            p = s.prediction(execution).latency_s / per
+            counted = "-" if execution != "eager" or s.latency is None else \
+                f"{s.latency / per * 1e3:,.2f} ms"
+            return [name, execution, label, f"{seconds * 1e3:,.2f} ms", f"{p * 1e3:,.2f} ms",
+                    f"{seconds / p:.2f}", by_registry(registry, s, execution, seconds, per),
+                    counted, *host_calls(s.trace, execution, seconds * per)]
+        runs, measured = {}, {}
         for execution in regimes(device):
             pre, dec = generate.prefill, generate.decode_one_token
             if execution != "eager":
@@ -194,27 +205,32 @@ def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
                 pre, dec = torch.compile(pre, dynamic=True), torch.compile(dec, mode=mode)
             positions = [torch.tensor([prompt + i], device=device) for i in range(steps)]
 
-            def run_prefill():
+            def run_prefill(pre=pre):
                 return pre(model, x, pos, **greedy)
 
-            def run_decode():
+            def run_decode(dec=dec, positions=positions):
                 t = tok
                 for p in positions:
                     t = dec(model, t, p, **greedy).clone()  # CUDA graphs reuse outputs
             run_prefill(), run_decode(), run_decode()  # warm-up, compilation, graph capture
-            measured = {"prefill": timed(run_prefill, device, repeats),
-                        "decode": timed(run_decode, device, repeats) / steps}
+            runs[execution] = (run_prefill, run_decode)
+            measured[execution] = {"prefill": timed(run_prefill, device, repeats),
+                                   "decode": timed(run_decode, device, repeats) / steps}
             for label in ("prefill", "decode"):
-                s = counter.counts[label]
-                per = s.steps if label == "decode" else 1
-                p = s.prediction(execution).latency_s / per
-                counted = "-" if execution != "eager" or s.latency is None else \
-                    f"{s.latency / per * 1e3:,.2f} ms"
-                rows.append(row_done([name, execution, label, f"{measured[label] * 1e3:,.2f} ms",
-                                      f"{p * 1e3:,.2f} ms", f"{measured[label] / p:.2f}",
-                                      by_registry(registry, s, execution, measured[label], per),
-                                      counted, *host_calls(s.trace, execution,
-                                                           measured[label] * per)]))
+                row_done(cells(execution, label, measured[execution][label]))
+        try:  # every regime timed again, seconds later: a slow spell of the host (it lasts
+            # seconds, docs/measured.md#on-a-gpu) spoils one pass, not both; the faster kept
+            for execution, (run_prefill, run_decode) in runs.items():
+                again = {"prefill": timed(run_prefill, device, repeats),
+                         "decode": timed(run_decode, device, repeats) / steps}
+                measured[execution] = {k: min(v, again[k]) for k, v in measured[execution].items()}
+        except Exception as e:  # noqa: BLE001 (a benchmark: the first pass stands, said so)
+            print(f"  second pass stopped ({type(e).__name__}: {e}); first pass kept", flush=True)
+        rows = [cells(execution, label, measured[execution][label])
+                for execution in runs for label in ("prefill", "decode")]
+        print("  best of both passes:", flush=True)
+        for row in rows:
+            row_done(row)
     print(f"  ({name}: {time.perf_counter() - t0:.0f} s)", flush=True)
     return rows  # the model freed on return: the allocator reuses its memory
 
