@@ -220,7 +220,7 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
               min_time: float = 0.2, curves: bool = True, clock: str = "auto",
               rounds: int = 2, retries: int = 2) -> Calibration:
     """Measure bandwidth (triad), matmul FLOP/s for each of `dtypes` and, with `curves`,
-    the per-op overheads and per-class rates on `device` (about 10 s a round); op times
+    the per-op overheads and per-class rates on `device` (15-20 s on a 2-core CPU); op times
     read from `clock` (CLOCKS; "auto": the thread's CPU time with one torch thread, else
     wall). matmul_n: the square matmul's n (None: 1024 on a CPU, GPU_MATMUL_N on a GPU).
     Every figure is measured `rounds` times, the fastest kept and the spread recorded; the
