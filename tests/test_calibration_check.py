@@ -59,18 +59,24 @@ class Host:
 
 def test_the_hosts_costs_keep_the_fastest_sample_and_record_the_spread():
     # a CPU host, 100 op calls a step; sample 1 in a slow spell (warm 1.1 ms, cold 2.0 ms,
-    # streams 0.5 ms, a direct call 2 us), sample 2 fast (0.6, 1.2, 0.4 ms, 1 us)
+    # streams 0.5 ms), sample 2 fast (0.6, 1.2, 0.4 ms); the compiled tiny step (27 launches
+    # at 2 layers, 99 at 8) 0.2 / 0.56 ms in both: (0.56 - 0.2) ms / 72 = 5 us a launch,
+    # 0.2 ms - 27 x 5 us = 65 us a step
     h = Host(100, {"warm": [1.1e-3, 0.6e-3], "cold": [2.0e-3, 1.2e-3],
-                   "streams": [0.5e-3, 0.4e-3], "call": [2e-6, 1e-6]}).host
+                   "streams": [0.5e-3, 0.4e-3], "compiled 2": [0.2e-3] * 2,
+                   "compiled 8": [0.56e-3] * 2}, launches=(27, 99)).host
     first = h.sample()
     # eager 1.1 ms / 100 = 11 us; cold (2.0 - 0.5) ms / 100 = 15 us
-    assert first == pytest.approx({"eager": 11e-6, "eager_cold": 15e-6, "compiled": 2e-6})
+    assert first == pytest.approx({"eager": 11e-6, "eager_cold": 15e-6, "compiled": 5e-6,
+                                   "compiled_step": 65e-6})
     h.sample()
     # the fastest of each timing: eager 0.6 ms / 100 = 6 us, cold (1.2 - 0.4) / 100 = 8 us
-    assert h.figures() == pytest.approx({"eager": 6e-6, "eager_cold": 8e-6, "compiled": 1e-6})
+    assert h.figures() == pytest.approx({"eager": 6e-6, "eager_cold": 8e-6, "compiled": 5e-6,
+                                         "compiled_step": 65e-6})
     # spread: 11 / 6 - 1 = 0.833; cold 15 / 8 - 1 = 0.875 (sample 2: (1.2 - 0.4) / 100 = 8
-    # us); compiled 2 / 1 - 1 = 1
-    assert h.spread() == {"eager": 0.833, "eager_cold": 0.875, "compiled": 1.0}
+    # us); the compiled step's figures the same in both samples: 0
+    assert h.spread() == {"eager": 0.833, "eager_cold": 0.875, "compiled": 0.0,
+                          "compiled_step": 0.0}
 
 
 def test_a_gpus_compiled_costs_come_from_each_depths_fastest_step():

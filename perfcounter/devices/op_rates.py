@@ -27,8 +27,8 @@ dispatch and the model's Python between ops; eager_cold = the same with a
 stream of 4x the L2 cache before each linear layer (its own time taken off),
 as a model whose weights stream through the caches runs: each op then finds
 the interpreter's and dispatcher's state evicted (several times the warm
-figure: `perfcounter calibrate` prints both); compiled = one direct op call (what generated code pays per
-kernel).
+figure: `perfcounter calibrate` prints both); compiled and compiled_step = the same tiny step
+compiled at 2 and 8 layers (overheads.compiled_fit): per kernel launch and per step's entry.
 
 Operands come from one pool (`calibrate` hands it the triad's arrays, larger than
 the cache), filled with normal numbers (`fill_operands`); `time_calls` times an op

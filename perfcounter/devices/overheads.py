@@ -149,8 +149,11 @@ def compiled_timers(device, min_time: float = 0.1, clock: str = "wall"):
     the compiled regime charges them (costs.compiled_launches: each matmul and attention
     call, and a fused kernel beside each)."""
     launches, timers = [], []
-    for n_layer in COMPILED_DEPTHS:
+    for i, n_layer in enumerate(COMPILED_DEPTHS):
         _, step = tiny_decode_step(device, n_layer)
+        if i == 0 and hasattr(torch._dynamo, "reset_code"):  # an earlier calibration's entries
+            torch._dynamo.reset_code(step.__code__)  # for this step count toward Dynamo's
+            # recompile limit (8 a code object), past which it would run the step eager
         with torch.no_grad():
             with PerformanceCounterMode() as mode:
                 step()
@@ -188,8 +191,8 @@ def compiled_costs(device, min_time: float = 0.1, clock: str = "wall") -> dict[s
 
 
 class HostCosts:
-    """The host's fixed costs of running ops (eager, eager_cold, compiled and, on a GPU,
-    compiled_step and cudagraphs), from timings that `sample()` takes again each time it is
+    """The host's fixed costs of running ops (eager, eager_cold, compiled, compiled_step and,
+    on a GPU, cudagraphs), from timings that `sample()` takes again each time it is
     called, the fastest of each timing kept (`figures()`).
 
     A host moves between speeds over seconds, not over one timing's tenth of a second: on an
@@ -199,20 +202,20 @@ class HostCosts:
     so calibrate samples it between its other parts and keeps the fast state: the cost a
     step can count on. `spread()` records how far the samples fell apart.
 
-    Off CUDA, "compiled" is one direct op call (call_overhead): what generated code pays per
-    kernel; on CUDA the tiny step compiled at COMPILED_DEPTHS (compiled_fit) and one CUDA
-    graph's launch (graph_launch_s)."""
+    "compiled" and "compiled_step" come from the tiny step compiled at COMPILED_DEPTHS
+    (compiled_fit) on every device: a compiled step's launches and its entry (Dynamo's guards,
+    the wrapper's Python) are what the host pays, a CPU's as a GPU's (SmolLM2-135M's compiled
+    decode step on a 2-core CPU spent 1.0 ms a step in Dynamo's cache lookup alone, against
+    0.4 ms for all its 363 launches at one direct op call each: docs/measured.md); on CUDA
+    also one CUDA graph's launch (graph_timer)."""
 
     def __init__(self, device, clock: str = "wall", min_time: float = 0.1):
         device = torch.device(device)
         self.calls, self.timers = eager_timers(device, min_time, clock)
-        self.launches: list[int] = []
+        self.launches, compiled = compiled_timers(device, min_time, clock)
+        self.timers.update({f"compiled {n}": t for n, t in zip(COMPILED_DEPTHS, compiled)})
         if device.type == "cuda":
-            self.launches, compiled = compiled_timers(device, min_time, clock)
-            self.timers.update({f"compiled {n}": t for n, t in zip(COMPILED_DEPTHS, compiled)})
             self.timers["graph"] = graph_timer(device)
-        else:
-            self.timers["call"] = lambda: call_overhead(device, clock=clock)
         self.fastest: dict[str, float] = {}
         self.samples: list[dict[str, float]] = []  # each sample's figures
 
@@ -230,12 +233,9 @@ class HostCosts:
         """The overheads from `times` (default: the fastest of every sample)."""
         t = self.fastest if times is None else times
         out = eager_figures(self.calls, t)
-        if self.launches:
-            out.update(compiled_fit(self.launches, [t[f"compiled {n}"]
-                                                    for n in COMPILED_DEPTHS]))
+        out.update(compiled_fit(self.launches, [t[f"compiled {n}"] for n in COMPILED_DEPTHS]))
+        if "graph" in t:
             out["cudagraphs"] = t["graph"]
-        else:
-            out["compiled"] = t["call"]
         return out
 
     def spread(self) -> dict[str, float]:
