@@ -290,8 +290,8 @@ def test_calibrate_measures_curves_and_overheads_that_predict_reads(tmp_path, ca
     assert "overhead per op call, eager" in capsys.readouterr().out
     (spec,) = load_device_specs(out)
     assert set(spec.op_curves) == set(OP_CLASSES)
-    assert set(spec.op_overhead_s) == {"eager", "eager_cold", "compiled", "gemv_row_float32",
-                                      "gemv_row16_float32"}
+    assert set(spec.op_overhead_s) == {"eager", "eager_cold", "compiled", "compiled_step",
+                                      "gemv_row_float32", "gemv_row16_float32"}
     assert list(spec.matmul_rows["float32"]) == [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
     assert P.predict(toy_trace(), spec).basis == "curve"
 

@@ -205,8 +205,9 @@ class HostCosts:
     "compiled" and "compiled_step" come from the tiny step compiled at COMPILED_DEPTHS
     (compiled_fit) on every device: a compiled step's launches and its entry (Dynamo's guards,
     the wrapper's Python) are what the host pays, a CPU's as a GPU's (SmolLM2-135M's compiled
-    decode step on a 2-core CPU spent 1.0 ms a step in Dynamo's cache lookup alone, against
-    0.4 ms for all its 363 launches at one direct op call each: docs/measured.md); on CUDA
+    decode step on a 2-core CPU spent 0.84 ms a step in Dynamo's cache lookup alone,
+    against 0.41 ms for all its 363 launches at one direct op call each:
+    benchmarks/bench_compiled_host.py, docs/measured.md); on CUDA
     also one CUDA graph's launch (graph_timer)."""
 
     def __init__(self, device, clock: str = "wall", min_time: float = 0.1):
