@@ -27,21 +27,30 @@ def test_compiled_launches_are_the_ones_the_compiled_regime_charges():
     assert P.compiled_launches(mode.trace()) == 51
 
 
-def test_a_compiled_launch_is_the_extra_time_of_a_deeper_step(monkeypatch):
+def test_a_compiled_launch_is_the_extra_time_of_a_deeper_step():
     # the tiny transformer's launches: 2 x (6 extern calls a layer x L + the output
     # projection) + 1 step = 12 L + 3: 27 at 2 layers, 99 at 8
+    launches = [overheads.compiled_launches(trace) for trace in tiny_traces()]
+    assert launches == [27, 99]
     # steps timed 0.605 ms and 1.685 ms: (1.685 - 0.605) ms / (99 - 27) = 15 us a launch;
     # the shallow step's rest: 0.605 ms - 27 x 15 us = 0.2 ms a step
-    times = iter([0.605e-3, 1.685e-3])
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
-    monkeypatch.setattr(overheads, "time_calls", lambda *a, **kw: next(times))
-    got = overheads.compiled_costs("cpu")
+    got = overheads.compiled_fit(launches, [0.605e-3, 1.685e-3])
     assert got["compiled"] == pytest.approx(15e-6)
     assert got["compiled_step"] == pytest.approx(0.2e-3)
     # a deeper step no slower (noise): the shallow step over its launches, no step figure
-    times = iter([0.54e-3, 0.5e-3])
-    got = overheads.compiled_costs("cpu")
+    got = overheads.compiled_fit(launches, [0.54e-3, 0.5e-3])
     assert got["compiled"] == pytest.approx(0.54e-3 / 27) and got["compiled_step"] == 0.0
+
+
+def tiny_traces():
+    """The counted decode step of the tiny transformer at each of COMPILED_DEPTHS."""
+    traces = []
+    for n_layer in overheads.COMPILED_DEPTHS:
+        _, step = overheads.tiny_decode_step("cpu", n_layer)
+        with torch.no_grad(), overheads.PerformanceCounterMode() as mode:
+            step()
+        traces.append(mode.trace())
+    return traces
 
 
 def test_a_gpu_times_attention_and_matmul_rows_at_a_long_prompts_size():
@@ -70,7 +79,7 @@ def test_kernel_timing_is_host_timing_on_a_cpu(monkeypatch):
     monkeypatch.setitem(op_rates.CLOCKS, "wall", lambda: next(ticks) * 1e-3)
     assert op_rates.time_calls(lambda: lambda: None, "cpu", 0.0, "wall",
                                kernel=True) == pytest.approx(1e-3)
-    assert op_rates.graph_launch_s("cpu") is None
+    assert op_rates.graph_timer("cpu") is None
     assert op_rates.host_call_s("cpu") > 0  # a CPU curve still takes one call's Python off
 
 

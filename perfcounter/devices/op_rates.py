@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 from perfcounter.devices.dtypes import dtype_name
 from perfcounter.devices.overheads import (  # noqa: F401 (calibrate's names, re-exported)
-    HostCosts, call_overhead, compiled_costs, eager_overheads, graph_launch_s, host_call_s,
+    HostCosts, call_overhead, compiled_fit, eager_overheads, graph_timer, host_call_s,
     kernel_time_s, tiny_decode_step)
 from perfcounter.devices.timing import (  # noqa: F401 (re-exported)
     CLOCKS, MAX_CALLS, MiB, cache_levels, check_clock, kernel_seconds, last_level_cache_bytes,

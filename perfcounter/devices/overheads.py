@@ -49,13 +49,6 @@ def graph_timer(device):
     return lambda: time_calls(lambda: graph.replay, device, 0.05)
 
 
-def graph_launch_s(device) -> float | None:
-    """Seconds one CUDA graph's launch and host synchronization cost a step (graph_timer,
-    timed once); None off CUDA."""
-    timer = graph_timer(device)
-    return None if timer is None else timer()
-
-
 GRAPH_KERNELS = 64  # tiny kernels in the graph kernel_time_s replays
 
 
@@ -127,7 +120,7 @@ def eager_overheads(device, min_time: float = 0.1, clock: str = "wall") -> dict[
 def tiny_decode_step(device, n_layer: int = 4):
     """(model, step): a tiny transformer (`n_layer` layers of dim 64, GQA, rotary, KV cache,
     SwiGLU) and one decode step of it, whose work is next to nothing: what is timed is the
-    cost of running its ops (eager_overheads, compiled_costs)."""
+    cost of running its ops (eager_timers, compiled_timers)."""
     torch.manual_seed(0)
     model = Transformer(ModelArgs(block_size=64, vocab_size=256, n_layer=n_layer, n_head=4,
                                   n_local_heads=2, dim=64, intermediate_size=128)).to(device)
@@ -140,7 +133,7 @@ def tiny_decode_step(device, n_layer: int = 4):
     return model, step
 
 
-COMPILED_DEPTHS = (2, 8)  # layers of the two tiny models compiled_costs compares
+COMPILED_DEPTHS = (2, 8)  # layers of the two tiny models compiled_fit compares
 
 
 def compiled_timers(device, min_time: float = 0.1, clock: str = "wall"):
@@ -180,14 +173,6 @@ def compiled_fit(launches: list[int], seconds: list[float]) -> dict[str, float]:
         per_launch = seconds[0] / max(launches[0], 1)
     return {"compiled": per_launch,
             "compiled_step": max(seconds[0] - launches[0] * per_launch, 0.0)}
-
-
-def compiled_costs(device, min_time: float = 0.1, clock: str = "wall") -> dict[str, float]:
-    """{"compiled": s per kernel launch, "compiled_step": s per step} of a compiled decode
-    step, the tiny transformer at COMPILED_DEPTHS timed once each (compiled_fit)."""
-    launches, timers = compiled_timers(device, min_time, clock)
-    with torch.no_grad():
-        return compiled_fit(launches, [timer() for timer in timers])
 
 
 class HostCosts:
