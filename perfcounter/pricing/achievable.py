@@ -65,14 +65,16 @@ WEIGHT_CLASSES = ("gemv_int8", "gemv_int4", "gemv_fp8")  # a GEMV priced by its 
 # plus module Python; compiled: per kernel, one generated-code call. GPU eager: assumption, a
 # kernel launch (~5 us) plus dispatch (an H200's calibrations measured 5.8 and 7.9 us per op
 # call of a tiny model's decode step). GPU compiled: per kernel, torch.compile's launch of one
-# generated kernel from its Python wrapper, 12.5 us, and per step its entry (guards, the
-# wrapper: DEFAULT_STEP_S) 69 us, measured on an H200 (calibrate: a tiny compiled decode step
-# at 2 and 8 layers, benchmarks/gpu_check.py at aaf2a2b, docs/measured.md#on-a-gpu); an
+# generated kernel from its Python wrapper, 15 us, and per step its entry (guards, the
+# wrapper: DEFAULT_STEP_S) 69 us: calibrate's tiny compiled decode step at 2 and 8 layers
+# (benchmarks/gpu_check.py, docs/measured.md#on-a-gpu), the host's fast state in three calls on
+# two cards, a launch 12.3 and 16.8 us on an H200 (at aaf2a2b, 9649e8d) and 15.1 on an H100 (at
+# 3ed63a7), the middle kept; a step's entry 57, 194 and 60 us, the 69 of the first call kept; an
 # engine that launches from C++ (a TensorRT engine, llama.cpp) pays less, which its spec's
 # own figures state. cudagraphs: per STEP, one graph launch and its host sync (assumption;
 # the H200 measured 9.7 and 18.2 us), no launch per kernel.
 DEFAULT_OVERHEAD_S = {"cpu": {"eager": 3e-6, "compiled": 1e-6, "cudagraphs": 2e-5},
-                      "cuda": {"eager": 8e-6, "compiled": 1.25e-5, "cudagraphs": 2e-5}}
+                      "cuda": {"eager": 8e-6, "compiled": 1.5e-5, "cudagraphs": 2e-5}}
 DEFAULT_STEP_S = {"cuda": 6.9e-5}  # a compiled step's entry (compiled_step); none on a CPU
 # A GPU kernel's fixed device time, seconds: each kernel, however small, occupies the device for
 # its launch on the device, its blocks' scheduling, its first loads' latency and its tail,
