@@ -144,7 +144,8 @@ def model_part(device, dtype, name: str, layers: int | None, prompt: int,
     with torch.no_grad():
         n = launches_of(model, xp, pp)
         for label, (f, x, pos) in programs.items():
-            call = (lambda f=f, x=x, pos=pos: f(model, x, pos))
+            def call(f=f, x=x, pos=pos):
+                return f(model, x, pos)
             call(), call()  # compilation, then a warm call
             host = time_calls(lambda call=call: call, device, min_time)
             kernels = time_calls(lambda call=call: call, device, min_time, kernel=True)
