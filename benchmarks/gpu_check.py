@@ -14,7 +14,8 @@ Steps:
    one), bfloat16 on CUDA: counted eagerly (the counter's CUDA timer: its figure is printed,
    "counted"), then timed uncounted in each regime with CUDA events (the CPU: wall clock),
    best of --repeats, in two passes over the regimes (the faster kept: a slow spell of the
-   host lasts seconds, and spoils one pass, not both); decode per step. Where the default model's GGUF is not installed and
+   host lasts seconds, and spoils one pass, not both), each pass after a line with the host's
+   cost per eager op call then, beside the calibrated one (host_now); decode per step. Where the default model's GGUF is not installed and
    --gguf names none (a GPU machine the package cannot reach), step 2 times its shape this
    way (the smollm2-135m preset, random bfloat16 weights). `--models 7b` adds Llama-2-7B's shape (random bf16
    weights, ~13.5 GB) at a 2,048-token prompt: the prefill where compiled fusion matters most.
@@ -51,6 +52,7 @@ from perfcounter.devices.registry import find_cuda_device_spec  # noqa: E402
 from perfcounter.devices.dtypes import DeviceSpecError  # noqa: E402
 from perfcounter.devices.calibrate import calibrate, describe, save_calibrated  # noqa: E402
 from perfcounter.devices.calibration_check import describe_check  # noqa: E402
+from perfcounter.devices.overheads import eager_overheads  # noqa: E402
 from perfcounter.format import format_table  # noqa: E402
 from perfcounter.models.args import ModelArgs  # noqa: E402
 from perfcounter.models.loading import CheckpointNotFoundError, default_checkpoint  # noqa: E402
@@ -130,6 +132,15 @@ def by_registry(registry, stats, execution: str, measured_s: float, per: int = 1
     return f"{measured_s / p:.2f}"
 
 
+def host_now(spec, device: str, when: str) -> None:
+    """The host's cost per eager op call now (calibrate's tiny step, timed once) beside the
+    calibrated figure: a pass that ran in a slow spell of the host says so."""
+    now, calibrated = eager_overheads(device)["eager"], spec.op_overhead_s.get("eager")
+    beside = "" if calibrated is None else \
+        f" (calibrated {calibrated * 1e6:,.2f} us: x{now / calibrated:.2f})"
+    print(f"  host before the {when}: {now * 1e6:,.2f} us an eager op call{beside}", flush=True)
+
+
 def row_done(row: list[str]) -> list[str]:
     """`row`, printed as it is measured: a run cut short still shows what it had."""
     print("  " + " | ".join(row), flush=True)
@@ -198,6 +209,7 @@ def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
                     f"{seconds / p:.2f}", by_registry(registry, s, execution, seconds, per),
                     counted, *host_calls(s.trace, execution, seconds * per)]
         runs, measured = {}, {}
+        host_now(spec, device, "first pass")
         for execution in regimes(device):
             pre, dec = generate.prefill, generate.decode_one_token
             if execution != "eager":
@@ -220,6 +232,7 @@ def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
                 row_done(cells(execution, label, measured[execution][label]))
         try:  # every regime timed again, seconds later: a slow spell of the host (it lasts
             # seconds, docs/measured.md#on-a-gpu) spoils one pass, not both; the faster kept
+            host_now(spec, device, "second pass")
             for execution, (run_prefill, run_decode) in runs.items():
                 again = {"prefill": timed(run_prefill, device, repeats),
                          "decode": timed(run_decode, device, repeats) / steps}
