@@ -15,7 +15,9 @@ Steps:
    "counted"), then timed uncounted in each regime with CUDA events (the CPU: wall clock),
    best of --repeats, in two passes over the regimes (the faster kept: a slow spell of the
    host lasts seconds, and spoils one pass, not both), each pass after a line with the host's
-   cost per eager op call then, beside the calibrated one (host_now); decode per step. Where the default model's GGUF is not installed and
+   cost per eager op call then, beside the calibrated one (host_now), and a line after them
+   with other work's share of the time (timing.CoreWait: the threads' waits for a core, the
+   hypervisor's steal); decode per step. Where the default model's GGUF is not installed and
    --gguf names none (a GPU machine the package cannot reach), step 2 times its shape this
    way (the smollm2-135m preset, random bfloat16 weights). `--models 7b` adds Llama-2-7B's shape (random bf16
    weights, ~13.5 GB) at a 2,048-token prompt: the prefill where compiled fusion matters most.
@@ -53,6 +55,7 @@ from perfcounter.devices.dtypes import DeviceSpecError  # noqa: E402
 from perfcounter.devices.calibrate import calibrate, describe, save_calibrated  # noqa: E402
 from perfcounter.devices.calibration_check import describe_check  # noqa: E402
 from perfcounter.devices.overheads import eager_overheads  # noqa: E402
+from perfcounter.devices.timing import CoreWait  # noqa: E402
 from perfcounter.format import format_table  # noqa: E402
 from perfcounter.models.args import ModelArgs  # noqa: E402
 from perfcounter.models.loading import CheckpointNotFoundError, default_checkpoint  # noqa: E402
@@ -208,7 +211,7 @@ def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
             return [name, execution, label, f"{seconds * 1e3:,.2f} ms", f"{p * 1e3:,.2f} ms",
                     f"{seconds / p:.2f}", by_registry(registry, s, execution, seconds, per),
                     counted, *host_calls(s.trace, execution, seconds * per)]
-        runs, measured = {}, {}
+        runs, measured, wait = {}, {}, CoreWait()
         host_now(spec, device, "first pass")
         for execution in regimes(device):
             pre, dec = generate.prefill, generate.decode_one_token
@@ -239,6 +242,9 @@ def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
                 measured[execution] = {k: min(v, again[k]) for k, v in measured[execution].items()}
         except Exception as e:  # noqa: BLE001 (a benchmark: the first pass stands, said so)
             print(f"  second pass stopped ({type(e).__name__}: {e}); first pass kept", flush=True)
+        shares = [f"{v:.1%}" if v is not None else "?" for v in (wait.share(), wait.stolen())]
+        print(f"  other work during the passes: threads waited {shares[0]} of their time for a "
+              f"core; the hypervisor took {shares[1]} of the CPUs' time", flush=True)
         rows = [cells(execution, label, measured[execution][label])
                 for execution in runs for label in ("prefill", "decode")]
         print("  best of both passes:", flush=True)

@@ -34,6 +34,7 @@ from perfcounter.devices.registry import calibrated_spec_path
 from perfcounter.devices.spec import row_key, row_table
 from perfcounter.devices.spec import DeviceSpec
 from perfcounter.devices.spec_file import write_device_specs
+from perfcounter.devices.timing import CoreWait
 
 TRIAD_BYTES_PER_ELEMENT = 3 * 4  # read b, read c, write a; float32
 
@@ -239,7 +240,7 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
         raise ValueError(f"array_bytes, repeats, matmul_n, min_time and rounds must be "
                          f"positive and retries >= 0, got {array_bytes}, {repeats}, "
                          f"{matmul_n}, {min_time}, {rounds}, {retries}")
-    load = [load_average()]
+    load, wait = [load_average()], CoreWait()
     dtypes = [as_dtype(d) for d in dtypes]
     n = max(1, array_bytes // 4)
     pool = torch.full((3 * n,), 0.5, dtype=torch.float32, device=device)
@@ -291,7 +292,8 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
         spreads.update({f"overheads {k}": v for k, v in host.spread().items()})
     load.append(load_average())
     check = check_record(clock=clock, threads=torch.get_num_threads(), load=load,
-                         flags=flags, spreads=spreads, rounds=rounds)
+                         flags=flags, spreads=spreads, rounds=rounds, waited=wait.share(),
+                         stolen=wait.stolen())
     return Calibration(device=str(device), processor=_processor(device),
                        threads=torch.get_num_threads(), array_bytes=array_bytes,
                        repeats=repeats, clock=clock, matmul_n=matmul_n, bandwidth=bandwidth,

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import os
 
+from perfcounter.devices.timing import BUSY_SHARE
+
 DIP = 1 / 3
 END_DIP = 1 / 10  # the smallest sets pay a call's fixed cost: they may run well below
 ROWS_DIP = 0.5
@@ -155,10 +157,18 @@ def all_flags(flops: dict, overheads: dict, curves: dict, rows: dict, n: int, *,
 
 
 def check_record(*, clock: str, threads: int, load: list, flags: list[str], spreads: dict,
-                 rounds: int) -> dict:
-    """What the calibration file records of the checks (DeviceSpec.calibration_check)."""
+                 rounds: int, waited: float | None = None, stolen: float | None = None) -> dict:
+    """What the calibration file records of the checks (DeviceSpec.calibration_check);
+    `waited`, `stolen`: other work's share of the calibration's time (timing.CoreWait), where
+    recorded. On the wall clock, a share above BUSY_SHARE is a flag: every timing counted it."""
+    flags = list(flags)
+    busy = {"waited": waited, "stolen": stolen}
+    if clock == "wall":
+        flags += [f"busy: other work took {v:.0%} of the calibration's time ({k})"
+                  for k, v in busy.items() if v is not None and v > BUSY_SHARE]
     return {"passed": not flags, "clock": clock, "threads": threads, "rounds": rounds,
-            "load": load, "flags": list(flags), "spread": dict(spreads)}
+            "load": load, "flags": flags, "spread": dict(spreads),
+            **{k: round(v, 4) for k, v in busy.items() if v is not None}}
 
 
 def describe_check(check: dict) -> str:
@@ -168,7 +178,9 @@ def describe_check(check: dict) -> str:
     load = ", ".join("?" if v is None else f"{v:g}" for v in check.get("load", []))
     spreads = check.get("spread", {})
     worst = max(spreads, key=spreads.get, default=None)
-    head = (f"{check.get('clock')} clock, {check.get('threads')} thread(s), load {load}, "
+    busy = "".join(f", {k} {check[k]:.0%}" for k in ("waited", "stolen")
+                   if check.get(k, 0) > BUSY_SHARE)  # other work's share, where it mattered
+    head = (f"{check.get('clock')} clock, {check.get('threads')} thread(s), load {load}{busy}, "
             + (f"largest spread {spreads[worst]:.0%} ({worst})" if worst else "no spread"))
     if check.get("passed"):
         return f"passed its checks ({head})"

@@ -1,5 +1,6 @@
 """Timing ops on a device: the clocks, `time_calls` (host-timed, or on a GPU the kernels'
-own, `kernel=True`: see op_rates.py), the CPU's cache sizes."""
+own, `kernel=True`: see op_rates.py), the CPU's cache sizes, and how long this process's
+threads waited for a core (`CoreWait`: what other work on the machine adds to a timing)."""
 from __future__ import annotations
 
 import time
@@ -12,6 +13,79 @@ MiB = 1 << 20
 # (on a machine other jobs share, with one torch thread: the time an op takes alone, without
 # the waits for a core; what neighbours cannot inflate, bar the caches they share)
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time, "thread": time.thread_time}
+
+
+def cores_waited() -> tuple[float, float] | None:
+    """(seconds on a core, seconds ready to run but waiting for one) of this process's live
+    threads so far, from Linux's /proc/self/task/*/schedstat; None where the system keeps
+    no such record. A thread waits while other work holds every core."""
+    tasks = Path("/proc/self/task")
+    try:
+        names = [t.name for t in tasks.iterdir()]
+    except OSError:
+        return None
+    on = waited = 0
+    for name in names:
+        try:
+            fields = (tasks / name / "schedstat").read_text().split()
+            on, waited = on + int(fields[0]), waited + int(fields[1])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            continue
+    return on / 1e9, waited / 1e9
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """(all ticks, stolen ticks) of the machine's CPUs so far, from Linux's /proc/stat:
+    steal is time a virtual machine's CPUs were ready to run while its hypervisor ran
+    others' (None where not recorded)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError):
+        return None
+    return (sum(ticks), ticks[7]) if fields[0] == "cpu" and len(ticks) == 8 else None
+
+
+class CoreWait:
+    """What other work took from this process between its creation and now: `share()`, the
+    part of its threads' time spent waiting for a core (0 on a machine the process has to
+    itself; two busy processes beside a one-thread loop on 2 cores: 0.74 s waited beside 1.23
+    s on a core, 0.38); `stolen()`, the part of the machine's CPU time its hypervisor gave
+    to other machines (0 on bare metal)."""
+
+    def __init__(self):
+        self.start, self.ticks = cores_waited(), cpu_ticks()
+
+    def share(self) -> float | None:
+        """Waited / (on a core + waited) since creation; None where not recorded."""
+        end = cores_waited()
+        if self.start is None or end is None:
+            return None
+        on, waited = max(end[0] - self.start[0], 0.0), max(end[1] - self.start[1], 0.0)
+        return waited / (on + waited) if on + waited > 0 else 0.0
+
+    def stolen(self) -> float | None:
+        """Stolen ticks / all ticks of the machine's CPUs since creation; None where not
+        recorded."""
+        end = cpu_ticks()
+        if self.ticks is None or end is None:
+            return None
+        total, steal = end[0] - self.ticks[0], end[1] - self.ticks[1]
+        return max(steal, 0) / total if total > 0 else 0.0
+
+    def note(self) -> str | None:
+        """One clause where other work took more than BUSY_SHARE of either, else None."""
+        share, stolen = self.share(), self.stolen()
+        parts = ([f"its threads waited {share:.0%} of their time for a core"]
+                 if share is not None and share > BUSY_SHARE else []) + \
+            ([f"the hypervisor gave {stolen:.0%} of the CPUs' time to other machines"]
+             if stolen is not None and stolen > BUSY_SHARE else [])
+        return " and ".join(parts) or None
+
+
+BUSY_SHARE = 0.1  # other work's share of a timing that a report names: above noise (a quiet
+# 2-core VM's generate.py run waited 0.1 % of its threads' time; with two busy processes beside
+# it, 36 %)
 
 
 def cache_levels() -> dict[int, int]:

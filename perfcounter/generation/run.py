@@ -14,15 +14,17 @@ import contextlib
 import dataclasses
 import math
 import time
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-from perfcounter._util import check_writable_target
+from perfcounter._util import PerfcounterWarning, check_writable_target
 from perfcounter.counting.module_path import check_depth
 from perfcounter.devices.op_rates import CLOCKS, check_clock
 from perfcounter.devices.spec import EXECUTIONS
+from perfcounter.devices.timing import CoreWait
 from perfcounter.generation import speculative
 from perfcounter.generation.config_only import resolve_config
 from perfcounter.models.args import ModelArgs
@@ -76,14 +78,23 @@ class PhaseTimer:
 
 def time_samples(generate_one, num_samples: int, device, clock: str = "wall"):
     """`generate_one(phase=timer)` run `num_samples` times, each phase timed (PhaseTimer):
-    (the generated ids of each sample, seconds of each sample, mean seconds per phase)."""
-    timer, outputs, seconds = PhaseTimer(device, clock), [], []
+    (the generated ids of each sample, seconds of each sample, mean seconds per phase). Where
+    other work took a share of the machine meanwhile (CoreWait), a warning says how much."""
+    timer, outputs, seconds, wait = PhaseTimer(device, clock), [], [], CoreWait()
     for _ in range(num_samples):
         t0 = time.perf_counter()
         y = generate_one(phase=timer)
         device_sync(device)
         seconds.append(time.perf_counter() - t0)
         outputs.append(y)
+    busy = wait.note()
+    if busy:
+        effect = ("the thread clock leaves the waits out, not the caches and memory bandwidth "
+                  "the other work shares" if clock == "thread" else
+                  "the measured times include the waits, so meas/pred reads high")
+        warnings.warn(f"other work shared this machine while the run was timed: {busy}; "
+                      f"{effect}. Run again on a quiet machine", PerfcounterWarning,
+                      stacklevel=2)
     return outputs, seconds, {k: v / num_samples for k, v in timer.seconds.items()}
 
 

