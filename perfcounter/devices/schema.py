@@ -123,7 +123,7 @@ def nested_values(key: str, value, to_si: bool):
                   for d, pts in table.items()} if isinstance(table, dict) else table
             for cls, table in value.items()}
 OTHER_FIELDS = ("device_type", "dtype", "profile", "aliases", "cuda_names", "source", "notes",
-                "calibration_check")  # {passed: bool, clock, threads, load, flags, spread}
+                "calibration_check")  # {passed, clock, threads, load, flags, spread, waited, stolen}
 UPMEM_PROFILE = "upmem"  # what `profile` says for the entries of a file in UPMEM's format
 UPMEM_REQUIRED = ("host_to_device_bw_GBs", "host_to_device_pj_per_bit",
                   "device_to_host_bw_GBs", "device_to_host_pj_per_bit", "mem_bw_GBs",
