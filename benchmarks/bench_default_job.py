@@ -13,8 +13,10 @@ figure generate.py reports, the one every table shows), one torch thread, timed 
 thread's CPU clock (`clock="thread"`: what the other jobs of a shared machine cannot
 inflate, bar the memory bandwidth and caches they share). Per configuration and phase it
 prints the median of the runs' measured ÷ predicted (the prediction of the program that
-ran: eager or compiled, float32 weights), its range, and the machine's 1-minute load before
-and after. Decode is the whole phase (every step, sampling included).
+ran: eager or compiled, float32 weights), its range, the machine's 1-minute load before
+and after, and the share of the runs' thread time spent waiting for a core (timing.CoreWait:
+other work on the machine, measured; the thread clock leaves the waits out, not the caches
+and memory bandwidth that work shares). Decode is the whole phase (every step, sampling included).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ import generate  # noqa: E402
 from perfcounter.console import quiet_third_party  # noqa: E402
 from perfcounter.devices.calibrate import calibrate, describe, save_calibrated  # noqa: E402
 from perfcounter.devices.calibration_check import describe_check, load_average  # noqa: E402
+from perfcounter.devices.timing import CoreWait  # noqa: E402
 from perfcounter.format import format_table  # noqa: E402
 
 # (prompt tokens: None = the default text prompt, 5 tokens; batch; execution)
@@ -71,7 +74,7 @@ def main(*, spec_path: str | None = None, runs: int = 3, quick: bool = False,
               f"{describe_check(load_device_specs(spec_path)[0].calibration_check)}")
     rows = []
     for prompt, batch, execution in (QUICK if quick else CONFIGS):
-        before = load_average()
+        before, wait = load_average(), CoreWait()
         ratios: dict[str, list[float]] = {}
         times: dict[str, list[tuple[float, float]]] = {}
         for _ in range(runs):
@@ -79,14 +82,15 @@ def main(*, spec_path: str | None = None, runs: int = 3, quick: bool = False,
                                                         new_tokens).items():
                 ratios.setdefault(label, []).append(measured / predicted)
                 times.setdefault(label, []).append((measured, predicted))
-        after = load_average()
+        after, waited = load_average(), wait.share()
         for label, values in ratios.items():
             m = statistics.median(values)
             measured, predicted = statistics.median(t[0] for t in times[label]), \
                 statistics.median(t[1] for t in times[label])
             rows.append([str(prompt or "5 (text)"), str(batch), execution, label,
                          f"{measured * 1e3:,.1f} ms", f"{predicted * 1e3:,.1f} ms", f"{m:.2f}",
-                         f"{min(values):.2f}-{max(values):.2f}", f"{before:g} / {after:g}"])
+                         f"{min(values):.2f}-{max(values):.2f}", f"{before:g} / {after:g}",
+                         "?" if waited is None else f"{waited:.1%}"])
         print(format_table(rows[-len(ratios):], HEAD, markdown=True).split("\n", 2)[-1],
               flush=True)
     print()
@@ -98,7 +102,7 @@ def main(*, spec_path: str | None = None, runs: int = 3, quick: bool = False,
 
 
 HEAD = ["prompt", "batch", "run", "phase", "measured", "predicted", "meas/pred (median)",
-        "range", "load before / after"]
+        "range", "load before / after", "threads waited"]
 
 
 if __name__ == "__main__":
