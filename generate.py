@@ -138,7 +138,8 @@ def run_checkpoint(model, x: Tensor, counter, *, max_new_tokens: int, num_sample
                    compile: bool, device: str, progress: bool, count_every_step: bool = False,
                    cudagraphs: bool = False, clock: str = "wall", **sampling_kwargs):
     """Count one eager generation, then time `num_samples` uncounted ones (compiled with
-    `compile`): (generated ids of each sample, seconds of each sample, mean seconds per phase).
+    `compile`): (generated ids of each sample, seconds of each sample, mean seconds per phase,
+    other work's share of the timed samples: time_samples).
     The counted generation counts the prefill and the first decode steps and derives the
     others, which run without the counter and are timed (perfcounter.generation.derive.DecodeSteps);
     count_every_step counts them all."""
@@ -174,33 +175,34 @@ def run_speculative(model, draft, x: Tensor, counter, *, max_new_tokens: int, sp
     _, acceptance = run(phase=counter.count)
     baseline = speculative.target_decode_step(model, x.shape[1] + max_new_tokens - 1, counter,
                                               sampler)
-    outputs, seconds, measured = time_samples(lambda phase: run(phase=phase)[0], num_samples,
-                                              device)  # the ids, not the accept counts
-    return outputs, seconds, measured, acceptance, baseline
+    outputs, seconds, measured, other_work = time_samples(lambda phase: run(phase=phase)[0],
+                                                          num_samples, device)  # the ids only
+    return outputs, seconds, measured, acceptance, baseline, other_work
 
 
 # -- the run modes: one function each, returning an Outcome ------------------------------------
 def checkpoint_run(o: Options, counter, log) -> Outcome:
     """A real checkpoint: generated once under the counter, then timed (run_checkpoint)."""
     loaded, x = load_with_prompt(o, log)
-    outputs, seconds, measured = run_checkpoint(
+    outputs, seconds, measured, other_work = run_checkpoint(
         loaded.model, x, counter, max_new_tokens=o.max_new_tokens, num_samples=o.num_samples,
         compile=o.compile, device=o.device, progress=sys.stderr.isatty() and not o.quiet,
         count_every_step=o.count_every_step, cudagraphs=o.execution == "cudagraphs",
         clock=o.clock, **o.sampling)
     return Outcome(loaded.model, loaded.args, x.shape[1], _texts(loaded.tokenizer, outputs),
-                   seconds, measured, gguf=loaded.source if loaded.kind == "gguf" else None)
+                   seconds, measured, gguf=loaded.source if loaded.kind == "gguf" else None,
+                   other_work=other_work)
 
 
 def speculative_run(o: Options, counter, log) -> Outcome:
     """A real target and draft: gpt-fast's speculative decoding, counted, then timed."""
     loaded, x = load_with_prompt(o, log)
     draft = load_checkpoint(o.draft_checkpoint_path, o.draft_model, None, o, log)  # as stored
-    outputs, seconds, measured, acceptance, baseline = run_speculative(
+    outputs, seconds, measured, acceptance, baseline, other_work = run_speculative(
         loaded.model, draft.model, x, counter, max_new_tokens=o.max_new_tokens,
         speculate_k=o.speculate_k, num_samples=o.num_samples, device=o.device, **o.sampling)
     return Outcome(loaded.model, loaded.args, x.shape[1], _texts(loaded.tokenizer, outputs),
-                   seconds, measured, acceptance, baseline)
+                   seconds, measured, acceptance, baseline, other_work=other_work)
 
 
 def _texts(tokenizer, outputs: list[Tensor]) -> list[str]:

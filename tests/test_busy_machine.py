@@ -82,10 +82,13 @@ def test_a_run_timed_while_other_work_held_the_cores_warns_once(monkeypatch):
     assert "waited 40% of their time for a core" in lines[0]
     assert "include the waits" in lines[0]  # the wall clock, the default
     monkeypatch.setattr(timing.CoreWait, "note", lambda self: None)
+    monkeypatch.setattr(timing.CoreWait, "share", lambda self: 0.02)
+    monkeypatch.setattr(timing.CoreWait, "stolen", lambda self: None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        time_samples(lambda phase: None, 1, "cpu")
+        _, _, _, other_work = time_samples(lambda phase: None, 1, "cpu")
     assert not [w for w in caught if issubclass(w.category, PerfcounterWarning)]
+    assert other_work == {"waited": 0.02, "stolen": None}  # what --save_path's JSON records
 
 
 def test_a_wall_clock_calibration_on_a_busy_machine_is_flagged_a_thread_clock_one_recorded():

@@ -45,6 +45,10 @@ def test_a_gguf_run_is_priced_as_it_executed_and_the_stored_figure_is_a_labelled
         assert doc[label]["execution"] == "eager" and "uncounted eager run" in stats.timing
     stored = doc["decode"]["perfcounter"]["run"]["as_stored_predicted_latency_s"]
     assert 0 < stored["decode"] < doc["decode"]["predicted_latency_s"]
+    # other work's share of the timed runs, where Linux records it (timing.CoreWait)
+    other = doc["decode"]["perfcounter"]["run"]["other_work"]
+    assert set(other) == {"waited", "stolen"}
+    assert all(v is None or 0.0 <= v <= 1.0 for v in other.values())
 
 
 def test_execution_flags_resolve_and_refuse():

@@ -3,7 +3,8 @@ its samples timed; run_report.py prints and saves what a run found.
 
     o = check_options(Options(**flags))   # every flag checked first (GenerateArgumentError)
     loaded, x = load_with_prompt(o, log)  # a real run: the target and its prompt [B, S]
-    outputs, seconds, per_phase = time_samples(functools.partial(generate, ...), n, device)
+    outputs, seconds, per_phase, other_work = time_samples(functools.partial(generate, ...), n,
+                                                         device)
 
 generate.py keeps the phases (prefill, decode_one_token, decode_n_tokens, generate) and
 one function per run mode; what is here serves them all and holds no phase of its own.
@@ -78,8 +79,10 @@ class PhaseTimer:
 
 def time_samples(generate_one, num_samples: int, device, clock: str = "wall"):
     """`generate_one(phase=timer)` run `num_samples` times, each phase timed (PhaseTimer):
-    (the generated ids of each sample, seconds of each sample, mean seconds per phase). Where
-    other work took a share of the machine meanwhile (CoreWait), a warning says how much."""
+    (the generated ids of each sample, seconds of each sample, mean seconds per phase, other
+    work's share of the time: {"waited": the threads' waits for a core, "stolen": a
+    hypervisor's steal}, CoreWait, None where not recorded). Where either exceeds
+    BUSY_SHARE, a warning says so."""
     timer, outputs, seconds, wait = PhaseTimer(device, clock), [], [], CoreWait()
     for _ in range(num_samples):
         t0 = time.perf_counter()
@@ -95,7 +98,8 @@ def time_samples(generate_one, num_samples: int, device, clock: str = "wall"):
         warnings.warn(f"other work shared this machine while the run was timed: {busy}; "
                       f"{effect}. Run again on a quiet machine", PerfcounterWarning,
                       stacklevel=2)
-    return outputs, seconds, {k: v / num_samples for k, v in timer.seconds.items()}
+    other_work = {"waited": wait.share(), "stolen": wait.stolen()}
+    return outputs, seconds, {k: v / num_samples for k, v in timer.seconds.items()}, other_work
 
 
 # -- the flags, checked before the run --------------------------------------------------------

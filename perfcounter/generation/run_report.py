@@ -45,6 +45,7 @@ class Outcome:
     acceptance: object = None
     baseline: object = None
     gguf: object = None  # the GGUF file a real run loaded (dequantized: it runs float weights)
+    other_work: dict | None = None  # its timed samples' share lost to other work (time_samples)
 
 
 @dataclasses.dataclass(slots=True)
@@ -202,4 +203,6 @@ def results_doc(o: Options, out: Outcome, counter, s: Summary) -> dict:
                               "costs": [c.to_dict() for c in s.spec_costs]}
     if s.as_stored is not None:
         run["as_stored_predicted_latency_s"] = s.as_stored
+    if out.other_work is not None:  # other work's share of the timed samples (CoreWait)
+        run["other_work"] = out.other_work
     return counter.to_json(run=run)  # each phase: its one measured latency, its prediction
