@@ -19,8 +19,10 @@ with dynamic=True):
    back to back on the host's clock and, on a GPU, on the device's (the calls' kernels
    queued behind a spin kernel: what the device spends), then once after 8 decode steps (as
    gpu_check times a prefill), and under torch.profiler: the host's time a call in Dynamo's
-   cache lookup and in the compiled graph's own code. A call bound by its host shows a
-   device time far below its host time; one bound by its kernels, the two alike.
+   cache lookup and in the compiled graph's own code, and on a GPU the kernels a call ran
+   beside the launches the compiled regime counts (costs.compiled_launches). A call bound
+   by its host shows a device time far below its host time; one bound by its kernels, the
+   two alike; one that runs more kernels than counted pays launches no prediction charged.
 """
 from __future__ import annotations
 
@@ -112,18 +114,34 @@ def one_call(f, device) -> float:
     return time.perf_counter() - t0
 
 
-def profiled_ms(f, calls: int = 5) -> dict[str, float]:
-    """Host milliseconds a call of each PROFILED event, from torch.profiler."""
+def profiled(f, device, calls: int = 5) -> dict[str, float | None]:
+    """Host milliseconds a call of each PROFILED event and, on a GPU, the kernels a call ran
+    ("kernels": what the device executed, against the launches the compiled regime counts;
+    None on a CPU), from torch.profiler."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(calls):
-            f()
-    totals = dict.fromkeys(PROFILED, 0.0)  # inclusive: the graph's code with its launches
-    for e in prof.key_averages():
+    def run(activities):
+        with profile(activities=activities) as prof:
+            for _ in range(calls):
+                f()
+            sync(device)
+        return prof.key_averages()
+    gpu = device.type == "cuda"
+    try:
+        events = run([ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else []))
+    except RuntimeError as e:  # a benchmark: the host's figures stand without the kernels
+        print(f"  (the device's activity could not be profiled: {e}; host only)", flush=True)
+        events, gpu = run([ProfilerActivity.CPU]), False
+    totals, kernels = dict.fromkeys(PROFILED, 0.0), 0  # inclusive: the graph's code with its
+    for e in events:  # launches
         for name, prefix in PROFILED.items():
             if e.key.startswith(prefix):
                 totals[name] += e.cpu_time_total
-    return {name: us / 1e3 / calls for name, us in totals.items()}
+        if getattr(e, "device_type", None) == DeviceType.CUDA:  # kernels, copies and fills
+            kernels += e.count
+    out = {name: us / 1e3 / calls for name, us in totals.items()}
+    out["kernels"] = kernels / calls if gpu else None
+    return out
 
 
 def model_part(device, dtype, name: str, layers: int | None, prompt: int,
@@ -154,10 +172,11 @@ def model_part(device, dtype, name: str, layers: int | None, prompt: int,
                 for _ in range(8):
                     programs["decode, static"][0](model, x1, p1)
                 after.append(one_call(call, device))
-            prof = profiled_ms(call)
+            prof = profiled(call, device)
             out[label] = {"host_ms": host * 1e3, "device_ms": kernels * 1e3,
                           "after_decode_ms": statistics.median(after) * 1e3, **prof}
-            rows.append([label, str(n), f"{host * 1e3:,.3f} ms", f"{host / n * 1e6:,.2f} us",
+            ran = "-" if prof["kernels"] is None else f"{prof['kernels']:,.0f}"
+            rows.append([label, str(n), ran, f"{host * 1e3:,.3f} ms", f"{host / n * 1e6:,.2f} us",
                          f"{kernels * 1e3:,.3f} ms", f"{statistics.median(after) * 1e3:,.3f} ms",
                          *(f"{prof[k]:,.3f} ms" for k in PROFILED)])
     return rows, out
@@ -182,8 +201,8 @@ def main(*, device: str = "cuda", model: str = "smollm2-135m", layers: int | Non
                        markdown=True))
     shape = f"{model}" + (f", {layers} layers" if layers else "")
     rows, measured = model_part(dev, dtype, model, layers, prompt, min_time)
-    print(format_table(rows, [f"{shape}, {prompt}-token prompt", "launches",
-                              "host, back to back", "a launch", "device",
+    print(format_table(rows, [f"{shape}, {prompt}-token prompt", "launches counted",
+                              "kernels run (profiled)", "host, back to back", "a launch", "device",
                               "once, after 8 decode steps", *PROFILED], markdown=True))
     print(f"({time.perf_counter() - t0:.0f} s)")
     return {"fits": fits, "model": measured}
