@@ -106,6 +106,11 @@ if __name__ == "__main__":
     for flag, v in (("--tokens", a.tokens), ("--per_core", a.per_core)):
         if v < 1:
             ap.error(f"{flag} {v}: a positive integer")
-    if a.spec is not None and not Path(a.spec).is_file() and a.spec.endswith((".yaml", ".yml")):
-        ap.error(f"--spec {a.spec}: no such file")
+    if a.spec is not None:
+        from perfcounter.devices import get_device_spec
+        from perfcounter.devices.dtypes import DeviceSpecError
+        try:  # a registry name or a spec file, checked before any run
+            get_device_spec(a.spec)
+        except (DeviceSpecError, OSError, ValueError) as e:
+            ap.error(f"--spec {a.spec!r}: {e}")
     main(spec=a.spec, tokens=a.tokens, per_core=a.per_core)

@@ -29,7 +29,12 @@ def test_busy_runs_wait_for_a_core_and_warn_quiet_ones_do_not():
         assert set(r["ratios"]) == {"prefill", "decode"}
 
 
-def test_bad_input_is_refused_before_the_work():
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_busy_machine.py"),
-                        "--per_core", "0"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "--per_core 0: a positive integer" in r.stderr
+@pytest.mark.parametrize("argv, says", [
+    (["--per_core", "0"], "--per_core 0: a positive integer"),
+    (["--spec", "nonsense"], "--spec 'nonsense': unknown device 'nonsense'"),
+    (["--spec", "missing.yaml"], "--spec 'missing.yaml'"),
+])
+def test_bad_input_is_refused_before_the_work(argv, says):
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_busy_machine.py"), *argv],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr
