@@ -17,7 +17,9 @@ with dynamic=True):
 2. a model's shape (--model, random weights; --layers to cut it short) at a --prompt-token
    prompt: its decode step static, its prefill dynamic and its prefill static, each timed
    back to back on the host's clock and, on a GPU, on the device's (the calls' kernels
-   queued behind a spin kernel: what the device spends), then once after 8 decode steps (as
+   queued behind a spin kernel twice the host's time, so that they run back to back: what
+   the device spends; before 2026-11-26 the spin lasted ~100 us, shorter than a model's
+   enqueue, and the device column followed the host), then once after 8 decode steps (as
    gpu_check times a prefill), and under torch.profiler: the host's time a call in Dynamo's
    cache lookup and in the compiled graph's own code, and on a GPU the kernels a call ran
    beside the launches the compiled regime counts (costs.compiled_launches). A call bound
@@ -166,7 +168,8 @@ def model_part(device, dtype, name: str, layers: int | None, prompt: int,
                 return f(model, x, pos)
             call(), call()  # compilation, then a warm call
             host = time_calls(lambda call=call: call, device, min_time)
-            kernels = time_calls(lambda call=call: call, device, min_time, kernel=True)
+            kernels = time_calls(lambda call=call: call, device, min_time, kernel=True,
+                                 spin_s=2 * host)  # the spin outlasts the host's enqueue
             after = []
             for _ in range(5):  # once after 8 decode steps, as gpu_check times a prefill
                 for _ in range(8):

@@ -54,7 +54,7 @@ from perfcounter.devices.registry import find_cuda_device_spec  # noqa: E402
 from perfcounter.devices.dtypes import DeviceSpecError  # noqa: E402
 from perfcounter.devices.calibrate import calibrate, describe, save_calibrated  # noqa: E402
 from perfcounter.devices.calibration_check import describe_check  # noqa: E402
-from perfcounter.devices.overheads import eager_overheads  # noqa: E402
+from perfcounter.devices.overheads import dtype_timers, eager_overheads  # noqa: E402
 from perfcounter.devices.timing import CoreWait  # noqa: E402
 from perfcounter.format import format_table  # noqa: E402
 from perfcounter.models.args import ModelArgs  # noqa: E402
@@ -135,13 +135,22 @@ def by_registry(registry, stats, execution: str, measured_s: float, per: int = 1
     return f"{measured_s / p:.2f}"
 
 
-def host_now(spec, device: str, when: str) -> None:
-    """The host's cost per eager op call now (calibrate's tiny step, timed once) beside the
-    calibrated figure: a pass that ran in a slow spell of the host says so."""
-    now, calibrated = eager_overheads(device)["eager"], spec.op_overhead_s.get("eager")
+def host_now(spec, device: str, when: str, dtype) -> None:
+    """The host's cost per eager op call now (calibrate's tiny step in the models' `dtype`,
+    timed once) beside the calibrated figure for that dtype: a pass that ran in a slow spell
+    of the host says so."""
+    if dtype == torch.float32:
+        key, now = "eager", eager_overheads(device)["eager"]
+    else:
+        calls, timers = dtype_timers(device, [dtype])
+        (key, n), = calls.items()
+        with torch.no_grad():
+            now = timers[key]() / n
+    calibrated = spec.op_overhead_s.get(key)
     beside = "" if calibrated is None else \
-        f" (calibrated {calibrated * 1e6:,.2f} us: x{now / calibrated:.2f})"
-    print(f"  host before the {when}: {now * 1e6:,.2f} us an eager op call{beside}", flush=True)
+        f" (calibrated {key} {calibrated * 1e6:,.2f} us: x{now / calibrated:.2f})"
+    print(f"  host before the {when}: {now * 1e6:,.2f} us an eager op call, {key}{beside}",
+          flush=True)
 
 
 def row_done(row: list[str]) -> list[str]:
@@ -212,7 +221,7 @@ def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
                     f"{seconds / p:.2f}", by_registry(registry, s, execution, seconds, per),
                     counted, *host_calls(s.trace, execution, seconds * per)]
         runs, measured, wait = {}, {}, CoreWait()
-        host_now(spec, device, "first pass")
+        host_now(spec, device, "first pass", dtype)
         for execution in regimes(device):
             pre, dec = generate.prefill, generate.decode_one_token
             if execution != "eager":
@@ -235,7 +244,7 @@ def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
                 row_done(cells(execution, label, measured[execution][label]))
         try:  # every regime timed again, seconds later: a slow spell of the host (it lasts
             # seconds, docs/measured.md#on-a-gpu) spoils one pass, not both; the faster kept
-            host_now(spec, device, "second pass")
+            host_now(spec, device, "second pass", dtype)
             for execution, (run_prefill, run_decode) in runs.items():
                 again = {"prefill": timed(run_prefill, device, repeats),
                          "decode": timed(run_decode, device, repeats) / steps}

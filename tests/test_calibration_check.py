@@ -9,7 +9,7 @@ import torch
 from perfcounter.cli.main import main
 from perfcounter.devices import calibrated_spec_path, default_device_spec, load_device_specs
 from perfcounter.devices import calibration_check as C
-from perfcounter.devices import op_rates
+from perfcounter.devices import op_rates, overheads
 from perfcounter.devices.calibrate import calibrate
 from perfcounter.devices.registry import default_spec_and_why
 
@@ -50,9 +50,10 @@ class Host:
     """HostCosts with timers that play a host two speeds apart: each timing reads its
     next value from `times` (a list per timing), one value per sample."""
 
-    def __init__(self, calls, times, launches=()):
+    def __init__(self, calls, times, launches=(), dtype_calls=None):
         self.host = op_rates.HostCosts.__new__(op_rates.HostCosts)
         self.host.calls, self.host.launches = calls, list(launches)
+        self.host.dtype_calls = dtype_calls or {}
         self.host.timers = {name: iter(values).__next__ for name, values in times.items()}
         self.host.fastest, self.host.samples = {}, []
 
@@ -195,6 +196,31 @@ def test_the_thread_clock_needs_one_thread():
         assert op_rates.check_clock("auto") == "thread"
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_bfloat16_programs_eager_cost_comes_from_its_own_steps_fastest_sample():
+    # the float32 step: 100 calls, 0.6 ms -> 6 us a call; the bfloat16 step (its own count:
+    # 120 calls, the float32 norms' casts added) 1.2 ms, then 0.96 ms: 0.96 ms / 120 = 8 us
+    h = Host(100, {"warm": [0.6e-3] * 2, "cold": [0.6e-3] * 2, "streams": [0.0] * 2,
+                   "compiled 2": [0.2e-3] * 2, "compiled 8": [0.56e-3] * 2,
+                   "eager_bfloat16": [1.2e-3, 0.96e-3]}, launches=(27, 99),
+             dtype_calls={"eager_bfloat16": 120}).host
+    h.sample(), h.sample()
+    got = h.figures()
+    assert got["eager"] == pytest.approx(6e-6)
+    assert got["eager_bfloat16"] == pytest.approx(8e-6)
+    assert h.spread()["eager_bfloat16"] == 0.25  # 10 us / 8 us - 1
+
+
+def test_the_dtype_timers_time_the_tiny_step_in_each_dtype_but_float32():
+    calls, timers = overheads.dtype_timers("cpu", ["float32", "bfloat16"], min_time=0.01)
+    assert set(calls) == set(timers) == {"eager_bfloat16"}
+    # the bfloat16 step counts more calls than float32's 4 layers: each RMSNorm's upcast
+    # and downcast (RMSNorm computes in float32) are op calls of their own
+    float32_calls, _ = overheads.eager_timers("cpu", min_time=0.01)
+    assert calls["eager_bfloat16"] > float32_calls
+    with torch.no_grad():
+        assert timers["eager_bfloat16"]() > 0
 
 
 def test_calibrate_samples_the_host_between_its_parts_and_keeps_its_fast_state(monkeypatch):

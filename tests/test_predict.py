@@ -1,11 +1,12 @@
 """predict.py: per-op predictions on a toy trace, derived by hand class by class; fusion
 for compiled runs; rates from curves; old calibration files; bad efficiencies."""
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
-from perfcounter.pricing import predict as P
+from perfcounter.pricing import achievable as A, predict as P
 from perfcounter.cli.main import main
 from perfcounter.devices import DeviceSpec, DeviceSpecError, load_device_specs
 from perfcounter.devices import op_rates
@@ -16,7 +17,7 @@ from perfcounter.stats import PerformanceStats
 from perfcounter.trace import OpRecord, Trace, args_from_text
 from perfcounter.trace_args import TensorArg, contiguous
 
-F32 = "float32"
+F32, BF16 = "float32", "bfloat16"
 EFF = {"gemv": 0.5, "gemm": 0.8, "attention": 0.25, "elementwise": 0.5, "reduction": 0.4,
        "indexing": 0.2}
 
@@ -379,6 +380,29 @@ def test_eager_overhead_is_the_cold_one_when_the_step_streams_past_the_cache():
         spec = toy_spec(op_overhead_s=overheads, cache_bytes=cache)
         assert P.predict(trace, spec).latency_s * 1e6 == pytest.approx(us)
         assert P.predict(trace, spec, "compiled").overhead_s == 0.0  # views fuse
+
+
+def test_a_bfloat16_program_pays_its_own_dtypes_eager_cost_per_call():
+    # 3 bfloat16 views and 2 float32 ones: the program computes in bfloat16 (3 of 5 calls),
+    # so every call pays eager_bfloat16: 5 x 2 us = 10 us in the cache; past it (10,000 B
+    # over a 1,000 B cache) the cold step adds float32's cold share, eager_cold - eager =
+    # 3 - 1 = 2 us: 5 x (2 + 2) = 20 us. A float32 program: 5 x 1 and 5 x 3 us, as before.
+    def trace(main_dtype):
+        view = rec("aten.view.default", "", 1, 0, {}, {})
+        return Trace(records=[replace(view, dtype=main_dtype, calls=3),
+                              replace(view, dtype=F32, calls=2)],
+                     compulsory_read=[10_000, 0, 0, 0, 0])
+    overheads = {"eager": 1e-6, "eager_cold": 3e-6, "eager_bfloat16": 2e-6}
+    assert A.program_dtype(trace(BF16).records) == BF16
+    for main_dtype, (cold_us, warm_us) in ((BF16, (20, 10)), (F32, (15, 5))):
+        for cache, us in ((1e3, cold_us), (1e6, warm_us)):
+            spec = toy_spec(op_overhead_s=overheads, cache_bytes=cache, flops_by_dtype={
+                torch.float32: 1e9, torch.bfloat16: 1e9})
+            assert P.predict(trace(main_dtype), spec).latency_s * 1e6 == pytest.approx(us)
+    # a GPU's host pays its warm figure, its own dtype's: 5 x 2 us
+    gpu = toy_spec(op_overhead_s=overheads, cache_bytes=1e3, device_type="cuda")
+    assert A.overhead(gpu, "eager", cold=True, dtype=BF16) == 2e-6
+    assert A.overhead(gpu, "compiled", dtype=BF16) == A.DEFAULT_OVERHEAD_S["cuda"]["compiled"]
 
 
 def test_elementwise_on_a_strided_view_is_priced_at_its_share_and_named():

@@ -31,7 +31,7 @@ from perfcounter.devices.op_rates import (CLOCKS, ROW_KS, MiB, HostCosts, check_
                                           last_level_cache_bytes, matmul_rows, op_curves, sync,
                                           time_calls)
 from perfcounter.devices.registry import calibrated_spec_path
-from perfcounter.devices.spec import row_key, row_table
+from perfcounter.devices.spec import ROW_DTYPES, row_key, row_table
 from perfcounter.devices.spec import DeviceSpec
 from perfcounter.devices.spec_file import write_device_specs
 from perfcounter.devices.timing import CoreWait
@@ -143,7 +143,8 @@ class Calibration:
                         else "one direct op call")
             source["op_overhead_s"] = (f"{how}: eager = a tiny transformer's decode step / "
                                        f"the op calls counted in it (eager_cold: with a "
-                                       f"stream of 4x L2 before each linear); compiled = {compiled}; "
+                                       f"stream of 4x L2 before each linear; eager_<dtype>: the "
+                                       f"step in that dtype); compiled = {compiled}; "
                                        f"gemv_row_<dtype> = a GEMV's time per weight row "
                                        f"(K = 256 vs 4096, same bytes); the host's figures "
                                        f"from the fastest of samples taken between all parts; "
@@ -262,7 +263,8 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
             return op_curves(pool, dtypes, device, min_time, clock, row_s)
         return matmul_rows(pool, dtypes, device, min_time, clock, row_s)
     parts = ["flops"] + (["overheads", "curves", "rows"] if curves else [])
-    host = HostCosts(device, clock, min(min_time, 0.1)) if curves else None
+    host = HostCosts(device, clock, min(min_time, 0.1),
+                     [d for d in dtypes if dtype_name(d) in ROW_DTYPES]) if curves else None
     got, spreads = {}, {}
 
     def keep(part: str, again: dict) -> None:

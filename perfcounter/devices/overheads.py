@@ -1,12 +1,13 @@
 """The fixed costs of running ops, measured for `perfcounter calibrate` (op_rates.py's module
 doc says what each is): one direct op call, a tiny transformer's eager decode step per op
-call (warm, and with the caches streamed), per launch of its compiled step and per compiled
+call (warm, with the caches streamed, and in each other dtype calibrated), per launch of its compiled step and per compiled
 step (two depths compared), one CUDA graph's launch per step, a tiny kernel's device time."""
 from __future__ import annotations
 
 import torch
 
 from perfcounter.costs import compiled_launches
+from perfcounter.devices.dtypes import as_dtype, dtype_name
 from perfcounter.counting.mode import PerformanceCounterMode
 from perfcounter.devices.timing import MiB, cache_levels, time_calls
 from perfcounter.models.args import ModelArgs
@@ -108,6 +109,30 @@ def eager_figures(calls: int, times: dict[str, float]) -> dict[str, float]:
             "eager_cold": max(times["cold"] - times["streams"], times["warm"]) / calls}
 
 
+def dtype_timers(device, dtypes, min_time: float = 0.1, clock: str = "wall"):
+    """({"eager_<dtype>": op calls a step}, {"eager_<dtype>": a function that times it once})
+    of the tiny transformer's decode step in each of `dtypes` other than float32 (eager
+    _timers' own): a program computing in bfloat16 costs the host more a call than one in
+    float32 (the tiny step as generate.py runs it, an H200's host: 7.3-7.5 us against 6.3-6.6
+    in its fast rounds; this 2-core CPU: 4.2-4.3 against 2.7; `python benchmarks/bench_host_
+    states.py`, docs/measured.md#on-a-gpu), and a model is priced at its own dtype's figure
+    (achievable.overhead)."""
+    calls, timers = {}, {}
+    for dtype in dtypes:
+        if as_dtype(dtype) == torch.float32:
+            continue
+        _, step = tiny_decode_step(device, dtype=as_dtype(dtype))
+        key = f"eager_{dtype_name(as_dtype(dtype))}"
+        with torch.no_grad():
+            step()
+            with PerformanceCounterMode() as mode:
+                step()
+        calls[key] = max(1, sum(r.calls for r in mode.trace().records
+                                if not r.op.startswith("prim.")))
+        timers[key] = lambda step=step: time_calls(lambda: step, device, min_time, clock)
+    return calls, timers
+
+
 def eager_overheads(device, min_time: float = 0.1, clock: str = "wall") -> dict[str, float]:
     """{"eager": s, "eager_cold": s} per recorded op call of a tiny transformer's decode
     step (see the module doc), timed once; eager_cold with a stream of 4x the L2 cache
@@ -117,13 +142,14 @@ def eager_overheads(device, min_time: float = 0.1, clock: str = "wall") -> dict[
         return eager_figures(calls, {name: timer() for name, timer in timers.items()})
 
 
-def tiny_decode_step(device, n_layer: int = 4):
+def tiny_decode_step(device, n_layer: int = 4, dtype=torch.float32):
     """(model, step): a tiny transformer (`n_layer` layers of dim 64, GQA, rotary, KV cache,
-    SwiGLU) and one decode step of it, whose work is next to nothing: what is timed is the
-    cost of running its ops (eager_timers, compiled_timers)."""
+    SwiGLU) in `dtype` and one decode step of it, whose work is next to nothing: what is
+    timed is the cost of running its ops (eager_timers, compiled_timers)."""
     torch.manual_seed(0)
     model = Transformer(ModelArgs(block_size=64, vocab_size=256, n_layer=n_layer, n_head=4,
-                                  n_local_heads=2, dim=64, intermediate_size=128)).to(device)
+                                  n_local_heads=2, dim=64, intermediate_size=128))
+    model = model.to(device=device, dtype=dtype)
     model.setup_caches(max_batch_size=1, max_seq_length=64)
     idx = torch.zeros(1, 1, dtype=torch.long, device=device)
     pos = torch.tensor([8], device=device)
@@ -193,11 +219,14 @@ class HostCosts:
     decode step on a 2-core CPU spent 0.84 ms a step in Dynamo's cache lookup alone,
     against 0.41 ms for all its 363 launches at one direct op call each:
     benchmarks/bench_compiled_host.py, docs/measured.md); on CUDA
-    also one CUDA graph's launch (graph_timer)."""
+    also one CUDA graph's launch (graph_timer). "eager_<dtype>", for each of `dtypes` other
+    than float32: the eager step in that dtype (dtype_timers)."""
 
-    def __init__(self, device, clock: str = "wall", min_time: float = 0.1):
+    def __init__(self, device, clock: str = "wall", min_time: float = 0.1, dtypes=()):
         device = torch.device(device)
         self.calls, self.timers = eager_timers(device, min_time, clock)
+        self.dtype_calls, timers = dtype_timers(device, dtypes, min_time, clock)
+        self.timers.update(timers)
         self.launches, compiled = compiled_timers(device, min_time, clock)
         self.timers.update({f"compiled {n}": t for n, t in zip(COMPILED_DEPTHS, compiled)})
         if device.type == "cuda":
@@ -219,6 +248,7 @@ class HostCosts:
         """The overheads from `times` (default: the fastest of every sample)."""
         t = self.fastest if times is None else times
         out = eager_figures(self.calls, t)
+        out.update({key: t[key] / calls for key, calls in self.dtype_calls.items()})
         out.update(compiled_fit(self.launches, [t[f"compiled {n}"] for n in COMPILED_DEPTHS]))
         if "graph" in t:
             out["cudagraphs"] = t["graph"]

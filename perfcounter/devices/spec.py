@@ -70,10 +70,13 @@ EFFICIENCY_CLASSES = (*OP_CLASSES, "gemv_int8", "gemv_int4", "gemv_fp8")
 # or "kernel": a GPU kernel's fixed device time beside its bytes and FLOPs (one of a CUDA
 # graph's tiny kernels; pricing/achievable.kernel_s),
 # or "gemv_row_<dtype>" / "gemv_row16_<dtype>": seconds per weight row of a matmul of 1 / 16
-# activation rows (op_rates.gemv_row_seconds)
+# activation rows (op_rates.gemv_row_seconds),
+# or "eager_<dtype>": eager per op call of a program computing in a dtype other than float32
+# (its figure where "eager" is float32's; overheads.dtype_timers)
 ROW_DTYPES = ("float32", "bfloat16", "float16")
 OVERHEADS = (*EXECUTIONS, "eager_cold", "compiled_step", "kernel",
-             *(f"gemv_row{m}_{d}" for m in ("", "16") for d in ROW_DTYPES))
+             *(f"gemv_row{m}_{d}" for m in ("", "16") for d in ROW_DTYPES),
+             *(f"eager_{d}" for d in ROW_DTYPES if d != "float32"))
 
 
 def row_key(dtype: str, m: int) -> str:

@@ -137,17 +137,19 @@ MAX_CALLS = 200
 
 SPIN_CYCLES = 200_000  # the spin kernel ahead of a kernel-timed call: ~100 us at 2 GHz,
 # longer than the host takes to enqueue the events and the op (~15-30 us)
+SPIN_HZ = 2e9  # the spin's cycles a second, about (a GPU's boost clock): spin_s to cycles
 
 
 def time_calls(make, device, min_time: float, clock: str = "wall", *,
-               kernel: bool = False) -> float:
+               kernel: bool = False, spin_s: float | None = None) -> float:
     """Seconds per call of the op `make()` returns (a new one per call: fresh operands):
     the 25th percentile of the calls timed in about `min_time` (at least 4, at most
     MAX_CALLS: a tiny op's figure is settled long before, and making its operands costs
     more than the call), which leaves out calls that waited for a core another process
     held. kernel=True on a GPU: the device's time of the op's kernels (CUDA events, the
     call queued behind a spin kernel: see the module doc), not the host's; elsewhere the
-    same as False."""
+    same as False. spin_s: the spin's length where the host takes longer than SPIN_CYCLES
+    to enqueue the op (a model's step: milliseconds), so that its kernels run back to back."""
     device = torch.device(device)
     now = CLOCKS[check_clock(clock)]
     on_device = kernel and device.type == "cuda"
@@ -156,7 +158,8 @@ def time_calls(make, device, min_time: float, clock: str = "wall", *,
     while (sum(times) < min_time and len(times) < MAX_CALLS) or len(times) < 4:
         op = make()
         if on_device:
-            times.append(kernel_seconds(op, device))
+            times.append(kernel_seconds(op, device, SPIN_CYCLES if spin_s is None
+                                        else max(SPIN_CYCLES, round(spin_s * SPIN_HZ))))
             continue
         sync(device)
         start = now()
@@ -166,13 +169,13 @@ def time_calls(make, device, min_time: float, clock: str = "wall", *,
     return sorted(times)[len(times) // 4]
 
 
-def kernel_seconds(op, device: torch.device) -> float:
+def kernel_seconds(op, device: torch.device, spin_cycles: int = SPIN_CYCLES) -> float:
     """The device's seconds for the kernels `op()` queues on a CUDA device: between two
     events, behind a spin kernel that keeps the device busy while the host enqueues them."""
     start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
     with torch.cuda.device(device):
         torch.cuda.synchronize()
-        torch.cuda._sleep(SPIN_CYCLES)
+        torch.cuda._sleep(spin_cycles)
         start.record()
         op()
         end.record()

@@ -185,16 +185,25 @@ def rate(spec, cls: str, dtype: str, working_set: float) -> Rate:
     return Rate(peak * e, spec.bandwidth * stream, spec.bandwidth * stream, basis)
 
 
-def overhead(spec, execution: str, cold: bool = False) -> float:
+def overhead(spec, execution: str, cold: bool = False, dtype: str | None = None) -> float:
     """Seconds of fixed cost per op call on `spec` when run `execution`; `cold`: the
     step streams its weights through the caches (the spec's eager_cold, where measured). On
     an asynchronous device (ASYNCHRONOUS) the weights stream through the device's memory, not
     the host's caches: the host's dispatch pays its warm figure (an H200's eager decode of a
-    1B model: 8.0 us per op measured, against eager 7.9 and eager_cold 10.8 calibrated)."""
+    1B model: 8.0 us per op measured, against eager 7.9 and eager_cold 10.8 calibrated).
+    `dtype`: the dtype the program computes in (program_dtype); eager in a dtype whose own
+    figure the spec holds ("eager_<dtype>", calibrate's tiny step in that dtype) pays that
+    figure, plus what the cold step adds to float32's (eager_cold - eager) where it is cold."""
     check_execution(execution)
+    own = spec.op_overhead_s.get(f"eager_{dtype}") if execution == "eager" and dtype else None
     if cold and execution == "eager" and "eager_cold" in spec.op_overhead_s \
             and spec.device_type not in ASYNCHRONOUS:
-        return spec.op_overhead_s["eager_cold"]
+        cold_s = spec.op_overhead_s["eager_cold"]
+        if own is not None and "eager" in spec.op_overhead_s:
+            return own + max(cold_s - spec.op_overhead_s["eager"], 0.0)
+        return cold_s
+    if own is not None:
+        return own
     if execution in spec.op_overhead_s:
         return spec.op_overhead_s[execution]
     defaults = DEFAULT_OVERHEAD_S.get(spec.device_type, DEFAULT_OVERHEAD_S["cuda"])
@@ -202,6 +211,17 @@ def overhead(spec, execution: str, cold: bool = False) -> float:
         _warn_missing(spec, "op_overhead_s", f"the stated default {defaults[execution] * 1e6:g} "
                       f"us per op ({execution})")
     return defaults[execution]
+
+
+def program_dtype(records) -> str | None:
+    """The dtype a program computes in, for its host's cost per call (overhead's `dtype`):
+    the dtype of most of its op calls (a bfloat16 model's float32 norms are a few of them);
+    None for no records. Metadata queries (prim.*) are no calls."""
+    calls: dict[str, int] = {}
+    for r in records:
+        if not r.op.startswith("prim."):
+            calls[r.dtype] = calls.get(r.dtype, 0) + max(r.calls, 1)
+    return max(calls, key=calls.get) if calls else None
 
 
 def vector_flops(spec, elementwise: Rate) -> float:
@@ -311,6 +331,10 @@ def prediction_inputs(spec) -> list[tuple[str, str, str]]:
         else:
             out.append((ex, f"{defaults[ex] * 1e6:.3g} us {unit}",
                         "stated default (DEFAULT_OVERHEAD_S)"))
+    for key, seconds in spec.op_overhead_s.items():
+        if key.startswith("eager_") and key != "eager_cold":  # a dtype's own eager figure
+            out.append((key, f"{seconds * 1e6:.3g} us an op call of a "
+                        f"{key[len('eager_'):]} program", own))
     step = compiled_step_s(spec)
     out.append(("compiled_step", f"{step * 1e6:.3g} us a compiled step",
                 own if "compiled_step" in spec.op_overhead_s else "stated default (DEFAULT_STEP_S)"

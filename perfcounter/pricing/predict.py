@@ -100,7 +100,8 @@ from perfcounter.pricing.achievable import (  # noqa: F401 (re-exported: predict
     ASYNCHRONOUS, CALIBRATED, DEFAULT_EFFICIENCY, DEFAULT_KERNEL_S, DEFAULT_OVERHEAD_S,
     DEFAULT_STREAM_EFFICIENCY,
     STRIDED_SHARE, WEIGHT_CLASSES, Rate, check_execution,
-    compiled_step_s, gemv_row_s, is_calibrated, kernel_s, measured_dtype, overhead, rate,
+    compiled_step_s, gemv_row_s, is_calibrated, kernel_s, measured_dtype, overhead,
+    program_dtype, rate,
     rows_flops, vector_flops)
 from perfcounter.pricing.roofline import is_integer_dtype, roofline
 from perfcounter.trace import ROLES, OpRecord, Trace
@@ -232,7 +233,8 @@ def op_predictions(trace: Trace, spec, execution: str = "eager") -> list[OpPredi
     + on a GPU each kernel's fixed time (kernel_s)."""
     check_execution(execution)
     cold = streams_cold(trace, spec)
-    per_call = 0.0 if execution == "cudagraphs" else overhead(spec, execution, cold)
+    per_call = 0.0 if execution == "cudagraphs" else \
+        overhead(spec, execution, cold, program_dtype(trace.records))
     out = []
     for r in trace.records:
         if r.op.startswith("prim."):  # metadata queries, not op calls

@@ -51,7 +51,8 @@ import dataclasses
 import numpy as np
 
 from perfcounter.pricing.achievable import (check_execution, compiled_step_s, gemv_row_s,
-                                            kernel_s, overhead, rate, rows_flops)
+                                            kernel_s, overhead, program_dtype, rate,
+                                            rows_flops)
 from perfcounter.pricing.predict import (ASYNCHRONOUS, EXTERN, ROW_BLOCK, SKINNY_ROWS,
                                          gemv_weight, has_explicit_mask, matmul_rows, op_class,
                                          op_predictions, predict, vector_flops)
@@ -121,6 +122,7 @@ class PredictedTable:
         self.has_energy = self.bound.has_energy
         spec, self.execution = pricer.spec, pricer.execution
         self.samples = [counts.sample[k] for k in counts.keys]
+        self.dtype = program_dtype(self.samples)  # the host's cost per call is its dtype's
         self.classes = [op_class(s.op, s.args) for s in self.samples]
         self.matmul = np.array([c in ("gemv", "gemm") for c in self.classes])
         self.extern = np.array([c in EXTERN for c in self.classes])
@@ -216,7 +218,8 @@ class PredictedTable:
         calls, kernels = calls * layers, kernels * layers
         host = float(self.bound.base @ f)  # the roofline's fixed part is its host link
         if self.execution == "eager":
-            dispatch = (calls.sum() + float(self.idle_calls @ f)) * overhead(spec, "eager", cold)
+            per_call = overhead(spec, "eager", cold, self.dtype)
+            dispatch = (calls.sum() + float(self.idle_calls @ f)) * per_call
             total = float(work.sum())
             if self.asynchronous:  # the host dispatches ahead of the kernels
                 dispatch = max(dispatch - total, 0.0)
