@@ -51,11 +51,12 @@ from perfcounter.costs import compiled_launches  # noqa: E402
 from perfcounter.console import quiet_third_party  # noqa: E402
 from perfcounter.devices import get_device_spec, load_device_specs  # noqa: E402
 from perfcounter.devices.registry import find_cuda_device_spec  # noqa: E402
-from perfcounter.devices.dtypes import DeviceSpecError  # noqa: E402
+from perfcounter.counting.mode import PerformanceCounterMode  # noqa: E402
+from perfcounter.devices.dtypes import DeviceSpecError, dtype_name  # noqa: E402
 from perfcounter.devices.calibrate import calibrate, describe, save_calibrated  # noqa: E402
 from perfcounter.devices.calibration_check import describe_check  # noqa: E402
-from perfcounter.devices.overheads import dtype_timers, eager_overheads  # noqa: E402
-from perfcounter.devices.timing import CoreWait  # noqa: E402
+from perfcounter.devices.overheads import tiny_decode_step  # noqa: E402
+from perfcounter.devices.timing import CoreWait, time_calls  # noqa: E402
 from perfcounter.format import format_table  # noqa: E402
 from perfcounter.models.args import ModelArgs  # noqa: E402
 from perfcounter.models.loading import CheckpointNotFoundError, default_checkpoint  # noqa: E402
@@ -135,22 +136,30 @@ def by_registry(registry, stats, execution: str, measured_s: float, per: int = 1
     return f"{measured_s / p:.2f}"
 
 
-def host_now(spec, device: str, when: str, dtype) -> None:
-    """The host's cost per eager op call now (calibrate's tiny step in the models' `dtype`,
-    timed once) beside the calibrated figure for that dtype: a pass that ran in a slow spell
-    of the host says so."""
-    if dtype == torch.float32:
-        key, now = "eager", eager_overheads(device)["eager"]
-    else:
-        calls, timers = dtype_timers(device, [dtype])
-        (key, n), = calls.items()
-        with torch.no_grad():
-            now = timers[key]() / n
+def tiny_per_call(device: str, dtype, n_layer: int) -> float:
+    """Seconds an eager op call of calibrate's tiny step (overheads.tiny_decode_step) in
+    `dtype` at `n_layer` layers, timed once: the step / the op calls counted in it."""
+    _, step = tiny_decode_step(device, n_layer, dtype)
+    with torch.no_grad():
+        step()
+        with PerformanceCounterMode() as mode:
+            step()
+        calls = sum(r.calls for r in mode.trace().records if not r.op.startswith("prim."))
+        return time_calls(lambda: step, device, 0.1) / max(calls, 1)
+
+
+def host_now(spec, device: str, when: str, dtype, depth: int) -> None:
+    """The host's cost per eager op call now, calibrate's tiny step in the models' `dtype`
+    at its own 4 layers (beside the calibrated figure for that dtype: a pass that ran in a
+    slow spell of the host says so) and at the model's `depth` (whether a deeper model's
+    calls cost the host more)."""
+    key = "eager" if dtype == torch.float32 else f"eager_{dtype_name(dtype)}"
+    now, deep = tiny_per_call(device, dtype, 4), tiny_per_call(device, dtype, depth)
     calibrated = spec.op_overhead_s.get(key)
     beside = "" if calibrated is None else \
         f" (calibrated {key} {calibrated * 1e6:,.2f} us: x{now / calibrated:.2f})"
-    print(f"  host before the {when}: {now * 1e6:,.2f} us an eager op call, {key}{beside}",
-          flush=True)
+    print(f"  host before the {when}: {now * 1e6:,.2f} us an eager op call, {key}{beside}; "
+          f"at {depth} layers {deep * 1e6:,.2f} us (x{deep / now:.2f})", flush=True)
 
 
 def row_done(row: list[str]) -> list[str]:
@@ -221,7 +230,7 @@ def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
                     f"{seconds / p:.2f}", by_registry(registry, s, execution, seconds, per),
                     counted, *host_calls(s.trace, execution, seconds * per)]
         runs, measured, wait = {}, {}, CoreWait()
-        host_now(spec, device, "first pass", dtype)
+        host_now(spec, device, "first pass", dtype, args.n_layer)
         for execution in regimes(device):
             pre, dec = generate.prefill, generate.decode_one_token
             if execution != "eager":
@@ -244,7 +253,7 @@ def llama(spec, device: str, dtype, args: ModelArgs, prompt: int, steps: int,
                 row_done(cells(execution, label, measured[execution][label]))
         try:  # every regime timed again, seconds later: a slow spell of the host (it lasts
             # seconds, docs/measured.md#on-a-gpu) spoils one pass, not both; the faster kept
-            host_now(spec, device, "second pass", dtype)
+            host_now(spec, device, "second pass", dtype, args.n_layer)
             for execution, (run_prefill, run_decode) in runs.items():
                 again = {"prefill": timed(run_prefill, device, repeats),
                          "decode": timed(run_decode, device, repeats) / steps}

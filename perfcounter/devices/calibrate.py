@@ -137,10 +137,10 @@ class Calibration:
             compiled = ("a tiny transformer's compiled decode step at 2 and 8 layers: the "
                         "extra time over the extra kernel launches the compiled regime "
                         "charges (costs.compiled_launches), compiled_step = the rest of the "
-                        "shallow step; cudagraphs = "
-                        "one CUDA graph's replay and sync; kernel = a CUDA graph of 64 tiny "
-                        "kernels replayed, device time / 64" if self.device.startswith("cuda")
-                        else "one direct op call")
+                        "shallow step" + ("; cudagraphs = one CUDA graph's replay and sync; "
+                                          "kernel = a CUDA graph of 64 tiny kernels replayed, "
+                                          "device time / 64"
+                                          if self.device.startswith("cuda") else ""))
             source["op_overhead_s"] = (f"{how}: eager = a tiny transformer's decode step / "
                                        f"the op calls counted in it (eager_cold: with a "
                                        f"stream of 4x L2 before each linear; eager_<dtype>: the "
