@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import generate  # noqa: E402
 from perfcounter.console import quiet_third_party  # noqa: E402
 from perfcounter.format import format_table  # noqa: E402
-from perfcounter.pricing.predict import phase_regime, predict  # noqa: E402
+from perfcounter.pricing.predict import phase_program, predict  # noqa: E402
 from published import DATA_FILE, load_rows  # noqa: E402
 
 # the row's precision as generate.py's flags: (precision, quantize[, kv_dtype])
@@ -115,7 +115,8 @@ def _predict(row, phase):
         spec = replace(spec, name=f"{spec.name} ({row.engine.split()[0]})",
                        op_overhead_s={**spec.op_overhead_s, "compiled": NATIVE_LAUNCH_S,
                                       "compiled_step": 0.0})
-    return predict(phase.trace, spec, phase_regime(row.regime, phase.label))
+    regime, spec = phase_program(spec, row.regime, phase.label)
+    return predict(phase.trace, spec, regime)
 
 
 def ratio_of(metric: str, measured: float, predicted: float) -> float:

@@ -62,7 +62,7 @@ from perfcounter.models.args import ModelArgs  # noqa: E402
 from perfcounter.models.loading import CheckpointNotFoundError, default_checkpoint  # noqa: E402
 from perfcounter.models.model import Transformer  # noqa: E402
 from perfcounter.pricing.achievable import is_calibrated  # noqa: E402
-from perfcounter.pricing.predict import phase_regime, predict  # noqa: E402
+from perfcounter.pricing.predict import phase_program, predict  # noqa: E402
 
 TINY = dict(block_size=256, vocab_size=512, n_layer=2, n_head=4, n_local_heads=2, dim=64,
             intermediate_size=128)
@@ -132,7 +132,8 @@ def by_registry(registry, stats, execution: str, measured_s: float, per: int = 1
     """measured ÷ the registry entry's prediction of the same counts in the same regime."""
     if registry is None:
         return "-"
-    p = predict(stats.trace, registry, phase_regime(execution, stats.label)).latency_s / per
+    regime, spec = phase_program(registry, execution, stats.label)
+    p = predict(stats.trace, spec, regime).latency_s / per
     return f"{measured_s / p:.2f}"
 
 

@@ -38,7 +38,7 @@ from perfcounter.counting.module_kinds import SCOPES, record_scopes
 from perfcounter.counting.module_path import check_depth
 from perfcounter.devices import get_device_spec
 from perfcounter.pricing.energy import Energy, energy
-from perfcounter.pricing.predict import check_execution, phase_regime, predict
+from perfcounter.pricing.predict import check_execution, phase_program, predict
 from perfcounter.pricing.roofline import Roofline, op_costs, peak_flops, roofline
 from perfcounter.report.phase import format_stats
 from perfcounter.report.profile import profile
@@ -304,10 +304,10 @@ class PerformanceStats:
     def prediction(self, execution: str | None = None):
         """The predicted latency (predict.py: per-op overhead + achievable rates; a
         prediction, where the roofline is a bound) run `execution` (EXECUTIONS; None: the
-        phase's own; a prefill under "cudagraphs" runs "compiled": predict.phase_regime), or
-        None when the phase is not priced."""
-        regime = phase_regime(execution or self.execution, self.label)
-        return predict(self.trace, self.device_spec, regime) if self.priced else None
+        phase's own; a prefill runs as predict.phase_program says), or None when the phase
+        is not priced."""
+        regime, spec = phase_program(self.device_spec, execution or self.execution, self.label)
+        return predict(self.trace, spec, regime) if self.priced else None
 
     @cached_property
     def predicted_latency(self) -> float | None:

@@ -198,6 +198,31 @@ def test_the_thread_clock_needs_one_thread():
         torch.set_num_threads(threads)
 
 
+def test_a_gpus_dynamic_prefill_costs_come_from_the_same_fit():
+    # the tiny prefill compiled for any prompt length, 29 launches at 2 layers and 101 at 8:
+    # fastest 0.75 ms and 2.19 ms: (2.19 - 0.75) ms / 72 = 20 us a launch, 0.75 ms - 29 x
+    # 20 us = 0.17 ms a step; the static step's figures apart (15 us, 0.2 ms as above)
+    h = Host(100, {"warm": [1e-3] * 2, "cold": [1e-3] * 2, "streams": [0.0] * 2,
+                   "compiled 2": [0.605e-3] * 2, "compiled 8": [1.685e-3] * 2,
+                   "dynamic 2": [0.9e-3, 0.75e-3], "dynamic 8": [2.19e-3, 2.4e-3]},
+             launches=(27, 99)).host
+    h.dynamic_launches = [29, 101]
+    h.sample(), h.sample()
+    got = h.figures()
+    assert got["compiled"] == pytest.approx(15e-6)
+    assert got["compiled_dynamic"] == pytest.approx(20e-6)
+    assert got["compiled_dynamic_step"] == pytest.approx(0.17e-3)
+
+
+@pytest.mark.slow  # compiles the tiny prefill twice (~20 s here)
+def test_the_dynamic_timers_compile_the_tiny_prefill_for_any_length_and_time_it():
+    launches, timers = overheads.dynamic_timers("cpu", min_time=0.01)
+    assert len(launches) == len(timers) == len(overheads.COMPILED_DEPTHS)
+    assert 0 < launches[0] < launches[1]  # the deeper model launches more kernels
+    with torch.no_grad():
+        assert all(t() > 0 for t in timers)
+
+
 def test_a_bfloat16_programs_eager_cost_comes_from_its_own_steps_fastest_sample():
     # the float32 step: 100 calls, 0.6 ms -> 6 us a call; the bfloat16 step (its own count:
     # 120 calls, the float32 norms' casts added) 1.2 ms, then 0.96 ms: 0.96 ms / 120 = 8 us

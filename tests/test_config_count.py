@@ -14,7 +14,7 @@ from perfcounter.generation.config_only import hf_greedy_generate  # noqa: E402
 from perfcounter.counter import TransformerPerformanceCounter  # noqa: E402
 from perfcounter.models.loading import CheckpointError  # noqa: E402
 from perfcounter.models.args import UnknownModelError  # noqa: E402
-from perfcounter.pricing.predict import predict  # noqa: E402
+from perfcounter.pricing.predict import phase_program, predict  # noqa: E402
 from perfcounter.report.profile import ATTRS, format_profile  # noqa: E402
 from perfcounter.trace import KINDS  # noqa: E402
 
@@ -255,10 +255,12 @@ def test_count_predicts_the_execution_asked(llama_dir, capsys):
                            device_spec="h100-sxm")
     for execution, doc in docs.items():
         assert doc["prefill"]["execution"] == execution
-        # a prefill asked "cudagraphs" is priced compiled, and its prediction says so
-        regime = "compiled" if execution == "cudagraphs" else execution
+        # a prefill asked "cudagraphs" is priced compiled, and its prediction says so; a
+        # compiled prefill as a program compiled for any prompt length (phase_program)
+        regime, spec = phase_program(counter.device_spec, execution, "prefill")
+        assert regime == ("compiled" if execution == "cudagraphs" else execution)
         assert doc["prefill"]["prediction"]["execution"] == regime
-        expected = predict(counter.counts["prefill"].trace, counter.device_spec, regime)
+        expected = predict(counter.counts["prefill"].trace, spec, regime)
         assert doc["prefill"]["predicted_latency_s"] == pytest.approx(expected.latency_s)
     # on a GPU, a tiny model's eager step is its launches: CUDA graphs predict far less
     assert docs["cudagraphs"]["decode"]["predicted_latency_s"] \

@@ -353,3 +353,29 @@ def test_a_spec_names_every_figure_its_predictions_take_and_where_it_comes_from(
     # a CPU runs no kernels of its own: no kernel figure, and no compiled step stated
     cpu = {name: where for name, _, where in prediction_inputs(spec())}
     assert "kernel" not in cpu and cpu["compiled_step"] == "none stated"
+
+
+def test_a_prefill_compiled_for_any_prompt_length_pays_its_dynamic_programs_launches():
+    # the toy's 2 steps on a GPU whose host binds: 10 launches and 2 entries. Calibrated, the
+    # dynamic program's own figures: 10 x 120 + 2 x 80 = 1,360 us (static: 10 x 100 + 2 x 50)
+    gpu = spec(device_type="cuda", op_overhead_s={
+        "compiled": 100e-6, "compiled_step": 50e-6, "compiled_dynamic": 120e-6,
+        "compiled_dynamic_step": 80e-6, **NO_KERNEL})
+    regime, program = P.phase_program(gpu, "cudagraphs", "prefill")  # a prefill runs compiled
+    assert regime == "compiled"
+    assert P.predict(toy(), program, regime).latency_s * 1e6 == pytest.approx(1360)
+    assert P.phase_program(gpu, "compiled", "decode") == ("compiled", gpu)  # a fixed shape
+    assert P.phase_program(gpu, "eager", "prefill") == ("eager", gpu)
+    # a registry entry (no compiled figure of its own): the defaults plus DEFAULT_DYNAMIC_S,
+    # 15 + 1.8 = 16.8 us a launch and 69 + 34 = 103 us a step: 10 x 16.8 + 2 x 103 = 374 us
+    # of host time, above the kernels' 361.616 us (GEMV + attention + fused on a GPU)
+    registry = spec(device_type="cuda", op_overhead_s=NO_KERNEL)
+    _, program = P.phase_program(registry, "compiled", "prefill")
+    assert P.overhead(program, "compiled") == pytest.approx(16.8e-6)
+    assert P.compiled_step_s(program) == pytest.approx(103e-6)
+    assert P.predict(toy(), program, "compiled").latency_s * 1e6 == pytest.approx(374)
+    # an engine's own launch figure (from C++) and a CPU's compiled prefill: the spec as is
+    engine = spec(device_type="cuda", op_overhead_s={"compiled": 3e-6, "compiled_step": 0.0})
+    assert P.phase_program(engine, "compiled", "prefill")[1] is engine
+    cpu = spec()
+    assert P.phase_program(cpu, "compiled", "prefill")[1] is cpu

@@ -137,7 +137,9 @@ class Calibration:
             compiled = ("a tiny transformer's compiled decode step at 2 and 8 layers: the "
                         "extra time over the extra kernel launches the compiled regime "
                         "charges (costs.compiled_launches), compiled_step = the rest of the "
-                        "shallow step" + ("; cudagraphs = one CUDA graph's replay and sync; "
+                        "shallow step" + ("; compiled_dynamic(_step) = the same of the tiny "
+                                          "prefill compiled for any prompt length, at 8 tokens"
+                                          "; cudagraphs = one CUDA graph's replay and sync; "
                                           "kernel = a CUDA graph of 64 tiny kernels replayed, "
                                           "device time / 64"
                                           if self.device.startswith("cuda") else ""))

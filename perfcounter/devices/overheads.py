@@ -184,6 +184,41 @@ def compiled_timers(device, min_time: float = 0.1, clock: str = "wall"):
     return launches, timers
 
 
+DYNAMIC_TOKENS = 8  # the prompt the tiny model's dynamic prefill is timed at
+
+
+def tiny_prefill(model, x, pos):
+    """The tiny model's prefill as generate.prefill runs it greedily: the last position's
+    most likely token (a module-level function: its compiled entries are its own)."""
+    return model(x, pos)[:, -1].argmax(-1)
+
+
+def dynamic_timers(device, min_time: float = 0.1, clock: str = "wall"):
+    """([launches], [a function that times the call once]) of the tiny transformer's prefill
+    compiled for any prompt length (torch.compile(dynamic=True), as generate.py and gpt-fast
+    compile theirs) at each of COMPILED_DEPTHS, called at DYNAMIC_TOKENS tokens. Its host
+    pays more a launch and a step than the static step's (the wrapper computes each launch's
+    sizes from symbols; the guards check them): on an H100 the tiny model's fit read 15.0 us a
+    launch and 170 us a step at 8 tokens, against 13.2 and 136 static
+    (benchmarks/bench_compiled_prefill.py, docs/measured.md#on-a-gpu)."""
+    launches, timers = [], []
+    if hasattr(torch._dynamo, "reset_code"):  # an earlier calibration's entries count toward
+        torch._dynamo.reset_code(tiny_prefill.__code__)  # the recompile limit
+    compiled = torch.compile(tiny_prefill, dynamic=True)
+    for n_layer in COMPILED_DEPTHS:
+        model, _ = tiny_decode_step(device, n_layer)
+        x = torch.zeros(1, DYNAMIC_TOKENS, dtype=torch.long, device=device)
+        pos = torch.arange(DYNAMIC_TOKENS, device=device)
+        with torch.no_grad():
+            with PerformanceCounterMode() as mode:
+                tiny_prefill(model, x, pos)
+            launches.append(compiled_launches(mode.trace()))
+            compiled(model, x, pos), compiled(model, x, pos)  # compilation, then a warm call
+        timers.append(lambda model=model, x=x, pos=pos: time_calls(
+            lambda: lambda: compiled(model, x, pos), device, min_time, clock))
+    return launches, timers
+
+
 def compiled_fit(launches: list[int], seconds: list[float]) -> dict[str, float]:
     """{"compiled": s per kernel launch, "compiled_step": s per step} from the compiled tiny
     step's time at two depths: t = step + launches x per launch. The deeper model's extra
@@ -219,7 +254,9 @@ class HostCosts:
     decode step on a 2-core CPU spent 0.84 ms a step in Dynamo's cache lookup alone,
     against 0.41 ms for all its 363 launches at one direct op call each:
     benchmarks/bench_compiled_host.py, docs/measured.md); on CUDA
-    also one CUDA graph's launch (graph_timer). "eager_<dtype>", for each of `dtypes` other
+    also one CUDA graph's launch (graph_timer) and the same fit of the tiny prefill compiled
+    for any prompt length (dynamic_timers: "compiled_dynamic", "compiled_dynamic_step"; a
+    CPU's compiled prefill is bound by its kernels, its static figures serve). "eager_<dtype>", for each of `dtypes` other
     than float32: the eager step in that dtype (dtype_timers)."""
 
     def __init__(self, device, clock: str = "wall", min_time: float = 0.1, dtypes=()):
@@ -229,8 +266,11 @@ class HostCosts:
         self.timers.update(timers)
         self.launches, compiled = compiled_timers(device, min_time, clock)
         self.timers.update({f"compiled {n}": t for n, t in zip(COMPILED_DEPTHS, compiled)})
+        self.dynamic_launches: list[int] = []
         if device.type == "cuda":
             self.timers["graph"] = graph_timer(device)
+            self.dynamic_launches, dynamic = dynamic_timers(device, min_time, clock)
+            self.timers.update({f"dynamic {n}": t for n, t in zip(COMPILED_DEPTHS, dynamic)})
         self.fastest: dict[str, float] = {}
         self.samples: list[dict[str, float]] = []  # each sample's figures
 
@@ -252,6 +292,10 @@ class HostCosts:
         out.update(compiled_fit(self.launches, [t[f"compiled {n}"] for n in COMPILED_DEPTHS]))
         if "graph" in t:
             out["cudagraphs"] = t["graph"]
+        if f"dynamic {COMPILED_DEPTHS[0]}" in t:
+            fit = compiled_fit(self.dynamic_launches,
+                               [t[f"dynamic {n}"] for n in COMPILED_DEPTHS])
+            out.update(compiled_dynamic=fit["compiled"], compiled_dynamic_step=fit["compiled_step"])
         return out
 
     def spread(self) -> dict[str, float]:

@@ -72,9 +72,12 @@ EFFICIENCY_CLASSES = (*OP_CLASSES, "gemv_int8", "gemv_int4", "gemv_fp8")
 # or "gemv_row_<dtype>" / "gemv_row16_<dtype>": seconds per weight row of a matmul of 1 / 16
 # activation rows (op_rates.gemv_row_seconds),
 # or "eager_<dtype>": eager per op call of a program computing in a dtype other than float32
-# (its figure where "eager" is float32's; overheads.dtype_timers)
+# (its figure where "eager" is float32's; overheads.dtype_timers),
+# or "compiled_dynamic" / "compiled_dynamic_step": compiled and compiled_step of a program
+# compiled for any input length (dynamic=True: a prefill; overheads.dynamic_timers)
 ROW_DTYPES = ("float32", "bfloat16", "float16")
-OVERHEADS = (*EXECUTIONS, "eager_cold", "compiled_step", "kernel",
+OVERHEADS = (*EXECUTIONS, "eager_cold", "compiled_step", "kernel", "compiled_dynamic",
+             "compiled_dynamic_step",
              *(f"gemv_row{m}_{d}" for m in ("", "16") for d in ROW_DTYPES),
              *(f"eager_{d}" for d in ROW_DTYPES if d != "float32"))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from perfcounter._util import PerfcounterWarning
 from perfcounter.devices.op_rates import interpolate, row_seconds
@@ -76,6 +76,13 @@ WEIGHT_CLASSES = ("gemv_int8", "gemv_int4", "gemv_fp8")  # a GEMV priced by its 
 DEFAULT_OVERHEAD_S = {"cpu": {"eager": 3e-6, "compiled": 1e-6, "cudagraphs": 2e-5},
                       "cuda": {"eager": 8e-6, "compiled": 1.5e-5, "cudagraphs": 2e-5}}
 DEFAULT_STEP_S = {"cuda": 6.9e-5}  # a compiled step's entry (compiled_step); none on a CPU
+# What a program compiled for any input length (dynamic=True: generate.py's and gpt-fast's
+# prefill) costs a GPU's host beyond the static step's figures, a launch and a step: the tiny
+# model's fit on an H100, 15.0 us a launch and 170 us a step at 8 tokens against 13.2 and 136
+# static (benchmarks/bench_compiled_prefill.py at d36fdf7, docs/measured.md#on-a-gpu). Where a
+# calibration measured the dynamic program (compiled_dynamic), its own figures. None on a CPU,
+# whose compiled prefill its kernels bind.
+DEFAULT_DYNAMIC_S = {"cuda": {"compiled": 1.8e-6, "compiled_step": 3.4e-5}}
 # A GPU kernel's fixed device time, seconds: each kernel, however small, occupies the device for
 # its launch on the device, its blocks' scheduling, its first loads' latency and its tail,
 # beside its bytes and FLOPs (which the efficiencies above price as streams). Source: an H200's
@@ -250,6 +257,26 @@ def compiled_step_s(spec) -> float:
     return DEFAULT_STEP_S.get(spec.device_type, 0.0)
 
 
+def dynamic_program(spec):
+    """The spec a program compiled for any input length is priced on (a prefill compiled
+    with dynamic=True): `compiled` and `compiled_step` replaced by the spec's compiled_dynamic
+    figures, where a calibration measured them; else, where the spec states no compiled figure
+    of its own (a registry entry: the stated defaults), the defaults plus DEFAULT_DYNAMIC_S's
+    for its device type; else the spec itself (its own compiled figures: an engine's, or a
+    calibration from before it timed the dynamic program)."""
+    own = spec.op_overhead_s
+    if "compiled_dynamic" in own:
+        update = {"compiled": own["compiled_dynamic"],
+                  "compiled_step": own.get("compiled_dynamic_step", compiled_step_s(spec))}
+    elif "compiled" not in own and spec.device_type in DEFAULT_DYNAMIC_S:
+        extra = DEFAULT_DYNAMIC_S[spec.device_type]
+        update = {"compiled": overhead(spec, "compiled") + extra["compiled"],
+                  "compiled_step": compiled_step_s(spec) + extra["compiled_step"]}
+    else:
+        return spec
+    return replace(spec, op_overhead_s={**own, **update})
+
+
 def kernel_s(spec, basis: str) -> float:
     """Seconds of device time one kernel costs on `spec` beside its bytes and FLOPs, for
     rates of `basis` (Rate.basis): none from a measured curve (its small working sets hold
@@ -339,6 +366,13 @@ def prediction_inputs(spec) -> list[tuple[str, str, str]]:
     out.append(("compiled_step", f"{step * 1e6:.3g} us a compiled step",
                 own if "compiled_step" in spec.op_overhead_s else "stated default (DEFAULT_STEP_S)"
                 if step else "none stated"))
+    dynamic = dynamic_program(spec)
+    if dynamic is not spec:  # a prefill compiled for any prompt length (dynamic_program)
+        where = own if "compiled_dynamic" in spec.op_overhead_s else \
+            "stated default + DEFAULT_DYNAMIC_S"
+        out.append(("compiled_dynamic", f"{overhead(dynamic, 'compiled') * 1e6:.3g} us a kernel "
+                    f"launch, {compiled_step_s(dynamic) * 1e6:.3g} us a step (a prefill "
+                    f"compiled for any prompt length)", where))
     if spec.device_type in ASYNCHRONOUS:
         fixed = kernel_s(spec, "default")
         where = own if "kernel" in spec.op_overhead_s else \

@@ -75,7 +75,8 @@ program replayed as one graph per step: fused as above, no overhead per kernel, 
 (decode, a draft's and a verify's rounds); a prefill, of whatever prompt length, runs
 compiled, launched kernel by kernel (gpt-fast and generate.py compile it with dynamic shapes
 and no graph; llama.cpp and TensorRT-LLM's PyTorch backend capture decode batches only):
-`phase_regime` says which a phase gets, and a phase's prediction (stats.py) applies it. On an
+`phase_regime` says which a phase gets, `phase_program` also the dynamic program's launch
+and entry a compiled prefill pays (achievable.dynamic_program); stats.py applies both. On an
 H200, a 1B model's 128-token prefill ran 4.1 ms in generate.py's cudagraphs run, its
 decode step 1.2 ms: the prefill's launches, not a graph's one (benchmarks/gpu_check.py).
 Metadata ops (prim.*: x.device under fake tensors) are no op calls and cost nothing.
@@ -100,9 +101,8 @@ from perfcounter.pricing.achievable import (  # noqa: F401 (re-exported: predict
     ASYNCHRONOUS, CALIBRATED, DEFAULT_EFFICIENCY, DEFAULT_KERNEL_S, DEFAULT_OVERHEAD_S,
     DEFAULT_STREAM_EFFICIENCY,
     STRIDED_SHARE, WEIGHT_CLASSES, Rate, check_execution,
-    compiled_step_s, gemv_row_s, is_calibrated, kernel_s, measured_dtype, overhead,
-    program_dtype, rate,
-    rows_flops, vector_flops)
+    compiled_step_s, dynamic_program, gemv_row_s, is_calibrated, kernel_s, measured_dtype,
+    overhead, program_dtype, rate, rows_flops, vector_flops)
 from perfcounter.pricing.roofline import is_integer_dtype, roofline
 from perfcounter.trace import ROLES, OpRecord, Trace
 from perfcounter.trace_args import tensor_args
@@ -368,6 +368,16 @@ def phase_regime(execution: str, label: str) -> str:
     one) under "cudagraphs" runs "compiled" (see the module doc); anything else as asked."""
     check_execution(execution)
     return "compiled" if execution == "cudagraphs" and "prefill" in label else execution
+
+
+def phase_program(spec, execution: str, label: str):
+    """(regime, spec) a phase labelled `label` is priced in under `execution`: phase_regime's,
+    and for a prefill run compiled the spec of a program compiled for any prompt length
+    (generate.py's and gpt-fast's dynamic=True prefill: achievable.dynamic_program)."""
+    regime = phase_regime(execution, label)
+    if regime == "compiled" and "prefill" in label:
+        return regime, dynamic_program(spec)
+    return regime, spec
 
 
 def describe_basis(spec, prediction: Prediction) -> str:

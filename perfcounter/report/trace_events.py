@@ -49,6 +49,7 @@ from typing import NamedTuple
 from perfcounter._util import atomic_write
 from perfcounter.devices import get_device_spec
 from perfcounter.pricing.per_record import record_predictions
+from perfcounter.pricing.predict import phase_program
 from perfcounter.pricing.roofline import op_costs
 from perfcounter.simulation.source import RECORDING, SIMULATION, read_source
 from perfcounter.simulation.timeline import Ev, timeline
@@ -148,7 +149,8 @@ def _device_trace(phases: dict, spec, measured: dict) -> dict:
         trace = stats.trace
         if trace is None:
             continue
-        times = op_times(trace, spec, stats.execution)
+        regime, program = phase_program(spec, stats.execution, label)  # as stats prices it
+        times = op_times(trace, program, regime)
         infos = {m.path: m for m in trace.modules}
         idle, placed = _idle(trace, times), set()
         start, stack = clock, []
