@@ -91,6 +91,25 @@ def test_a_cpu_calibration_keeps_its_figures():
     # both present, a launch well under a millisecond
     assert 0 < cal.overhead_s["compiled"] < 1e-3 and "compiled_step" in cal.overhead_s
     assert cal.matmul_n == 32
+    assert "compiled_dynamic" not in cal.overhead_s  # a CPU's prefill: its kernels bind
+
+
+def test_a_gpu_calibrations_dynamic_program_is_written_and_named_per_launch_and_step():
+    cal = Cal.Calibration(device="cuda:0", processor="GPU", threads=16, array_bytes=MiB,
+                          repeats=1, clock="wall", matmul_n=32, bandwidth=1e12,
+                          flops={torch.bfloat16: 1e15}, memory_bytes=None, overhead_s={
+                              "eager": 7e-6, "eager_bfloat16": 8e-6, "compiled": 15e-6,
+                              "compiled_step": 80e-6, "compiled_dynamic": 17e-6,
+                              "compiled_dynamic_step": 110e-6})
+    spec_ = cal.to_spec()
+    assert spec_.op_overhead_s["compiled_dynamic"] == 17e-6
+    lines = "\n".join(Cal.describe(cal))
+    assert "overhead per kernel launch, a program for any input length, compiled_dynamic: " \
+        "17.00 us" in lines
+    assert "overhead per step, a program for any input length, compiled_dynamic_step: " \
+        "110.00 us" in lines
+    # a compiled prefill pays them: phase_program's spec
+    assert P.phase_program(spec_, "compiled", "prefill")[1].op_overhead_s["compiled"] == 17e-6
 
 
 def test_a_prefill_under_cuda_graphs_is_priced_compiled():

@@ -343,6 +343,8 @@ def describe(cal: Calibration) -> list[str]:
             lines.append(f"GEMV, per weight row, {execution}: {seconds * 1e9:.0f} ns")
         else:
             unit = {"compiled": "per kernel launch", "compiled_step": "per compiled step",
+                    "compiled_dynamic": "per kernel launch, a program for any input length",
+                    "compiled_dynamic_step": "per step, a program for any input length",
                     "cudagraphs": "per CUDA graph launch",
                     "kernel": "per kernel, device time"}.get(execution, "per op call")
             lines.append(f"overhead {unit}, {execution}: {seconds * 1e6:.2f} us")
