@@ -15,7 +15,7 @@ from torch import nn
 import perfcounter
 from perfcounter import TransformerPerformanceCounter, simulate
 from perfcounter.devices import DeviceSpec
-from perfcounter.pricing.predict import predict
+from perfcounter.pricing.predict import phase_program, predict
 from perfcounter.simulation.placement import Mapping, MappingError, resolve_device
 from perfcounter.simulation.links import Link
 from perfcounter.simulation.result import COMPONENTS
@@ -202,9 +202,11 @@ def test_on_one_device_the_prediction_is_predicts(tiny_counter, execution):
     spec = perfcounter.get_device_spec("h100-sxm")
     s = simulate(tiny_counter, None, default_device="h100-sxm", execution=execution)
     for label, stats in tiny_counter.counts.items():
-        whole = predict(stats.trace, spec, execution)
+        regime, program = phase_program(spec, execution, label)
+        whole = predict(stats.trace, program, regime)
         # every record's share, views included, on the one device: the phase's prediction
-        # (less the host link, which the simulation prices as its own transfers)
+        # as count prices it (a prefill compiled for any prompt length, phase_program; less
+        # the host link, which the simulation prices as its own transfers)
         assert s.phases[label].devices["h100-sxm"].predicted_busy_s == pytest.approx(
             whole.latency_s - whole.host_link_s)
 

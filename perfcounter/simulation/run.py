@@ -38,7 +38,7 @@ from dataclasses import astuple
 
 from perfcounter._util import PerfcounterWarning
 from perfcounter.pricing.per_record import per_step_overhead_s
-from perfcounter.pricing.predict import check_execution
+from perfcounter.pricing.predict import check_execution, phase_program, phase_regime
 from perfcounter.simulation.links import Link, Links
 from perfcounter.simulation.placement import (HOST, Device, Mapping, MappingError, Plan,
                                               default_host, resolve_device)
@@ -56,12 +56,14 @@ class _Replay:
     """A phase's forward replayed under a plan: the clock, each device's account, the log."""
 
     def __init__(self, prep, plan: Plan, links: Links, elementwise: str, overlap: bool,
-                 notes: set, detail: bool, execution: str | None = None):
+                 notes: set, detail: bool, execution: str | None = None,
+                 specs: dict | None = None):
         """execution None: each op at its roofline on its device (x peak fraction); else
-        its predicted seconds run that way (per_record.py: achievable rates, overheads)."""
+        its predicted seconds run that way (per_record.py: achievable rates, overheads), on
+        `specs` where given (a device key's spec as the phase's program prices it)."""
         self.prep, self.plan, self.links, self.notes = prep, plan, links, notes
         self.elementwise, self.overlap, self.detail = elementwise, overlap, detail
-        self.execution = execution
+        self.execution, self.specs = execution, specs or {}
         self.acc: dict[str, DeviceResult] = {}
         self.clock = self.wt = self.wc = 0.0  # finished windows; this window's transfer, compute
         self.log: list[LogRow] = []
@@ -197,7 +199,8 @@ class _Replay:
             m.energy_j += c.compute_j + c.memory_j
         self.log.append(LogRow(step.module, dev.key, start, t, c.bytes, c.flops,
                                c.compute_j + c.memory_j, ""))
-        per = self.prep.record_costs(dev.spec, self.elementwise, self.execution)
+        per = self.prep.record_costs(self.specs.get(dev.key, dev.spec), self.elementwise,
+                                     self.execution)
         for i in step.records:
             r, rc = self.prep.trace.records[i], per[i]
             op = op_packet(r.op)
@@ -243,8 +246,8 @@ class _Replay:
                     self.transfer(cur, dev, nbytes, path, False)
                     cur = dev
                 if dev.key not in costs:
-                    costs[dev.key] = prep.step_costs(dev.spec, self.elementwise,
-                                                     self.execution)
+                    costs[dev.key] = prep.step_costs(self.specs.get(dev.key, dev.spec),
+                                                     self.elementwise, self.execution)
                 self.run(step, j, cur, costs)
             elif cur.tp > 1 and path in prep.blocks:
                 self.allreduce(cur, prep.infos[path].output_bytes * step.count, path)
@@ -358,13 +361,17 @@ def simulate(source, mapping=None, *, host=None, default_device: str | None = No
                for label, (trace, tokens) in phases.items()}
     if execution is not None:  # the prediction beside the bound: the same replay, re-priced
         for label, (trace, tokens) in phases.items():
+            # each phase as count prices it: a prefill runs compiled, for any prompt length
+            regime = phase_regime(execution, label)
+            specs = {key: phase_program(d.spec, execution, label)[1]
+                     for key, d in plan.devices.items()}
             predicted = _Replay(PREPARED.get(trace), plan, links, elementwise_model,
-                                bool(overlap), notes, False, execution).replay(label, tokens)
+                                bool(overlap), notes, False, regime, specs).replay(label, tokens)
             launches = 0.0  # each device that ran ops launches its own per step (a graph)
             for key, a in predicted.devices.items():
                 if a.busy_s:
-                    a.busy_s += per_step_overhead_s(trace, plan.devices[key].spec, execution)
-                    launches += per_step_overhead_s(trace, plan.devices[key].spec, execution)
+                    a.busy_s += per_step_overhead_s(trace, specs[key], regime)
+                    launches += per_step_overhead_s(trace, specs[key], regime)
                 results[label].devices[key].predicted_busy_s = a.busy_s
             results[label].predicted_s = predicted.time_s + launches
     options = {"elementwise_model": elementwise_model, "overlap": bool(overlap),
