@@ -5,6 +5,8 @@ launches counted).
 
     python benchmarks/bench_compiled_prefill.py                     # a CUDA GPU
     python benchmarks/bench_compiled_prefill.py --device cpu --layers 2 --rounds 1  # smoke test
+    python benchmarks/bench_compiled_prefill.py --skip_tiny --model smollm2-135m,llama-3.2-1b \
+        --layers 8    # what the shape adds: two models' shapes cut to the same depth
 
 Two parts, each compiled as generate.py compiles it (the decode step static, the prefill
 with dynamic=True):
@@ -186,7 +188,9 @@ def model_part(device, dtype, name: str, layers: int | None, prompt: int,
 
 
 def main(*, device: str = "cuda", model: str = "smollm2-135m", layers: int | None = None,
-         prompt: int = 8, rounds: int = 3, min_time: float = 0.1) -> dict:
+         prompt: int = 8, rounds: int = 3, min_time: float = 0.1, tiny: bool = True) -> dict:
+    """The two parts (the module doc); `model` a comma-separated list of presets, each timed
+    in the second part; tiny=False leaves the first part out."""
     quiet_third_party()
     t0 = time.perf_counter()
     dev = torch.device(device)
@@ -195,26 +199,35 @@ def main(*, device: str = "cuda", model: str = "smollm2-135m", layers: int | Non
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     where = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU, one thread"
     print(f"{where}; torch {torch.__version__}", flush=True)
-    rows, fits = tiny_part(dev, rounds, min_time)
-    print(format_table(rows, ["tiny model", "program", "tokens", "launches",
-                              "a step (fastest)", "a launch", "rounds' spread"], markdown=True))
-    print(format_table([[k, f"{f['compiled'] * 1e6:,.2f} us", f"{f['compiled_step'] * 1e6:,.1f} us"]
-                        for k, f in fits.items()],
-                       ["program, tokens", "a launch (fit)", "a step's entry (fit)"],
-                       markdown=True))
-    shape = f"{model}" + (f", {layers} layers" if layers else "")
-    rows, measured = model_part(dev, dtype, model, layers, prompt, min_time)
-    print(format_table(rows, [f"{shape}, {prompt}-token prompt", "launches counted",
-                              "kernels run (profiled)", "host, back to back", "a launch", "device",
-                              "once, after 8 decode steps", *PROFILED], markdown=True))
+    fits = {}
+    if tiny:
+        rows, fits = tiny_part(dev, rounds, min_time)
+        print(format_table(rows, ["tiny model", "program", "tokens", "launches",
+                                  "a step (fastest)", "a launch", "rounds' spread"],
+                           markdown=True))
+        print(format_table([[k, f"{f['compiled'] * 1e6:,.2f} us",
+                             f"{f['compiled_step'] * 1e6:,.1f} us"] for k, f in fits.items()],
+                           ["program, tokens", "a launch (fit)", "a step's entry (fit)"],
+                           markdown=True))
+    measured = {}
+    for name in model.split(","):
+        shape = f"{name}" + (f", {layers} layers" if layers else "")
+        rows, measured[name] = model_part(dev, dtype, name, layers, prompt, min_time)
+        print(format_table(rows, [f"{shape}, {prompt}-token prompt", "launches counted",
+                                  "kernels run (profiled)", "host, back to back", "a launch",
+                                  "device", "once, after 8 decode steps", *PROFILED],
+                           markdown=True), flush=True)
     print(f"({time.perf_counter() - t0:.0f} s)")
-    return {"fits": fits, "model": measured}
+    return {"fits": fits, "model": measured[model.split(",")[0]], "models": measured}
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu")
-    ap.add_argument("--model", default="smollm2-135m", help="a preset of ModelArgs.from_name")
+    ap.add_argument("--model", default="smollm2-135m",
+                    help="presets of ModelArgs.from_name, comma-separated: each model's shape "
+                         "timed in turn (the second part)")
+    ap.add_argument("--skip_tiny", action="store_true", help="leave out the tiny model's part")
     ap.add_argument("--layers", type=int, default=None, help="cut the model to this many layers")
     ap.add_argument("--prompt", type=int, default=8, help="the model's prefill tokens")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the tiny model's timings")
@@ -228,8 +241,10 @@ if __name__ == "__main__":
             ap.error(f"{flag} {v}: a positive integer")
     if a.prompt < 2:
         ap.error(f"--prompt {a.prompt}: at least 2 tokens (1 is a decode step)")
-    try:
-        ModelArgs.from_name(a.model)
-    except (KeyError, ValueError) as e:
-        ap.error(f"--model {a.model!r}: {e}")
-    main(device=a.device, model=a.model, layers=a.layers, prompt=a.prompt, rounds=a.rounds)
+    for name in a.model.split(","):
+        try:
+            ModelArgs.from_name(name)
+        except (KeyError, ValueError) as e:
+            ap.error(f"--model {name!r}: {e}")
+    main(device=a.device, model=a.model, layers=a.layers, prompt=a.prompt, rounds=a.rounds,
+         tiny=not a.skip_tiny)
