@@ -30,6 +30,7 @@ def test_static_and_dynamic_programs_are_timed_and_fitted():
     (["--device", "cpu", "--prompt", "1"], "--prompt 1: at least 2 tokens"),
     (["--device", "cpu", "--layers", "0"], "--layers 0: a positive integer"),
     (["--device", "cpu", "--model", "nonsense"], "--model 'nonsense'"),
+    (["--device", "cpu", "--model", "smollm2-135m,nonsense"], "--model 'nonsense'"),
 ])
 def test_bad_input_is_refused_before_the_work(argv, says):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_compiled_prefill.py"), *argv],
