@@ -267,3 +267,15 @@ def test_count_predicts_the_execution_asked(llama_dir, capsys):
         < docs["eager"]["decode"]["predicted_latency_s"] / 2
     assert cli(argv=["op-bench", "--model", str(llama_dir), "--compile"]) == 2
     assert "prices eager runs only" in capsys.readouterr().err
+
+
+def test_count_names_a_prefill_compiled_for_any_prompt_length(llama_dir, capsys):
+    """On a GPU a compiled prefill is priced as a program compiled for any prompt length
+    (predict.phase_program), and its prediction line says so; the decode step's does not."""
+    assert cli(argv=["count", "--model", str(llama_dir), "--prompt_length", "5",
+                     "--max_new_tokens", "2", "--device_spec", "h100-sxm",
+                     "--execution", "cudagraphs"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "Latency: " in ln
+             and "overhead" in ln]
+    assert "(compiled for any prompt length: overhead" in lines[0]  # the prefill
+    assert "(cudagraphs: overhead" in lines[1]  # the decode steps

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 
 from perfcounter.format import NA, format_table, percent, rate, ratio, si
-from perfcounter.pricing.predict import describe_basis
+from perfcounter.pricing.predict import describe_basis, phase_program
 
 
 def _device_line(stats) -> str:
@@ -108,7 +108,9 @@ def format_stats(stats, module_depth: int | None = 4) -> str:
 def _prediction_lines(s) -> list[str]:
     """The prediction beside the roofline (the roofline is a bound, this is a prediction)."""
     p = s.prediction()
-    line = (f"    Latency: {si(p.latency_s, 's')} ({p.execution}: overhead {si(p.overhead_s, 's')} for "
+    program = phase_program(s.device_spec, s.execution, s.label)[1]  # a dynamic prefill's own
+    regime = p.execution + (" for any prompt length" if program is not s.device_spec else "")
+    line = (f"    Latency: {si(p.latency_s, 's')} ({regime}: overhead {si(p.overhead_s, 's')} for "
             f"{p.op_calls:,} {'op calls' if p.execution == 'eager' else 'kernels'} + work {si(p.work_s, 's')}; {describe_basis(s.device_spec, p)})")
     lines = ["  Prediction (the roofline above is a bound)", line]
     if s.latency is not None:
