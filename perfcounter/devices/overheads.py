@@ -1,7 +1,9 @@
 """The fixed costs of running ops, measured for `perfcounter calibrate` (op_rates.py's module
 doc says what each is): one direct op call, a tiny transformer's eager decode step per op
-call (warm, with the caches streamed, and in each other dtype calibrated), per launch of its compiled step and per compiled
-step (two depths compared), one CUDA graph's launch per step, a tiny kernel's device time."""
+call (warm, with the caches streamed, and in each other dtype calibrated), per launch of its
+compiled step and per compiled step (two depths compared; on a GPU also of its prefill
+compiled for any prompt length), one CUDA graph's launch per step, a tiny kernel's device
+time."""
 from __future__ import annotations
 
 import torch
@@ -256,8 +258,9 @@ class HostCosts:
     benchmarks/bench_compiled_host.py, docs/measured.md); on CUDA
     also one CUDA graph's launch (graph_timer) and the same fit of the tiny prefill compiled
     for any prompt length (dynamic_timers: "compiled_dynamic", "compiled_dynamic_step"; a
-    CPU's compiled prefill is bound by its kernels, its static figures serve). "eager_<dtype>", for each of `dtypes` other
-    than float32: the eager step in that dtype (dtype_timers)."""
+    CPU's compiled prefill is bound by its kernels, its static figures serve).
+    "eager_<dtype>", for each of `dtypes` other than float32: the eager step in that dtype
+    (dtype_timers)."""
 
     def __init__(self, device, clock: str = "wall", min_time: float = 0.1, dtypes=()):
         device = torch.device(device)
