@@ -113,12 +113,12 @@ def eager_figures(calls: int, times: dict[str, float]) -> dict[str, float]:
 
 def dtype_timers(device, dtypes, min_time: float = 0.1, clock: str = "wall"):
     """({"eager_<dtype>": op calls a step}, {"eager_<dtype>": a function that times it once})
-    of the tiny transformer's decode step in each of `dtypes` other than float32 (eager
-    _timers' own): a program computing in bfloat16 costs the host more a call than one in
-    float32 (the tiny step as generate.py runs it, an H200's host: 7.3-7.5 us against 6.3-6.6
-    in its fast rounds; this 2-core CPU: 4.2-4.3 against 2.7; `python benchmarks/bench_host_
-    states.py`, docs/measured.md#on-a-gpu), and a model is priced at its own dtype's figure
-    (achievable.overhead)."""
+    of the tiny transformer's decode step in each of `dtypes` other than float32 (float32's
+    is eager_timers'): a program computing in bfloat16 costs the host more a call than one
+    in float32 (the tiny step as generate.py runs it, an H200's host: 7.3-7.5 us against
+    6.3-6.6 in its fast rounds; this 2-core CPU: 4.2-4.3 against 2.7;
+    `python benchmarks/bench_host_states.py`, docs/measured.md#on-a-gpu), and a model is
+    priced at its own dtype's figure (achievable.overhead)."""
     calls, timers = {}, {}
     for dtype in dtypes:
         if as_dtype(dtype) == torch.float32:
