@@ -8,7 +8,7 @@ import torch
 
 from perfcounter import get_device_spec
 from perfcounter.models.args import ModelArgs
-from perfcounter.pricing.achievable import rate
+from perfcounter.pricing.achievable import compiled_step_s, dynamic_program, overhead, rate
 from perfcounter.pricing.predict import EXTERN, op_predictions, predict
 from perfcounter.pricing.roofline import roofline
 from perfcounter.serve import cache_info, deployment, serve, step_table
@@ -50,14 +50,32 @@ def one_kernel_per_group(trace: Trace) -> Trace:
     return dataclasses.replace(trace, records=list(merged.values()))
 
 
+def engine_program(spec, execution: str):
+    """The spec an engine's step is priced on: compiled without a graph, one program compiled
+    for any batch and token count (achievable.dynamic_program); else the spec."""
+    return dynamic_program(spec) if execution == "compiled" else spec
+
+
+def test_an_engines_compiled_step_pays_the_dynamic_programs_launches():
+    # h100-sxm states no compiled figure: 15 + 1.8 = 16.8 us a launch, 69 + 34 = 103 us a
+    # step for the engine's compiled program; CUDA graphs and eager keep the spec's
+    spec = get_device_spec("h100-sxm", dtype=torch.bfloat16)
+    compiled = PredictionPricer(spec, "compiled").spec
+    assert overhead(compiled, "compiled") == pytest.approx(16.8e-6)
+    assert compiled_step_s(compiled) == pytest.approx(103e-6)
+    assert PredictionPricer(spec, "cudagraphs").spec is spec
+    assert PredictionPricer(spec, "eager").spec is spec
+
+
 @pytest.mark.parametrize("execution", REGIMES)
 def test_table_equals_predict_on_counted_steps(execution):
     spec = get_device_spec("h100-sxm", dtype=torch.bfloat16)
     table = step_table(TINY, torch.bfloat16, PredictionPricer(spec, execution))
     assert table.label == f"predicted, {execution}"
+    program = engine_program(spec, execution)
     for shape in STEPS:
         trace = counted(shape) if execution == "eager" else varlen_attention(counted(shape))
-        want = predict(trace, spec, execution).latency_s
+        want = predict(trace, program, execution).latency_s
         assert table.price(shape) == pytest.approx(want, rel=0.01), shape
         assert table.price(shape) == pytest.approx(want, rel=1e-4), shape  # in fact
 
@@ -149,7 +167,8 @@ def test_vanishing_rate_ttft_is_the_predicted_prefill_step(execution):
                      execution=execution)
     w = Workload(np.array([0.0, 1000.0, 2000.0]), np.full(3, 100), np.full(3, 4), np.zeros(3))
     result = serve(dep, w)
-    want = predict(counted([(100, 0)]), dep.spec, execution).latency_s
+    want = predict(counted([(100, 0)]), engine_program(dep.spec, execution),
+                   execution).latency_s
     assert result.metrics["mean_ttft_ms"] == pytest.approx(want * 1e3, rel=1e-3)
     assert result.to_dict()["execution"] == execution
     assert result.to_dict()["step_costs"] == f"predicted, {execution}"

@@ -50,9 +50,9 @@ import dataclasses
 
 import numpy as np
 
-from perfcounter.pricing.achievable import (check_execution, compiled_step_s, gemv_row_s,
-                                            kernel_s, overhead, program_dtype, rate,
-                                            rows_flops)
+from perfcounter.pricing.achievable import (check_execution, compiled_step_s,
+                                            dynamic_program, gemv_row_s, kernel_s, overhead,
+                                            program_dtype, rate, rows_flops)
 from perfcounter.pricing.predict import (ASYNCHRONOUS, EXTERN, ROW_BLOCK, SKINNY_ROWS,
                                          gemv_weight, has_explicit_mask, matmul_rows, op_class,
                                          op_predictions, predict, vector_flops)
@@ -69,7 +69,10 @@ class PredictionPricer:
     """Each record as perfcounter's prediction in `execution` prices it (module doc)."""
 
     def __init__(self, spec, execution: str = "eager"):
-        self.spec, self.execution = spec, check_execution(execution)
+        self.execution = check_execution(execution)
+        # an engine's compiled step without a graph runs one program compiled for any batch
+        # and token count: the dynamic program's launch and entry (achievable.dynamic_program)
+        self.spec = dynamic_program(spec) if execution == "compiled" else spec
         self.bound = RooflinePricer(spec)
         self.key, self.static_w = self.bound.key, self.bound.static_w
         self.label = f"predicted, {execution}"
