@@ -25,6 +25,7 @@ from perfcounter.generation.config_only import count_config, resolve_config
 from perfcounter.models.args import ModelArgs, UnknownModelError
 from perfcounter.pricing.op_bench import op_bench
 from perfcounter.quant import quantize as quantization
+from perfcounter.quant.gguf_types import FILE_TYPES, check_file_type, stored_bytes
 from perfcounter.report.plots import check_outputs, source_name, write_outputs
 from perfcounter.report.profile import ATTRS, format_profile
 from perfcounter.serve.memory import weight_bytes
@@ -45,7 +46,8 @@ def count_from_flags(args):
                                dtype=dtype, hf=args.hf, cache=args.cache,
                                expert_load=args.expert_load, device_spec=spec,
                                io_model=args.io_model, depth=args.depth, **quant,
-                               price_as=getattr(args, "price_as", None))
+                               price_as=getattr(args, "price_as", None),
+                               gguf_type=getattr(args, "gguf_type", None))
     except UnknownModelError as e:  # not a file either
         raise ValueError(f"--model {args.model!r} is no config file or folder, nor a preset: "
                          f"{e}") from None
@@ -59,6 +61,12 @@ def count_from_flags(args):
           f"prompt {args.prompt_length} tokens, {args.max_new_tokens} new tokens, "
           f"{args.precision}; attention masks as the attention modules say (causal, sliding "
           f"window); MoE routing {routing}")
+    if getattr(args, "gguf_type", None):
+        ours, file_type = resolve_config(model), check_file_type(args.gguf_type)
+        size = si(sum(stored_bytes(ours, file_type).values()), "B")
+        say(f"weights as stored in a {file_type} GGUF ({size} of linear and embedding weights, "
+            f"each tensor at the type llama.cpp's quantize gives it): bytes as stored, FLOPs at "
+            f"{args.precision}")
     if quant["quantize"] is not None or quant["kv_dtype"] is not None:
         ours = None if str(model).endswith(".gguf") else resolve_config(model)
         size = f" ({si(weight_bytes(ours, dtype, quant['quantize']), 'B')} as stored)" \
@@ -110,7 +118,7 @@ def _count(args) -> int:
 # the flags that count a model: what `profile --counts` (a saved count) cannot honour
 COUNTING = ("--prompt_length", "--max_new_tokens", "--batch_size", "--precision", "--execution",
             "--device_spec", "--quantize", "--weight_dtype", "--group_size", "--kv_dtype", "--hf",
-            "--cache", "--expert_load", "--io_model", "--depth", "--price_as")
+            "--cache", "--expert_load", "--io_model", "--depth", "--price_as", "--gguf_type")
 
 
 def _profile(args) -> int:
@@ -158,6 +166,9 @@ def add_count_flags(p, executions=EXECUTIONS) -> None:
     g.add_argument("--depth", type=int, default=10, help="module depth the counter tracks")
     g.add_argument("--price_as", default=None, help="a .gguf --model's weights: stored (its "
                    "quant types' bytes, the default) or executed (dequantized, at --precision)")
+    g.add_argument("--gguf_type", default=None, help="a preset's weights priced as stored in a "
+                   "llama.cpp GGUF of this file type: " + ", ".join(FILE_TYPES) + " (each "
+                   "tensor's type as llama.cpp's quantize picks it; FLOPs at --precision)")
 
 
 def add_parsers(sub) -> None:

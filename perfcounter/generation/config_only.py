@@ -45,6 +45,7 @@ from perfcounter.models.loading import (CheckpointError, fake_model, model_args_
 from perfcounter.models.tokenizer import cache_keyword, offline_transformers
 from perfcounter.quant import quantize as quantization
 from perfcounter.quant.gguf_stored import annotate, check_price_as
+from perfcounter.quant.gguf_types import annotate_file_type, check_file_type, tensor_types
 
 CACHES = ("dynamic", "static")
 
@@ -293,6 +294,20 @@ def count_gguf(path, *, price_as: str = "stored", hf: bool = False, batch_size: 
     return counter
 
 
+def check_gguf_type(resolved, gguf_type, *, hf=None, quantize=None) -> str:
+    """The file type gguf_type names, for our model `resolved` (gguf_types.py): one line of
+    ValueError for anything it cannot price, before any counting."""
+    if not isinstance(resolved, ModelArgs) or hf:
+        raise ValueError("gguf_type prices perfcounter's own model: give a preset or our "
+                         "ModelArgs without hf")
+    if quantize is not None:
+        raise ValueError(f"gguf_type {gguf_type} and quantize {quantize} both say how the "
+                         "weights are stored; give one of them")
+    file_type = check_file_type(gguf_type)
+    tensor_types(resolved, file_type)  # a model it cannot store fails here
+    return file_type
+
+
 def check_expert_load(args: ModelArgs, expert_load) -> ExpertLoad:
     """expert_load parsed and held to our model: weights given only for a MoE model, one per
     expert (checked before anything is counted)."""
@@ -318,7 +333,7 @@ def routed(built, load: ExpertLoad):
 def count_config(config, *, batch_size: int = 1, prompt_length: int = 128, new_tokens: int = 4,
                  dtype=torch.bfloat16, hf: bool | None = None, cache: str = "dynamic",
                  expert_load=None, device_spec=None, io_model: str = "per_op", depth: int = 10,
-                 quantize=None, kv_dtype=None, price_as=None):
+                 quantize=None, kv_dtype=None, price_as=None, gguf_type=None):
     """Count one greedy generation of a model known by its config alone (no weights, no
     memory): a TransformerPerformanceCounter with "prefill" (batch_size x prompt_length
     tokens) and "decode" (new_tokens - 1 steps of batch_size tokens).
@@ -333,9 +348,11 @@ def count_config(config, *, batch_size: int = 1, prompt_length: int = 128, new_t
     "fp8" — bytes from the stated layout, FLOPs at `dtype` (fp8 linears: at float8_e4m3fn;
     perfcounter/quant/quantize.py).
     A .gguf file is counted from its metadata, its weights priced as `price_as` says:
-    "stored" (the default) or "executed" (perfcounter/quant/gguf_stored.py). One layer of
-    each kind and the first decode steps are counted, the rest derived exactly
-    (derive.count_generation)."""
+    "stored" (the default) or "executed" (perfcounter/quant/gguf_stored.py). gguf_type: our
+    model's weights priced as stored in a llama.cpp GGUF of that file type ("Q4_0",
+    "Q4_K_M", ...; perfcounter/quant/gguf_types.py), every layer counted (their types differ
+    by layer). Otherwise one layer of each kind and the first decode steps are counted, the
+    rest derived exactly (derive.count_generation)."""
     if min(batch_size, prompt_length, new_tokens) < 1:
         raise ValueError(f"batch_size, prompt_length and new_tokens must be >= 1, got "
                          f"{batch_size}, {prompt_length}, {new_tokens}")
@@ -347,6 +364,8 @@ def count_config(config, *, batch_size: int = 1, prompt_length: int = 128, new_t
                               device_spec=device_spec, io_model=io_model, depth=depth,
                               expert_load=expert_load)
     resolved = resolve_config(config)
+    if gguf_type is not None:
+        gguf_type = check_gguf_type(resolved, gguf_type, hf=hf, quantize=quantize)
     counter = TransformerPerformanceCounter(device_spec=device_spec, depth=depth,
                                             io_model=io_model)
     counter.mode.expert_load = expert_load
@@ -361,7 +380,12 @@ def count_config(config, *, batch_size: int = 1, prompt_length: int = 128, new_t
         kv = quantization.parse_kv_dtype(kv_dtype)
         fake_model(resolved, weights=scheme, kv=kv, dtype=dtype)  # a bad group size fails first
         sizes["make_model"] = lambda a: fake_model(a, weights=scheme, kv=kv, dtype=dtype)
-    if isinstance(resolved, ModelArgs) and not hf:  # one layer per kind, three decode steps
+    if gguf_type is not None:  # every layer: a file type's tensor types differ by layer
+        def as_stored(model, prompt, max_new_tokens, **kw):
+            annotate_file_type(model, resolved, gguf_type)
+            return greedy_generate(model, prompt, max_new_tokens, **kw)
+        count_config_only(resolved, counter, generate=as_stored, **sizes)
+    elif isinstance(resolved, ModelArgs) and not hf:  # one layer per kind, three decode steps
         load = check_expert_load(resolved, expert_load)
         if load.shares is not None:  # our model's experts route as the load says
             base = sizes.get("make_model") or (lambda a: fake_model(a, dtype=dtype))
