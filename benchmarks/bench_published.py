@@ -19,6 +19,8 @@ half way through its output):
 - decode_step_s: one decode step;
 - decode_tokens_per_s (batch 1): output_len / (prefill + (output_len - 1) steps), the whole
   generate() call as gpt-fast times it;
+- eval_tokens_per_s (batch 1): 1 / step, the generation steps alone (llama.cpp's `eval time`
+  line, llama-bench's tg: the prompt's time is reported apart);
 - prompt_tokens_per_s: prompt_len / prefill;
 - output_tokens_per_s (batch B): B x output_len / (prefill + output_len steps).
 Measured ÷ predicted of a rate is predicted ÷ measured.
@@ -41,6 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import generate  # noqa: E402
+import torch  # noqa: E402
+from perfcounter.devices import get_device_spec  # noqa: E402
+from perfcounter.generation.config_only import count_config  # noqa: E402
 from perfcounter.console import quiet_third_party  # noqa: E402
 from perfcounter.format import format_table  # noqa: E402
 from perfcounter.pricing.predict import phase_program, predict  # noqa: E402
@@ -50,8 +55,8 @@ from published import DATA_FILE, load_rows  # noqa: E402
 PRECISION = {"bf16": ("bfloat16", None), "fp16": ("float16", None), "int8": ("bfloat16", "int8"),
              "fp8": ("bfloat16", "fp8", "fp8"),  # W8A8 fp8 and an fp8 KV cache
              "int4": ("bfloat16", "int4-32"),  # gpt-fast's int4: group size 32 (its README)
-             "q4_0": ("float16", "int4-32"),  # 32 weights + one scale: 4.5 bits, as int4 g32
-             "q4_k_m": ("float16", "int4-32")}  # ~4.85 bits a weight
+             # llama.cpp's files: each tensor at the type its quantize picks (gguf_types.py)
+             "q4_0": ("float16", None, None, "Q4_0"), "q4_k_m": ("float16", None, None, "Q4_K_M")}
 ASSUMED_PROMPT, ASSUMED_OUTPUT = 128, 128  # where the source states no length (genz_figures')
 # Engines that launch their kernels from C++ (a TensorRT engine, llama.cpp's ggml graph), not
 # from torch.compile's Python wrapper, whose launch and step entry the GPU defaults hold
@@ -66,6 +71,11 @@ NATIVE_LAUNCH_S = 2e-6
 def _count(row, prompt: int, batch: int):
     """The row's model counted config-only: prefill of `prompt` tokens, two decode steps."""
     precision, quantize, *kv = PRECISION[row.precision]
+    if len(kv) == 2:  # a llama.cpp file type: every layer counted, its tensors as stored
+        dtype = getattr(torch, precision)
+        return count_config(row.preset, batch_size=batch, prompt_length=max(prompt, 1),
+                            new_tokens=3, dtype=dtype, gguf_type=kv[1],
+                            device_spec=get_device_spec(row.device_spec, dtype=dtype))
     with contextlib.redirect_stdout(io.StringIO()):  # generate.py's own table: not wanted here
         result = generate.main(model=row.preset, prompt_length=max(prompt, 1), max_new_tokens=3,
                                batch_size=batch, precision=precision, quantize=quantize,
@@ -101,6 +111,7 @@ def predict_row(row) -> dict:
     p, metric = prefill.latency_s, row.metric
     value = {"ttft_ms": p * 1e3, "prefill_s": p, "decode_step_s": step,
              "decode_tokens_per_s": output / (p + (output - 1) * step),
+             "eval_tokens_per_s": 1 / step,
              "prompt_tokens_per_s": prompt / p,
              "output_tokens_per_s": row.batch * output / (p + output * step)}[metric]
     bases = sorted(set(prefill.basis.split("+")) | set(_predict(row, decode).basis.split("+")))

@@ -105,7 +105,7 @@ def genz_figure(row: PublishedRow, efficiency: float = 1.0) -> dict:
             out["genz"] = prefill_ms(batch) / 1e3
         elif row.metric == "decode_step_s":
             out["genz"] = decode_ms(batch, 0) / 1e3
-        elif row.metric == "decode_tokens_per_s":
+        elif row.metric in ("decode_tokens_per_s", "eval_tokens_per_s"):
             out["genz"] = 1e3 / decode_ms(1, output // 2)
         elif row.metric == "prompt_tokens_per_s":
             out["genz"] = prompt / (prefill_ms(batch) / 1e3)

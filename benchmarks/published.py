@@ -19,7 +19,10 @@ Each row is a `PublishedRow` (plain data). The file's schema, field by field:
     prompt_len, output_len   integers >= 0, or null where the source does not state them
                   (then a sentence of `notes` must say the length is 'not stated')
     metric        ttft_ms | prefill_s | decode_step_s | decode_tokens_per_s |
-                  prompt_tokens_per_s | output_tokens_per_s
+                  eval_tokens_per_s | prompt_tokens_per_s | output_tokens_per_s
+                  (decode_tokens_per_s: the whole generate() call, prompt included, as
+                  gpt-fast times it; eval_tokens_per_s: the generation steps alone, as
+                  llama.cpp's `eval time` line and llama-bench's tg report it)
     figure        the number the source states (> 0)
     unit          the unit the metric is stated in (ms, s or tokens/s)
     source        {url: http(s)://..., where: the table / figure / sentence, date: ...}
@@ -42,7 +45,8 @@ DATA_FILE = Path(__file__).resolve().parent / "data" / "published_gpu.yaml"
 REGIMES = ("eager", "compiled", "cudagraphs")
 PRECISIONS = ("bf16", "fp16", "fp8", "int8", "int4", "q4_0", "q4_k_m")
 METRIC_UNITS = {"ttft_ms": "ms", "prefill_s": "s", "decode_step_s": "s",
-                "decode_tokens_per_s": "tokens/s", "prompt_tokens_per_s": "tokens/s",
+                "decode_tokens_per_s": "tokens/s", "eval_tokens_per_s": "tokens/s",
+                "prompt_tokens_per_s": "tokens/s",
                 "output_tokens_per_s": "tokens/s"}
 REQUIRED = ("id", "model", "preset", "device", "device_spec", "precision", "engine", "regime",
             "batch", "prompt_len", "output_len", "metric", "figure", "unit", "source", "quote")
@@ -85,13 +89,13 @@ class PublishedRow:
     @property
     def seconds(self) -> float | None:
         """The figure as seconds per phase or per token where it is a time or a 1-request rate:
-        ttft_ms, prefill_s, decode_step_s -> s; decode_tokens_per_s -> s per token;
-        prompt_tokens_per_s -> s for the whole prompt. None for batch throughputs."""
+        ttft_ms, prefill_s, decode_step_s -> s; decode_tokens_per_s, eval_tokens_per_s -> s
+        per token; prompt_tokens_per_s -> s for the whole prompt. None for batch throughputs."""
         if self.metric == "ttft_ms":
             return self.figure / 1e3
         if self.metric in ("prefill_s", "decode_step_s"):
             return self.figure
-        if self.metric == "decode_tokens_per_s":
+        if self.metric in ("decode_tokens_per_s", "eval_tokens_per_s"):
             return 1 / self.figure
         if self.metric == "prompt_tokens_per_s" and self.prompt_len:
             return self.prompt_len / self.figure
