@@ -115,7 +115,9 @@ def predict_row(row) -> dict:
              "prompt_tokens_per_s": prompt / p,
              "output_tokens_per_s": row.batch * output / (p + output * step)}[metric]
     bases = sorted(set(prefill.basis.split("+")) | set(_predict(row, decode).basis.split("+")))
-    return {"predicted": value, "basis": "+".join(bases), "assumed": assumed}
+    return {"predicted": value, "basis": "+".join(bases), "assumed": assumed,
+            "step_bytes": decode.trace.compulsory_bytes / max(decode.trace.steps, 1),
+            "bandwidth": decode.device_spec.bandwidth}
 
 
 def _predict(row, phase):
@@ -175,6 +177,12 @@ def main(*, only: str | None = None, genz: bool = True, path=DATA_FILE) -> list[
     print(format_table(table, head, markdown=True))
     within = sum(0.8 <= r["ratio"] <= 1.25 for r in results)
     print(f"\nwithin 0.8-1.25: {within} of {len(results)} priced rows")
+    for r in results:  # a rate of the steps alone: the bandwidth share the measured run shows
+        row = next(x for x in rows if x.id == r["id"])
+        if row.metric == "eval_tokens_per_s" and r["bandwidth"]:
+            print(f"measured stream: {row.id}: {row.figure:g} steps/s x {r['step_bytes'] / 1e9:.2f}"
+                  f" GB a step = {row.figure * r['step_bytes'] / r['bandwidth']:.2f} of "
+                  f"{row.device_spec}'s {r['bandwidth'] / 1e9:g} GB/s")
     for line in skipped:
         print(f"not priced: {line}")
     return results
