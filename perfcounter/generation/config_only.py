@@ -351,7 +351,7 @@ def count_config(config, *, batch_size: int = 1, prompt_length: int = 128, new_t
     "stored" (the default) or "executed" (perfcounter/quant/gguf_stored.py). gguf_type: our
     model's weights priced as stored in a llama.cpp GGUF of that file type ("Q4_0",
     "Q4_K_M", ...; perfcounter/quant/gguf_types.py), every layer counted (their types differ
-    by layer). Otherwise one layer of each kind and the first decode steps are counted, the
+    by layer), the decode steps derived. Otherwise one layer of each kind and the first decode steps are counted, the
     rest derived exactly (derive.count_generation)."""
     if min(batch_size, prompt_length, new_tokens) < 1:
         raise ValueError(f"batch_size, prompt_length and new_tokens must be >= 1, got "
@@ -380,11 +380,11 @@ def count_config(config, *, batch_size: int = 1, prompt_length: int = 128, new_t
         kv = quantization.parse_kv_dtype(kv_dtype)
         fake_model(resolved, weights=scheme, kv=kv, dtype=dtype)  # a bad group size fails first
         sizes["make_model"] = lambda a: fake_model(a, weights=scheme, kv=kv, dtype=dtype)
-    if gguf_type is not None:  # every layer: a file type's tensor types differ by layer
+    if gguf_type is not None:  # every layer (a file type's tensor types differ by layer)
         def as_stored(model, prompt, max_new_tokens, **kw):
             annotate_file_type(model, resolved, gguf_type)
             return greedy_generate(model, prompt, max_new_tokens, **kw)
-        count_config_only(resolved, counter, generate=as_stored, **sizes)
+        count_generation(resolved, counter, generate=as_stored, every_layer=True, **sizes)
     elif isinstance(resolved, ModelArgs) and not hf:  # one layer per kind, three decode steps
         load = check_expert_load(resolved, expert_load)
         if load.shares is not None:  # our model's experts route as the load says
