@@ -116,3 +116,20 @@ def test_count_command_says_what_it_priced(capsys):
                       "--prompt_length", "4", "--max_new_tokens", "2"]) == 0
     out = capsys.readouterr().out
     assert "weights as stored in a Q4_1 GGUF (96.44 MB of linear and embedding weights" in out
+
+
+def test_sweep_prices_files_beside_schemes(capsys):
+    from perfcounter.cli.sweep import sweep
+    rows = sweep(["qwen2.5-0.5b"], [1], [4], [2], ["h100-sxm"], quantize=(None,),
+                 gguf_types=["q8_0"])
+    assert [r["weights"] for r in rows] == ["float", "float", "Q8_0 GGUF", "Q8_0 GGUF"]
+    args = ModelArgs.from_name("qwen2.5-0.5b")
+    weights = sum(n for parts in _weights(args).values() for _, n in parts)
+    # the footprint's weights: bfloat16 (2 B) as run, 34 B per 32 as the Q8_0 file stores them;
+    # norms and biases the same in both
+    assert rows[0]["weights_bytes"] - rows[2]["weights_bytes"] == 2 * weights - weights * 34 // 32
+    assert rows[3]["compulsory_bytes"] < rows[1]["compulsory_bytes"]
+    assert main(argv=["sweep", "--model", "qwen2.5-0.5b", "--gguf_type", "Q4_0,Q9"]) == 2
+    assert "gguf_type 'Q9' is not valid" in capsys.readouterr().err
+    assert main(argv=["sweep", "--model", "mixtral-8x7b", "--gguf_type", "Q4_0"]) == 2
+    assert "routes over 8 experts" in capsys.readouterr().err

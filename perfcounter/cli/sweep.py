@@ -39,12 +39,14 @@ from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output,
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.format import format_table, rate, scaled, si
-from perfcounter.generation.config_only import greedy_generate
+from perfcounter.generation.config_only import check_gguf_type, greedy_generate, stored_as
 from perfcounter.generation.derive import count_generation
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import fake_model, read_config
 from perfcounter.quant import quantize as quantization
+from perfcounter.quant.gguf_types import FILE_TYPES, annotate_file_type, check_file_type
 from perfcounter.quant.quantize import kv_cache_bytes
+from perfcounter.quant.stored import STORED
 from perfcounter.report.plots import check_plot_dir, sweep_plots
 from perfcounter.simulation.placement import Mapping
 from perfcounter.simulation.run import simulate
@@ -90,7 +92,8 @@ def _model_args(name: str):
 
 def footprint(args, model, counter, batch: int, max_seq: int, itemsize: int,
               kv_dtype=None) -> Footprint:
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # as stored
+    weights = sum(STORED.get(p, p.numel() * p.element_size())  # as stored
+                  for p in model.parameters())
     kv = kv_cache_bytes(args.n_layer, batch, args.n_local_heads, max_seq, args.head_dim,
                         kv=kv_dtype, itemsize=itemsize)
     largest = max(((r.read[_ACT] + r.written[_ACT]) // max(r.calls, 1)
@@ -100,15 +103,22 @@ def footprint(args, model, counter, batch: int, max_seq: int, itemsize: int,
 
 def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=None,
           dtype=torch.bfloat16, io_model: str = "per_op", progress: bool = False,
-          quantize=(None,), kv_dtypes=(None,), execution: str = "eager") -> list[dict]:
+          quantize=(None,), kv_dtypes=(None,), execution: str = "eager",
+          gguf_types=()) -> list[dict]:
     """One dict per (model, batch, prompt, new tokens, weight scheme, KV dtype, device, phase);
     see the module doc. quantize: weight schemes (None: float; "int8", "int4-32", ... or
-    quantize.WeightScheme); kv_dtypes: None (float), "int8", "fp8"; execution: the program
-    the predicted latency prices (eager, compiled, cudagraphs)."""
+    quantize.WeightScheme); gguf_types: llama.cpp file types ("Q4_K_M", ...) priced beside
+    them, each a preset's weights as stored in such a file (quant/gguf_types.py, every layer
+    counted); kv_dtypes: None (float), "int8", "fp8"; execution: the program the predicted
+    latency prices (eager, compiled, cudagraphs)."""
 
     specs = [get_device_spec(d, dtype=dtype) for d in devices]  # a bad name fails first
     schemes = [q if isinstance(q, quantization.WeightScheme) else quantization.parse_scheme(q)
                for q in quantize]
+    files = [check_file_type(t) for t in gguf_types]
+    for name in models if files else ():  # a model no file type can store fails first
+        check_gguf_type(_model_args(name), files[0])
+    schemes = [(s, None) for s in schemes] + [(None, t) for t in files]
     kvs = [quantization.parse_kv_dtype(k) for k in kv_dtypes]  # bad names fail before counting
     combos = list(itertools.product(models, batch_sizes, prompt_lengths, new_tokens, schemes, kvs))
     if progress:
@@ -116,14 +126,17 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
         combos = tqdm(combos, desc="sweep", unit="config", leave=False, disable=False)
     itemsize = torch.tensor([], dtype=dtype).element_size()
     rows = []
-    for name, batch, prompt, new, scheme, kv in combos:
+    for name, batch, prompt, new, (scheme, file_type), kv in combos:
         args = _model_args(name)
         counter = TransformerPerformanceCounter(io_model=io_model, execution=execution)
         make = None if scheme is None and kv is None else partial(
             fake_model, weights=scheme, kv=kv, dtype=dtype)
         model = count_generation(args, counter, batch_size=batch, prompt_length=prompt,
-                                 max_new_tokens=new, dtype=dtype, generate=greedy_generate,
-                                 make_model=make)
+                                 max_new_tokens=new, dtype=dtype, make_model=make,
+                                 generate=stored_as(args, file_type) if file_type
+                                 else greedy_generate, every_layer=bool(file_type))
+        if file_type:  # the weights' footprint as the file stores them
+            annotate_file_type(model, args, file_type)
         need = footprint(args, model, counter, batch, prompt + new, itemsize, kv)
         for spec in specs:
             sim = None
@@ -141,7 +154,8 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
                     tps, jpt = phase.tokens_per_s, phase.j_per_token
                 rows.append({
                     "model": name, "batch": batch, "prompt": prompt, "new": new,
-                    "weights": scheme.name if scheme else "float", "kv_dtype": kv or "float",
+                    "weights": f"{file_type} GGUF" if file_type else
+                    scheme.name if scheme else "float", "kv_dtype": kv or "float",
                     "device": spec.name, "phase": label, "tokens": s.num_tokens,
                     "flops": s.total_flops, "per_op_bytes": s.trace.per_op_bytes,
                     "compulsory_bytes": s.trace.compulsory_bytes, "latency_s": latency,
@@ -193,6 +207,9 @@ def add_parser(sub) -> None:
                    "the placement, each --device_spec running the modules it does not place")
     p.add_argument("--io_model", default="per_op", choices=["per_op", "compulsory"],
                    help="the bytes the roofline prices (both are listed)")
+    p.add_argument("--gguf_type", default=None, help="presets' weights as stored in llama.cpp "
+                   "GGUF files of these types, beside --quantize's: " + ",".join(FILE_TYPES)
+                   + " (comma-separated list)")
     add_output(p, "--csv", help="write the rows as CSV (base units)")
     add_output(p, "--markdown", help="write the table as markdown")
     add_output(p, "--plot", folder=True, help="write latency and J/token per device, phase "
@@ -218,12 +235,15 @@ def run(args) -> int:
     schemes = parse_list(args.quantize or "none", "quantize")
     if args.weight_dtype is not None:  # one what-if layout beside --quantize's
         schemes = [quantization.resolve_scheme(None, args.weight_dtype, args.group_size)]
+    files = parse_list(args.gguf_type, "gguf_type") if args.gguf_type else []
+    if files and args.quantize is None and args.weight_dtype is None:
+        schemes = []  # only the files asked; --quantize none,... keeps float rows beside
     rows = sweep([str(config_of(m)) for m in parse_list(args.model, "model")],
                  devices=parse_list(args.device_spec or default_device_spec(dtype).name,
                                     "device_spec"),
                  mapping=mapping, dtype=dtype, io_model=args.io_model, execution=args.execution,
                  progress=sys.stderr.isatty(),
-                 quantize=[None if q == "none" else q for q in schemes],
+                 quantize=[None if q == "none" else q for q in schemes], gguf_types=files,
                  kv_dtypes=[None if k == "none" else k for k in parse_list(args.kv_dtype or "none",
                                                                              "kv_dtype")], **pos)
     print(to_text(rows))

@@ -295,8 +295,7 @@ def count_gguf(path, *, price_as: str = "stored", hf: bool = False, batch_size: 
 
 
 def check_gguf_type(resolved, gguf_type, *, hf=None, quantize=None) -> str:
-    """The file type gguf_type names, for our model `resolved` (gguf_types.py): one line of
-    ValueError for anything it cannot price, before any counting."""
+    """The file type gguf_type names for our model `resolved`, else a one-line ValueError."""
     if not isinstance(resolved, ModelArgs) or hf:
         raise ValueError("gguf_type prices perfcounter's own model: give a preset or our "
                          "ModelArgs without hf")
@@ -304,8 +303,15 @@ def check_gguf_type(resolved, gguf_type, *, hf=None, quantize=None) -> str:
         raise ValueError(f"gguf_type {gguf_type} and quantize {quantize} both say how the "
                          "weights are stored; give one of them")
     file_type = check_file_type(gguf_type)
-    tensor_types(resolved, file_type)  # a model it cannot store fails here
-    return file_type
+    return tensor_types(resolved, file_type) and file_type  # a model it cannot store fails
+
+
+def stored_as(args: ModelArgs, gguf_type: str, generate=greedy_generate):
+    """`generate`, our model's weights first marked as stored in a `gguf_type` file."""
+    def as_stored(model, prompt, max_new_tokens, **kw):
+        annotate_file_type(model, args, gguf_type)
+        return generate(model, prompt, max_new_tokens, **kw)
+    return as_stored
 
 
 def check_expert_load(args: ModelArgs, expert_load) -> ExpertLoad:
@@ -381,10 +387,8 @@ def count_config(config, *, batch_size: int = 1, prompt_length: int = 128, new_t
         fake_model(resolved, weights=scheme, kv=kv, dtype=dtype)  # a bad group size fails first
         sizes["make_model"] = lambda a: fake_model(a, weights=scheme, kv=kv, dtype=dtype)
     if gguf_type is not None:  # every layer (a file type's tensor types differ by layer)
-        def as_stored(model, prompt, max_new_tokens, **kw):
-            annotate_file_type(model, resolved, gguf_type)
-            return greedy_generate(model, prompt, max_new_tokens, **kw)
-        count_generation(resolved, counter, generate=as_stored, every_layer=True, **sizes)
+        count_generation(resolved, counter, generate=stored_as(resolved, gguf_type),
+                         every_layer=True, **sizes)
     elif isinstance(resolved, ModelArgs) and not hf:  # one layer per kind, three decode steps
         load = check_expert_load(resolved, expert_load)
         if load.shares is not None:  # our model's experts route as the load says
