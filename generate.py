@@ -44,7 +44,7 @@ from perfcounter.cli.flags import Parser, add_model_flags, add_output, generate_
 from perfcounter.console import collected_warnings, quiet_third_party
 from perfcounter.devices import DeviceSpecError, default_device_spec
 from perfcounter.generation import speculative
-from perfcounter.generation.config_only import count_config_only, count_hf_config
+from perfcounter.generation.config_only import count_config_only, count_hf_config, stored_as
 from perfcounter.generation.derive import DecodeSteps, count_generation, decode_breakpoints
 from perfcounter.generation.run import (GenerateArgumentError, Options,
                                         apply_quantization, check_options, check_sampling,
@@ -214,13 +214,18 @@ def config_only_run(o: Options, counter, log) -> Outcome:
     length = o.config_prompt_length
     log(f"Config only: {o.args} under FakeTensorMode (no weights), synthetic prompt of "
         f"{length} tokens, batch {o.batch_size}")
-    count = count_config_only if o.count_every_step else count_generation
+    count = count_config_only if o.count_every_step else functools.partial(
+        count_generation, every_layer=o.gguf_type is not None)  # a file's layers differ
     make_model = None if not o.quantized else functools.partial(
         fake_model, weights=o.scheme, kv=o.kv, dtype=o.dtype,
         device=o.device if torch.cuda.is_available() else "cpu")
+    if o.gguf_type:
+        log(f"Weights as stored in a {o.gguf_type} GGUF, each tensor at the type llama.cpp's "
+            "quantize gives it (perfcounter/quant/gguf_types.py)")
     net = count(o.args, counter, batch_size=o.batch_size, prompt_length=length,
                 max_new_tokens=o.max_new_tokens, dtype=o.dtype, device=o.device,
-                generate=generate, make_model=make_model, **o.sampling)
+                generate=stored_as(o.args, o.gguf_type, generate) if o.gguf_type else generate,
+                make_model=make_model, **o.sampling)
     return Outcome(net, o.args, length)
 
 
@@ -261,7 +266,8 @@ def main(*, prompt: str = "Hello, my name is", prompt_length: int | None = None,
          speculate_k: int = 5, acceptance_rate: float | None = None, quantize: str | None = None,
          weight_dtype: str | None = None, group_size: int | None = None,
          kv_dtype: str | None = None, act_dtype: str | None = None,
-         price_as: str = "stored", plot: Path | None = None, trace: Path | None = None,
+         price_as: str = "stored", gguf_type: str | None = None, plot: Path | None = None,
+         trace: Path | None = None,
          execution: str | None = None, no_memory_check: bool = False,
          clock: str = "wall") -> dict:
     """Run (or, config-only, count) a generation and report it; returns the counter,
@@ -367,6 +373,8 @@ def build_parser() -> Parser:
     parser.add_argument("--price_as", default="stored",
                         help="a GGUF's weights: stored (its quant types' bytes) or executed (the "
                         "dequantized float weights the run holds)")
+    parser.add_argument("--gguf_type", help="config only: weights as stored in a llama.cpp GGUF "
+                        "of this file type (Q4_0, Q4_K_M, ...; perfcounter count --help)")
     parser.add_argument("--acceptance_rate", type=float, default=None,
                         help="per-token acceptance in (0, 1] to price speculation at (config only; "
                         "a real run measures it)")

@@ -133,3 +133,26 @@ def test_sweep_prices_files_beside_schemes(capsys):
     assert "gguf_type 'Q9' is not valid" in capsys.readouterr().err
     assert main(argv=["sweep", "--model", "mixtral-8x7b", "--gguf_type", "Q4_0"]) == 2
     assert "routes over 8 experts" in capsys.readouterr().err
+
+
+def test_generate_config_only_prices_the_file(capsys):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import generate
+    from perfcounter.generation.run import GenerateArgumentError
+    sizes = dict(model="qwen2.5-0.5b", prompt_length=4, max_new_tokens=3, quiet=True,
+                 io_model="compulsory", device_spec="h100-sxm")
+    plain, q8 = generate.main(**sizes), generate.main(gguf_type="Q8_0", **sizes)
+    args = ModelArgs.from_name("qwen2.5-0.5b")
+    weights = sum(n for parts in _weights(args).values() for _, n in parts)
+    saved = 2 * weights - weights * 34 // 32  # bfloat16 as counted, less the Q8_0 file's bytes
+    d, k = (r["counter"].counts["decode"].trace for r in (plain, q8))
+    assert d.compulsory_read[0] - k.compulsory_read[0] == saved * k.steps
+    # gpt-fast's model size leaves the embedding out; the tied output holds it: all weights
+    assert plain["model_size_bytes"] - q8["model_size_bytes"] == saved
+    with pytest.raises(GenerateArgumentError, match="--gguf_type prices a preset counted config "
+                                                    "only"):
+        generate.main(gguf_type="Q4_0", max_new_tokens=2, quiet=True)  # the built-in file
+    with pytest.raises(GenerateArgumentError, match="--gguf_type 'q3' is not valid"):
+        generate.main(gguf_type="q3", **sizes)

@@ -27,7 +27,7 @@ from perfcounter.devices.op_rates import CLOCKS, check_clock
 from perfcounter.devices.spec import EXECUTIONS
 from perfcounter.devices.timing import CoreWait
 from perfcounter.generation import speculative
-from perfcounter.generation.config_only import resolve_config
+from perfcounter.generation.config_only import check_gguf_type, resolve_config
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.fit import check_fits
 from perfcounter.models.loading import (check_device, default_checkpoint, fake_model, load_hf_model,
@@ -139,6 +139,7 @@ class Options:
     kv_dtype: str | None
     act_dtype: str | None
     price_as: str
+    gguf_type: str | None = None  # config only: weights as stored in a llama.cpp file type
     execution: str | None = None  # eager | compiled | cudagraphs; None: as --compile says
     clock: str = "wall"  # how phases are timed (PhaseTimer)
     no_memory_check: bool = False  # a real run: go ahead though it may not fit (models.fit)
@@ -208,6 +209,16 @@ def check_options(o: Options) -> Options:
         o.hf_config = resolve_config(o.config if o.config is not None else o.model)
     elif o.config_only:
         o.args = read_config(o.config) if o.config is not None else ModelArgs.from_name(o.model)
+    if o.gguf_type is not None:
+        if not o.config_only or o.speculative:
+            raise GenerateArgumentError("--gguf_type prices a preset counted config only (no "
+                                        "draft); a .gguf checkpoint is priced as its file says "
+                                        "(--price_as)")
+        try:
+            o.gguf_type = check_gguf_type(o.args if o.args is not None else o.hf_config,
+                                          o.gguf_type, hf=o.hf, quantize=o.scheme)
+        except ValueError as e:
+            raise GenerateArgumentError(f"--{e}") from None
     if o.quantized:
         if o.hf:
             raise GenerateArgumentError("--quantize, --weight_dtype and --kv_dtype quantize "

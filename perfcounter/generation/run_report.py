@@ -24,6 +24,7 @@ from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import HFCausalLM
 from perfcounter.models.model import count_params
 from perfcounter.quant import quantize as quantization
+from perfcounter.quant import gguf_types
 from perfcounter.report.plots import source_name, write_outputs
 from perfcounter.simulation.run import simulate
 
@@ -65,6 +66,8 @@ class Summary:
 def summarize(o: Options, out: Outcome, counter) -> Summary:
     """What a run mode's outcome and the counter's phases add up to (nothing is printed)."""
     active, total = count_params(out.net)
+    if o.gguf_type:  # the weights at the file's bytes, as the counts priced them
+        gguf_types.annotate_file_type(out.net, o.args, o.gguf_type)
     size = quantization.model_size_bytes(out.net, o.batch_size, out.length + o.max_new_tokens)
     labels = [label for label in PHASES if label in counter.counts]
     spec_costs = speculative_cost.speculative_costs(
@@ -89,7 +92,8 @@ def print_report(o: Options, out: Outcome, counter, s: Summary, spec, log) -> No
     log(f"Model Config: {out.args if out.args is not None else hf_class}")
     log(f"Active params, Total Params: {s.active}, {s.total}")
     stored = o.scheme or quantization.quantized_scheme(out.net)  # a checkpoint saved quantized
-    log(f"Model size: {s.size / 1e9:.2f} GB ({stored.name if stored else 'float'} weights, "
+    stored = stored.name if stored else f"{o.gguf_type} GGUF" if o.gguf_type else "float"
+    log(f"Model size: {s.size / 1e9:.2f} GB ({stored} weights, "
         f"{o.kv or 'float'} KV cache; gpt-fast's _get_model_size)")
     if not o.quiet:
         for label in s.labels:
