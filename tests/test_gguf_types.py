@@ -156,3 +156,19 @@ def test_generate_config_only_prices_the_file(capsys):
         generate.main(gguf_type="Q4_0", max_new_tokens=2, quiet=True)  # the built-in file
     with pytest.raises(GenerateArgumentError, match="--gguf_type 'q3' is not valid"):
         generate.main(gguf_type="q3", **sizes)
+
+
+def test_simulate_prices_the_file(capsys, tmp_path):
+    common = ["simulate", "--model", "qwen2.5-0.5b", "--prompt_length", "4",
+              "--max_new_tokens", "3", "--default_device", "h100-sxm"]
+    assert main(argv=[*common, "--save_counts", str(tmp_path / "f.json")]) == 0
+    assert main(argv=[*common, "--gguf_type", "Q8_0", "--save_counts",
+                      str(tmp_path / "q.json")]) == 0
+    from perfcounter import TransformerPerformanceCounter as Counter
+    plain, q8 = (Counter.from_json(tmp_path / n).counts["decode"].trace for n in ("f.json",
+                                                                                  "q.json"))
+    assert q8.per_op_bytes < plain.per_op_bytes and q8.flops == plain.flops
+    capsys.readouterr()
+    assert main(argv=["simulate", "--counts", str(tmp_path / "q.json"), "--gguf_type", "Q4_0",
+                      "--default_device", "h100-sxm"]) == 2
+    assert "--counts prices a saved count; --gguf_type" in capsys.readouterr().err

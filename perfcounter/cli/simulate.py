@@ -40,7 +40,8 @@ from perfcounter._util import atomic_write
 from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output,
                                    model_source, precision_of, refuse)
 from perfcounter.counter import TransformerPerformanceCounter
-from perfcounter.generation.config_only import count_hf_config, greedy_generate
+from perfcounter.generation.config_only import (check_gguf_type, count_hf_config,
+                                                greedy_generate, stored_as)
 from perfcounter.generation.derive import count_generation
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import fake_model, load_hf_model, load_model, read_config
@@ -93,6 +94,9 @@ def count(args):
                            "saved count: --counts counts.json")
     scheme = quantization.resolve_scheme(args.quantize, args.weight_dtype, args.group_size)
     kv = quantization.parse_kv_dtype(args.kv_dtype)
+    if args.gguf_type and (args.hf or args.checkpoint_path is not None):
+        raise MappingError("--gguf_type prices a preset or config of ours counted with no "
+                           "weights: leave out --hf and checkpoints")
     if (scheme is not None or kv is not None) and (args.hf or args.checkpoint_path is not None):
         raise MappingError("--quantize, --weight_dtype and --kv_dtype price perfcounter's model "
                            "counted from a config: leave out --hf and checkpoints")
@@ -105,8 +109,10 @@ def count(args):
         model_args = read_config(args.config) if args.config else ModelArgs.from_name(args.model)
         make = None if scheme is None and kv is None else partial(fake_model, weights=scheme,
                                                                      kv=kv, dtype=dtype)
-        count_generation(model_args, counter, dtype=dtype, generate=greedy_generate,
-                         make_model=make, **sizes)  # one layer per kind, three decode steps
+        file = args.gguf_type and check_gguf_type(model_args, args.gguf_type, quantize=scheme)
+        count_generation(model_args, counter, dtype=dtype, make_model=make, every_layer=bool(file),
+                         generate=stored_as(model_args, file) if file else greedy_generate,
+                         **sizes)  # one layer per kind (a file's differ), three decode steps
     return counter
 
 
@@ -152,7 +158,7 @@ def _link(bw_gbs, pj, name: str):
 # the flags that count a model: what a saved count (--counts) cannot honour
 COUNTING = ("--model", "--config", "--checkpoint_path", "--prompt_length", "--max_new_tokens",
             "--batch_size", "--precision", "--quantize", "--weight_dtype", "--group_size",
-            "--kv_dtype", "--hf", "--depth")
+            "--kv_dtype", "--hf", "--depth", "--gguf_type")
 
 
 def _unused(args) -> dict:
@@ -224,6 +230,8 @@ def add_parser(sub) -> None:
                    "price it, don't count")
     add_output(g, "--save_counts", help="write the counts (JSON) for later --counts")
     g.add_argument("--hf", action="store_true", help="transformers' model class and names")
+    g.add_argument("--gguf_type", help="a preset's weights as stored in a llama.cpp GGUF of "
+                   "this file type (Q4_0, Q4_K_M, ...; docs/quantization.md)")
     g.add_argument("--depth", type=int, default=10, help="module depth the counter tracks")
     g = p.add_argument_group("placement")
     g.add_argument("--mapping", help="YAML/JSON file (or inline {key: 'device[,t][,m][,tp=N]'})")
