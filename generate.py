@@ -44,17 +44,18 @@ from perfcounter.cli.flags import Parser, add_model_flags, add_output, generate_
 from perfcounter.console import collected_warnings, quiet_third_party
 from perfcounter.devices import DeviceSpecError, default_device_spec
 from perfcounter.generation import speculative
-from perfcounter.generation.config_only import count_config_only, count_hf_config, stored_as
+from perfcounter.generation.config_only import count_config_only, count_hf_config
 from perfcounter.generation.derive import DecodeSteps, count_generation, decode_breakpoints
-from perfcounter.generation.run import (GenerateArgumentError, Options,
-                                        apply_quantization, check_options, check_sampling,
-                                        load_checkpoint, load_with_prompt, time_samples)
+from perfcounter.generation.run import (GenerateArgumentError, Options, apply_quantization,
+                                        check_options, check_sampling, load_checkpoint,
+                                        load_with_prompt, time_samples)
 from perfcounter.generation.run_report import (Outcome, print_report, results_doc, spec_reason,
                                                summarize)
 from perfcounter.models.args import ModelArgs, UnknownModelError
 from perfcounter.models.fit import MemoryFitError
 from perfcounter.models.loading import CheckpointError, fake_model, write_json_atomic
 from perfcounter.models.tokenizer import TokenizerError
+from perfcounter.quant.gguf_types import stored_as
 from perfcounter.simulation.placement import MappingError
 
 
@@ -373,8 +374,7 @@ def build_parser() -> Parser:
     parser.add_argument("--price_as", default="stored",
                         help="a GGUF's weights: stored (its quant types' bytes) or executed (the "
                         "dequantized float weights the run holds)")
-    parser.add_argument("--gguf_type", help="config only: weights as stored in a llama.cpp GGUF "
-                        "of this file type (Q4_0, Q4_K_M, ...; perfcounter count --help)")
+    parser.add_argument("--gguf_type", help="config only: weights as a llama.cpp GGUF of this type")
     parser.add_argument("--acceptance_rate", type=float, default=None,
                         help="per-token acceptance in (0, 1] to price speculation at (config only; "
                         "a real run measures it)")

@@ -103,6 +103,8 @@ def test_bad_file_types_are_refused_before_counting(capsys):
         check_file_type("Q4_K_X")
     with pytest.raises(ValueError, match="routes over 8 experts"):
         count_config("mixtral-8x7b", gguf_type="Q4_0")
+    with pytest.raises(ValueError, match="a .gguf is priced as it is stored"):
+        count_config("model.gguf", gguf_type="Q4_0")
     assert main(argv=["count", "--model", "llama-2-7b", "--gguf_type", "Q3"]) == 2
     assert capsys.readouterr().err.strip().startswith(
         "perfcounter count: error: gguf_type 'Q3' is not valid; valid: Q4_0, Q4_1")

@@ -40,9 +40,9 @@ from perfcounter._util import atomic_write
 from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output,
                                    model_source, precision_of, refuse)
 from perfcounter.counter import TransformerPerformanceCounter
-from perfcounter.generation.config_only import (check_gguf_type, count_hf_config,
-                                                greedy_generate, stored_as)
+from perfcounter.generation.config_only import count_hf_config, greedy_generate
 from perfcounter.generation.derive import count_generation
+from perfcounter.quant.gguf_types import check_gguf_type, stored_as
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import fake_model, load_hf_model, load_model, read_config
 from perfcounter.models.tokenizer import cache_keyword
@@ -111,7 +111,8 @@ def count(args):
                                                                      kv=kv, dtype=dtype)
         file = args.gguf_type and check_gguf_type(model_args, args.gguf_type, quantize=scheme)
         count_generation(model_args, counter, dtype=dtype, make_model=make, every_layer=bool(file),
-                         generate=stored_as(model_args, file) if file else greedy_generate,
+                         generate=stored_as(model_args, file, greedy_generate) if file
+                         else greedy_generate,
                          **sizes)  # one layer per kind (a file's differ), three decode steps
     return counter
 

@@ -39,7 +39,8 @@ from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output,
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.format import format_table, rate, scaled, si
-from perfcounter.generation.config_only import check_gguf_type, greedy_generate, stored_as
+from perfcounter.generation.config_only import greedy_generate
+from perfcounter.quant.gguf_types import check_gguf_type, stored_as
 from perfcounter.generation.derive import count_generation
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import fake_model, read_config
@@ -133,7 +134,7 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
             fake_model, weights=scheme, kv=kv, dtype=dtype)
         model = count_generation(args, counter, batch_size=batch, prompt_length=prompt,
                                  max_new_tokens=new, dtype=dtype, make_model=make,
-                                 generate=stored_as(args, file_type) if file_type
+                                 generate=stored_as(args, file_type, greedy_generate) if file_type
                                  else greedy_generate, every_layer=bool(file_type))
         if file_type:  # the weights' footprint as the file stores them
             annotate_file_type(model, args, file_type)

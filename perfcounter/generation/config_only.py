@@ -45,7 +45,7 @@ from perfcounter.models.loading import (CheckpointError, fake_model, model_args_
 from perfcounter.models.tokenizer import cache_keyword, offline_transformers
 from perfcounter.quant import quantize as quantization
 from perfcounter.quant.gguf_stored import annotate, check_price_as
-from perfcounter.quant.gguf_types import annotate_file_type, check_file_type, tensor_types
+from perfcounter.quant.gguf_types import check_gguf_type, stored_as
 
 CACHES = ("dynamic", "static")
 
@@ -294,26 +294,6 @@ def count_gguf(path, *, price_as: str = "stored", hf: bool = False, batch_size: 
     return counter
 
 
-def check_gguf_type(resolved, gguf_type, *, hf=None, quantize=None) -> str:
-    """The file type gguf_type names for our model `resolved`, else a one-line ValueError."""
-    if not isinstance(resolved, ModelArgs) or hf:
-        raise ValueError("gguf_type prices perfcounter's own model: give a preset or our "
-                         "ModelArgs without hf")
-    if quantize is not None:
-        raise ValueError(f"gguf_type {gguf_type} and quantize {quantize} both say how the "
-                         "weights are stored; give one of them")
-    file_type = check_file_type(gguf_type)
-    return tensor_types(resolved, file_type) and file_type  # a model it cannot store fails
-
-
-def stored_as(args: ModelArgs, gguf_type: str, generate=greedy_generate):
-    """`generate`, our model's weights first marked as stored in a `gguf_type` file."""
-    def as_stored(model, prompt, max_new_tokens, **kw):
-        annotate_file_type(model, args, gguf_type)
-        return generate(model, prompt, max_new_tokens, **kw)
-    return as_stored
-
-
 def check_expert_load(args: ModelArgs, expert_load) -> ExpertLoad:
     """expert_load parsed and held to our model: weights given only for a MoE model, one per
     expert (checked before anything is counted)."""
@@ -362,6 +342,9 @@ def count_config(config, *, batch_size: int = 1, prompt_length: int = 128, new_t
     if min(batch_size, prompt_length, new_tokens) < 1:
         raise ValueError(f"batch_size, prompt_length and new_tokens must be >= 1, got "
                          f"{batch_size}, {prompt_length}, {new_tokens}")
+    if gguf_type is not None and str(config).endswith(".gguf"):
+        raise ValueError("gguf_type prices a preset as a file type; a .gguf is priced as it is "
+                         "stored (price_as)")
     if price_as is not None or str(config).endswith(".gguf"):
         price_as = check_price_as(price_as or "stored")
         if isinstance(config, (str, Path)) and str(config).endswith(".gguf"):
@@ -387,7 +370,8 @@ def count_config(config, *, batch_size: int = 1, prompt_length: int = 128, new_t
         fake_model(resolved, weights=scheme, kv=kv, dtype=dtype)  # a bad group size fails first
         sizes["make_model"] = lambda a: fake_model(a, weights=scheme, kv=kv, dtype=dtype)
     if gguf_type is not None:  # every layer (a file type's tensor types differ by layer)
-        count_generation(resolved, counter, generate=stored_as(resolved, gguf_type),
+        count_generation(resolved, counter, generate=stored_as(resolved, gguf_type,
+                                                               greedy_generate),
                          every_layer=True, **sizes)
     elif isinstance(resolved, ModelArgs) and not hf:  # one layer per kind, three decode steps
         load = check_expert_load(resolved, expert_load)

@@ -27,13 +27,14 @@ from perfcounter.devices.op_rates import CLOCKS, check_clock
 from perfcounter.devices.spec import EXECUTIONS
 from perfcounter.devices.timing import CoreWait
 from perfcounter.generation import speculative
-from perfcounter.generation.config_only import check_gguf_type, resolve_config
+from perfcounter.generation.config_only import resolve_config
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.fit import check_fits
 from perfcounter.models.loading import (check_device, default_checkpoint, fake_model, load_hf_model,
                                         load_model, read_config)
 from perfcounter.models.tokenizer import TokenizerError, encode_prompt
 from perfcounter.quant import quantize as quantization
+from perfcounter.quant.gguf_types import check_gguf_type
 from perfcounter.quant.gguf_stored import check_price_as, describe as describe_gguf
 from perfcounter.report.plots import check_outputs
 from perfcounter.simulation.placement import Mapping

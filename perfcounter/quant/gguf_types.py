@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from perfcounter._util import did_you_mean
+from perfcounter.models.args import ModelArgs
 from perfcounter.quant.stored import set_stored_nbytes
 
 # file type -> (base type, the more-bits type for attn_v / ffn_down, or None)
@@ -132,3 +133,24 @@ def annotate_file_type(model: torch.nn.Module, args, file_type: str) -> int:
     for name, nbytes in stored.items():
         set_stored_nbytes(params[name], nbytes)
     return sum(stored.values())
+
+
+def check_gguf_type(resolved, gguf_type, *, hf=None, quantize=None) -> str:
+    """The file type gguf_type names for our model `resolved` (models.args.ModelArgs), else
+    a one-line ValueError (transformers' models, hf, beside a quantize scheme, MoE)."""
+    if not isinstance(resolved, ModelArgs) or hf:
+        raise ValueError("gguf_type prices perfcounter's own model: give a preset or our "
+                         "ModelArgs without hf")
+    if quantize is not None:
+        raise ValueError(f"gguf_type {gguf_type} and quantize {quantize} both say how the "
+                         "weights are stored; give one of them")
+    file_type = check_file_type(gguf_type)
+    return tensor_types(resolved, file_type) and file_type  # a model it cannot store fails
+
+
+def stored_as(args, gguf_type: str, generate):
+    """`generate`, our model's weights first marked as stored in a `gguf_type` file."""
+    def as_stored(model, prompt, max_new_tokens, **kw):
+        annotate_file_type(model, args, gguf_type)
+        return generate(model, prompt, max_new_tokens, **kw)
+    return as_stored
