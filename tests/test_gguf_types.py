@@ -26,7 +26,8 @@ def test_llama_2_7b_bytes_by_hand():
     # down 3 x 4096 x 11008 = 135,266,304: 202,375,168 weights, x 32 = 6,476,005,376 ->
     # 3,642,753,024 B. The embedding 32000 x 4096 = 131,072,000 weights at Q4_0: 73,728,000 B;
     # the output at Q6_K (210 bytes per 256): 107,520,000 B. 3,824,001,024 in all (the
-    # published file: 3.83 GB with its norms and metadata)
+    # published file, TheBloke/Llama-2-7B-GGUF's llama-2-7b.Q4_0.gguf: 3.83 GB with its norms
+    # and metadata)
     assert sum(stored_bytes(args, "Q4_0").values()) == 3_824_001_024
     types = tensor_types(args, "Q4_K_M")
     six = sorted(k for k, v in types.items() if v == "Q6_K")

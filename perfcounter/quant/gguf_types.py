@@ -22,9 +22,9 @@ perfcounter's Transformer (dense: llama, mistral, qwen2 shapes):
 Each weight is then priced at its tensor's stored bytes (gguf_stored.tensor_nbytes: gguf's
 own block table) through the stored-bytes path a loaded GGUF uses (gguf_stored.annotate),
 q, k and v summed into our fused wqkv. FLOPs, norms and biases are unchanged: the model runs
-at its float dtype. Checked against published file sizes (tests/test_gguf_types.py:
-Llama-2-7B Q4_0 3.83 GB and Q4_K_M 4.08 GB). Mixture-of-experts models are refused (their
-rules differ, and our experts are not per-expert linears).
+at its float dtype. Checked against a llama.cpp file (the built-in SmolLM2 Q4_1: every
+tensor's type and bytes) and published sizes (tests/test_gguf_types.py). Mixture-of-experts
+models are refused (their rules differ, and our experts are not per-expert linears).
 """
 from __future__ import annotations
 
@@ -142,8 +142,8 @@ def check_gguf_type(resolved, gguf_type, *, hf=None, quantize=None) -> str:
         raise ValueError("gguf_type prices perfcounter's own model: give a preset or our "
                          "ModelArgs without hf")
     if quantize is not None:
-        raise ValueError(f"gguf_type {gguf_type} and quantize {quantize} both say how the "
-                         "weights are stored; give one of them")
+        raise ValueError(f"gguf_type {gguf_type} and quantize {getattr(quantize, 'name', quantize)}"
+                         " both say how the weights are stored; give one of them")
     file_type = check_file_type(gguf_type)
     return tensor_types(resolved, file_type) and file_type  # a model it cannot store fails
 
