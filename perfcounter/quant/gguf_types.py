@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from perfcounter._util import did_you_mean
-from perfcounter.models.args import ModelArgs
+from perfcounter.quant.gguf_stored import tensor_nbytes
 from perfcounter.quant.stored import set_stored_nbytes
 
 # file type -> (base type, the more-bits type for attn_v / ffn_down, or None)
@@ -119,7 +119,6 @@ def _weights(args) -> dict[str, list[tuple[str, int]]]:
 
 def stored_bytes(args, file_type: str) -> dict[str, int]:
     """{our parameter name: its bytes as stored in a `file_type` GGUF} (module doc)."""
-    from perfcounter.quant.gguf_stored import tensor_nbytes  # the gguf extra's block table
     types = tensor_types(args, file_type)
     return {name: sum(tensor_nbytes(types[role], n) for role, n in parts)
             for name, parts in _weights(args).items()}
@@ -138,7 +137,7 @@ def annotate_file_type(model: torch.nn.Module, args, file_type: str) -> int:
 def check_gguf_type(resolved, gguf_type, *, hf=None, quantize=None) -> str:
     """The file type gguf_type names for our model `resolved` (models.args.ModelArgs), else
     a one-line ValueError (transformers' models, hf, beside a quantize scheme, MoE)."""
-    if not isinstance(resolved, ModelArgs) or hf:
+    if hf or not all(hasattr(resolved, a) for a in ("n_local_heads", "tie_embeddings")):
         raise ValueError("gguf_type prices perfcounter's own model: give a preset or our "
                          "ModelArgs without hf")
     if quantize is not None:
