@@ -42,11 +42,11 @@ from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output,
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.generation.config_only import count_hf_config, greedy_generate
 from perfcounter.generation.derive import count_generation
-from perfcounter.quant.gguf_types import check_gguf_type, stored_as
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import fake_model, load_hf_model, load_model, read_config
 from perfcounter.models.tokenizer import cache_keyword
 from perfcounter.quant import quantize as quantization
+from perfcounter.quant.gguf_types import check_gguf_type, stored_as
 from perfcounter.report.plots import check_outputs, source_name, write_outputs
 from perfcounter.simulation.links import Link
 from perfcounter.simulation.placement import MappingError

@@ -40,12 +40,12 @@ from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.format import format_table, rate, scaled, si
 from perfcounter.generation.config_only import greedy_generate
-from perfcounter.quant.gguf_types import check_gguf_type, stored_as
 from perfcounter.generation.derive import count_generation
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import fake_model, read_config
 from perfcounter.quant import quantize as quantization
-from perfcounter.quant.gguf_types import FILE_TYPES, annotate_file_type, check_file_type
+from perfcounter.quant.gguf_types import (FILE_TYPES, annotate_file_type, check_file_type,
+                                          check_gguf_type, stored_as)
 from perfcounter.quant.quantize import kv_cache_bytes
 from perfcounter.quant.stored import STORED
 from perfcounter.report.plots import check_plot_dir, sweep_plots
