@@ -25,9 +25,7 @@ def test_llama_2_7b_bytes_by_hand():
     # Q4_0: 18 bytes per 32 weights. A layer: q, k, v, o 4 x 4096^2 = 67,108,864 and gate, up,
     # down 3 x 4096 x 11008 = 135,266,304: 202,375,168 weights, x 32 = 6,476,005,376 ->
     # 3,642,753,024 B. The embedding 32000 x 4096 = 131,072,000 weights at Q4_0: 73,728,000 B;
-    # the output at Q6_K (210 bytes per 256): 107,520,000 B. 3,824,001,024 in all (the
-    # published file, TheBloke/Llama-2-7B-GGUF's llama-2-7b.Q4_0.gguf: 3.83 GB with its norms
-    # and metadata)
+    # the output at Q6_K (210 bytes per 256): 107,520,000 B. 3,824,001,024 in all
     assert sum(stored_bytes(args, "Q4_0").values()) == 3_824_001_024
     types = tensor_types(args, "Q4_K_M")
     six = sorted(k for k, v in types.items() if v == "Q6_K")
@@ -36,7 +34,7 @@ def test_llama_2_7b_bytes_by_hand():
     # Q4_K_M: 4.5 bits (144 B / 256) but for 16 x (4096^2 + 4096 x 11008) = 989,855,744
     # weights and the output at Q6_K (210 B / 256): 6,476,005,376 + 131,072,000 - 989,855,744
     # = 5,617,221,632 at 144/256 -> 3,159,687,168; 1,120,927,744 at 210/256 -> 919,511,040;
-    # 4,079,198,208 B (published: 4.08 GB)
+    # 4,079,198,208 B
     assert sum(stored_bytes(args, "Q4_K_M").values()) == 4_079_198_208
 
 
