@@ -38,18 +38,18 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from perfcounter import TransformerPerformanceCounter, get_device_spec
+from perfcounter import TransformerPerformanceCounter
 from perfcounter._util import settle_objects
 from perfcounter.cli.flags import Parser, add_model_flags, add_output, generate_keywords, refuse
 from perfcounter.console import collected_warnings, quiet_third_party
-from perfcounter.devices import DeviceSpecError, default_device_spec
+from perfcounter.devices import DeviceSpecError
 from perfcounter.generation import speculative
 from perfcounter.generation.config_only import count_config_only, count_hf_config
 from perfcounter.generation.derive import DecodeSteps, count_generation, decode_breakpoints
 from perfcounter.generation.run import (GenerateArgumentError, Options, apply_quantization,
                                         check_options, check_sampling, load_checkpoint,
                                         load_with_prompt, time_samples)
-from perfcounter.generation.run_report import (Outcome, print_report, results_doc, spec_reason,
+from perfcounter.generation.run_report import (Outcome, print_report, results_doc, run_spec,
                                                summarize)
 from perfcounter.models.args import ModelArgs, UnknownModelError
 from perfcounter.models.fit import MemoryFitError
@@ -276,8 +276,8 @@ def main(*, prompt: str = "Hello, my name is", prompt_length: int | None = None,
     were saved. Every argument is checked before the run (GenerateArgumentError)."""
     o = check_options(Options(**locals()))  # every flag, checked before the run
     log = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
-    spec = get_device_spec(device_spec, dtype=o.dtype) if device_spec else default_device_spec(o.dtype)
-    log(f"Device spec: {spec.name} ({spec_reason(spec, device_spec, o.dtype)})")
+    spec, o.spec_why = run_spec(device_spec, o)
+    log(f"Device spec: {spec.name} ({o.spec_why})")
     counter = TransformerPerformanceCounter(device_spec=spec, depth=depth, io_model=io_model,
                                             execution=o.execution)  # what unmeasured runs price
     if o.config_only:

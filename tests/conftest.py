@@ -11,6 +11,9 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# a real run priced on generic-cpu, not on this machine measured first (~11 s a run:
+# devices/this_machine.py); tests/test_this_machine.py measures with it unset
+os.environ["PERFCOUNTER_MEASURE"] = "0"
 
 CORPUS = ["the quick brown fox jumps over the lazy dog",
           "hello my name is perfcounter and I count flops and bytes",

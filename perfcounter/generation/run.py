@@ -156,6 +156,7 @@ class Options:
     dtype: torch.dtype | None = None
     placement: Mapping | None = None
     pictures: object = None  # report.plots.check_outputs
+    spec_why: str = ""  # why the run is priced on its spec (run_report.run_spec), one line
 
     @property
     def config_prompt_length(self) -> int:  # 6 = BOS + "Hello, my name is" in Llama-2's tokenizer

@@ -17,7 +17,8 @@ import torch
 from perfcounter.format import format_table, ratio, scaled, si
 from perfcounter.generation import speculative_cost
 from perfcounter.devices.calibration_check import describe_check
-from perfcounter.devices.registry import default_spec_and_why
+from perfcounter.devices.registry import get_device_spec
+from perfcounter.devices.this_machine import spec_for_run
 from perfcounter.generation.config_only import count_gguf
 from perfcounter.generation.run import Options
 from perfcounter.models.args import ModelArgs
@@ -175,13 +176,17 @@ def as_stored_line(predicted: dict, execution: str) -> str:
             f"executed them dequantized): predicted {cells} ({execution}; --price_as executed "
             "drops this line)")
 
-def spec_reason(spec, named, dtype) -> str:
-    """Why a run uses `spec`, one line: named by --device_spec, or the default and why
-    (registry.default_spec_and_why); a calibration says whether it passed its checks."""
-    why = "named by --device_spec" if named else default_spec_and_why(dtype)[1]
-    if named and spec.calibration_check:
+def run_spec(named, o) -> tuple:
+    """(the spec a run is priced on, why, one line): the one --device_spec names (a
+    calibration says whether it passed its checks), else this machine's default
+    (this_machine.spec_for_run: a run timed on this CPU without a passed calibration saved is
+    priced on this machine measured now)."""
+    if not named:
+        return spec_for_run(o.dtype, measure=not o.config_only and "cuda" not in str(o.device))
+    spec, why = get_device_spec(named, dtype=o.dtype), "named by --device_spec"
+    if spec.calibration_check:
         why += f"; its calibration {describe_check(spec.calibration_check)}"
-    return why
+    return spec, why
 
 
 def memory_used(device) -> float:
@@ -198,6 +203,7 @@ def results_doc(o: Options, out: Outcome, counter, s: Summary) -> dict:
            "compiled": o.compiled, "execution": o.execution, "measured_latency_s": s.measured,
            "sample_seconds": out.seconds, "active_params": s.active, "total_params": s.total,
            "model_size_bytes": s.size, "quantize": o.scheme and o.scheme.name, "kv_dtype": o.kv,
+           "device_spec_why": o.spec_why,
            "bandwidth_achieved_Bps": [s.size * o.max_new_tokens * o.batch_size / t
                                       for t in out.seconds]}
     if o.speculative:
