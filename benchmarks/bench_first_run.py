@@ -43,14 +43,20 @@ HEAD = ["run", "phase", "measured", "predicted, this machine", "meas/pred",
 def first_run(flags: list[str]) -> tuple[dict, str, float]:
     """({phase: (measured s, predicted s, predicted on generic-cpu s)}, the spec line, the
     run's wall seconds) of one generate.py run on a machine with no calibration saved."""
-    with tempfile.TemporaryDirectory() as home:
-        os.environ["PERFCOUNTER_HOME"] = home
-        os.environ.pop(ENV, None)
-        out = io.StringIO()
-        start = time.perf_counter()
-        with contextlib.redirect_stdout(out):
-            result = generate.main(**generate.keywords(generate.build_parser().parse_args(flags)))
-        took = time.perf_counter() - start
+    saved = {k: os.environ.get(k) for k in ("PERFCOUNTER_HOME", ENV)}
+    try:
+        with tempfile.TemporaryDirectory() as home:
+            os.environ["PERFCOUNTER_HOME"] = home
+            os.environ.pop(ENV, None)
+            out = io.StringIO()
+            start = time.perf_counter()
+            with contextlib.redirect_stdout(out):
+                result = generate.main(**generate.keywords(
+                    generate.build_parser().parse_args(flags)))
+            took = time.perf_counter() - start
+    finally:  # the environment as it was
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
     line = next(s for s in out.getvalue().splitlines() if s.startswith("Device spec: "))
     phases = {}
     for label, s in result["counter"].counts.items():

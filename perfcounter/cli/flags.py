@@ -26,7 +26,9 @@ Shared flags and their defaults, the same in every command (`--help` shows them)
     --execution       eager: the program a prediction prices (eager, compiled, cudagraphs);
                       --compile means compiled.
     --device_spec     none: this machine's, the spec `perfcounter calibrate` wrote, else
-                      the detected GPU or generic-cpu (devices.default_device_spec).
+                      the detected GPU or generic-cpu (devices.default_device_spec); a
+                      generate.py run timed on a CPU without one measures this machine first
+                      (devices/this_machine.py).
     --quantize, --weight_dtype, --group_size, --kv_dtype
                       none: weights and KV cache at --precision.
     --save_path       none: results are printed, not written.
@@ -72,7 +74,8 @@ DEFAULTS = dict(model=None, prompt_length=128, max_new_tokens=128, batch_size=1,
                 weight_dtype=None, group_size=None, kv_dtype=None, save_path=None)
 MODEL_HELP = (ACCEPTED, " (default: none; generate.py runs its built-in SmolLM2-135M-Instruct)")
 DEVICE_HELP = ("registry name or YAML path to price on", " (default: this machine's: the spec "
-               "`perfcounter calibrate` wrote, else the detected GPU or generic-cpu)")
+               "`perfcounter calibrate` wrote, else the detected GPU or generic-cpu; a "
+               "run timed on a CPU without one: this machine, measured first)")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
