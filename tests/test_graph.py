@@ -196,3 +196,28 @@ def test_cli_graph_bad_input(flags, message, capsys):
     assert main(argv=["graph", "--model", "llama-2-7b", *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_graph_gguf_type_records_the_files_bytes(tmp_path, capsys):
+    """--gguf_type Q4_0 on a 2-layer model of dim 32 (tests/conftest.tiny_args, intermediate
+    64): Q4_0 stores 32 weights in 18 B. Decode reads each linear once: wqkv 64 rows x 32 =
+    2,048 weights = 64 blocks = 1,152 B; wo 1,024 weights = 576 B; w1, w3, w2 2,048 = 1,152 B
+    each; the output's 2,048 weights at Q8_0 (rows of 32, no multiple of 256: llama.cpp's
+    fallback), 64 blocks x 34 B = 2,176 B; the embedding one row of 32 weights, 18 B."""
+    from conftest import tiny_args
+    from perfcounter.cli.graph import record_config
+    from perfcounter.trace import ROLES
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(tiny_args(intermediate_size=64).__dict__))
+    rec = record_config(config, phase="decode", gguf_type="Q4_0")
+    weight = ROLES.index("weight")
+    read = {}
+    for r in rec.trace.records:
+        read[r.module] = read.get(r.module, 0) + r.read[weight]
+    assert read["Transformer.layers.1.attention.wqkv"] == 1152
+    assert read["Transformer.layers.0.attention.wo"] == 576
+    assert read["Transformer.layers.0.feed_forward.w2"] == 1152
+    assert read["Transformer.output"] == 2176 and read["Transformer.tok_embeddings"] == 18
+    assert main(argv=["graph", "--model", "llama-2-7b", "--gguf_type", "Q4_K_X"]) == 2
+    err = capsys.readouterr().err  # refused alone: no warning about the device spec before it
+    assert err.count("\n") == 1 and "gguf_type 'Q4_K_X' is not valid" in err

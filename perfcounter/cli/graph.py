@@ -30,6 +30,7 @@ from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import fake_model
 from perfcounter.models.tokenizer import cache_keyword
 from perfcounter.quant import quantize as quantization
+from perfcounter.quant.gguf_types import FILE_TYPES, annotate_file_type, check_gguf_type
 from perfcounter.report.graph import Recording, module_graph, op_graph, record_forward
 
 FORMATS = ("txt", "json", "dot")
@@ -38,9 +39,11 @@ LEVELS = ("module", "op", "both")
 
 def record_config(config, *, batch_size: int = 1, prompt_length: int = 8,
                   phase: str = "prefill", dtype=torch.bfloat16, hf: bool = False,
-                  depth: int = 10, weights=None, kv=None) -> Recording:
+                  depth: int = 10, weights=None, kv=None, gguf_type=None) -> Recording:
     """One recorded forward of the model for `config` (what count_config takes), no weights;
-    weights, kv: our model's linears and KV cache quantized (quantize.WeightScheme, "int8")."""
+    weights, kv: our model's linears and KV cache quantized (quantize.WeightScheme, "int8");
+    gguf_type: our model's weights as stored in a llama.cpp file of that type ("Q4_K_M";
+    quant/gguf_types.py)."""
     if phase not in ("prefill", "decode"):
         raise ValueError(f"phase {phase!r}; expected prefill or decode")
     if min(batch_size, prompt_length) < 1:
@@ -53,8 +56,12 @@ def record_config(config, *, batch_size: int = 1, prompt_length: int = 8,
     if (weights is not None or kv is not None) and not ours:
         raise ValueError("--quantize, --weight_dtype and --kv_dtype price perfcounter's model: "
                          "give a preset or our config.json, without --hf")
+    if gguf_type is not None:  # refused before any work: hf, beside --quantize, MoE, misfits
+        gguf_type = check_gguf_type(resolved, gguf_type, hf=hf, quantize=weights)
     model, fake_mode = fake_model(resolved, dtype=dtype, weights=weights, kv=kv) if ours else \
         fake_hf_model(resolved, dtype=dtype)
+    if gguf_type is not None:
+        annotate_file_type(model, resolved, gguf_type)
     with fake_mode, torch.no_grad():
         prompt = torch.zeros(batch_size, prompt_length, dtype=torch.int64)
         token = torch.zeros(batch_size, 1, dtype=torch.int64)
@@ -90,17 +97,18 @@ def run(args) -> int:
         check_output(path, "--out")
     args.precision = precision_of(args.precision)  # no weights run: auto is bfloat16
     dtype = PRECISIONS[args.precision]
-    spec = get_device_spec(args.device_spec, dtype=dtype) if args.device_spec \
-        else default_device_spec(dtype)
+    spec = get_device_spec(args.device_spec, dtype=dtype) if args.device_spec else None
     try:
         rec = record_config(config_of(args.model), batch_size=args.batch_size,
                             prompt_length=args.prompt_length, phase=args.phase, dtype=dtype,
                             hf=args.hf, depth=args.depth,
                             weights=quantization.resolve_scheme(args.quantize, args.weight_dtype,
                                                                 args.group_size),
-                            kv=quantization.parse_kv_dtype(args.kv_dtype))
+                            kv=quantization.parse_kv_dtype(args.kv_dtype),
+                            gguf_type=args.gguf_type)
     except (KeyError, OSError) as exc:  # an unknown preset, a missing file: one line
         raise ValueError(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc)) from None
+    spec = spec or default_device_spec(dtype)  # after the input's checks: an error comes alone
     graphs = {level: (module_graph if level == "module" else op_graph)(rec, spec)
               for level in levels}
     print(f"{args.model}: one {args.phase} forward, batch {args.batch_size}, prompt "
@@ -136,6 +144,8 @@ def add_parser(sub) -> None:
                    help="the forward recorded: the prefill, or one decode step after it "
                         "(one forward is recorded: --max_new_tokens is refused)")
     p.add_argument("--depth", type=int, default=10, help="module depth the counter tracks")
+    p.add_argument("--gguf_type", default=None, help="a preset's weights as stored in a llama.cpp "
+                   f"GGUF of this file type: {', '.join(FILE_TYPES)} (quant/gguf_types.py)")
     p.add_argument("--level", default="both", choices=list(LEVELS),
                    help="module graph, op graph, or both")
     p.add_argument("--format", default="txt,json,dot",
