@@ -255,6 +255,19 @@ def count_hf_config(config, counter, *, batch_size: int = 1, prompt_length: int,
     return model
 
 
+def gguf_config(path):
+    """transformers' config of the GGUF file at `path`, read from its metadata (no weights);
+    CheckpointError (one line) for a missing file or one transformers cannot read."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such GGUF file")
+    try:
+        return offline_transformers().AutoConfig.from_pretrained(
+            str(path.parent), gguf_file=path.name, local_files_only=True)
+    except Exception as e:
+        raise CheckpointError(f"{path}: transformers could not read this GGUF's config ({e})") from e
+
+
 def count_gguf(path, *, price_as: str = "stored", hf: bool = False, batch_size: int = 1,
                prompt_length: int = 128, new_tokens: int = 4, dtype=torch.bfloat16,
                device_spec=None, io_model: str = "per_op", depth: int = 10, expert_load=None):
@@ -264,13 +277,7 @@ def count_gguf(path, *, price_as: str = "stored", hf: bool = False, batch_size: 
     perfcounter's Transformer (llama, mistral, qwen2, mixtral)."""
     check_price_as(price_as)
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such GGUF file")
-    try:
-        config = offline_transformers().AutoConfig.from_pretrained(
-            str(path.parent), gguf_file=path.name, local_files_only=True)
-    except Exception as e:
-        raise CheckpointError(f"{path}: transformers could not read this GGUF's config ({e})") from e
+    config = gguf_config(path)
     counter = TransformerPerformanceCounter(device_spec=device_spec, depth=depth, io_model=io_model)
     counter.mode.expert_load = expert_load
     sizes = dict(batch_size=batch_size, prompt_length=prompt_length, max_new_tokens=new_tokens)

@@ -119,14 +119,9 @@ def annotate(model: torch.nn.Module, path, layout: str = "ours") -> int:
     at their float size."""
     if layout not in ("ours", "hf"):
         raise ValueError(f"layout {layout!r} is not valid; valid: ours, hf")
-    arch, blocks, tensors = read_tensors(path)
     params = dict(model.named_parameters(remove_duplicate=False))
-    to_ours = _our_names(arch, blocks) if layout == "ours" else _hf_names(arch, blocks, params)
-    stored: dict[str, int] = {}
-    for name, t in tensors.items():
-        ours = to_ours.get(name)
-        if ours is not None and ours in params:
-            stored[ours] = stored.get(ours, 0) + t.nbytes
+    stored, to_ours, tensors = _stored_as_named(path, layout, params)
+    stored = {name: nbytes for name, nbytes in stored.items() if name in params}
     if "output.weight" not in tensors:  # tied: the output layer is the embedding
         for ours in ("output.weight", "lm_head.weight"):
             emb = to_ours.get("token_embd.weight")
@@ -141,6 +136,26 @@ def annotate(model: torch.nn.Module, path, layout: str = "ours") -> int:
             set_stored_nbytes(p, nbytes)
             marked += 1
     return marked
+
+
+def _stored_as_named(path, layout: str, params) -> tuple[dict, dict, dict]:
+    """({our (or transformers') parameter name: its bytes in the file}, the name map, the
+    file's tensors): q, k and v summed into our fused wqkv."""
+    arch, blocks, tensors = read_tensors(path)
+    to_ours = _our_names(arch, blocks) if layout == "ours" else _hf_names(arch, blocks, params)
+    stored: dict[str, int] = {}
+    for name, t in tensors.items():
+        ours = to_ours.get(name)
+        if ours is not None:
+            stored[ours] = stored.get(ours, 0) + t.nbytes
+    return stored, to_ours, tensors
+
+
+def stored_weights(path) -> dict[str, int]:
+    """{our Transformer's weight name: its bytes in the GGUF file at `path`} (biases left
+    out: they run at the model's dtype, as annotate leaves them)."""
+    stored = _stored_as_named(path, "ours", {})[0]
+    return {name: nbytes for name, nbytes in stored.items() if name.endswith(".weight")}
 
 
 def stored_summary(model: torch.nn.Module) -> tuple[int, int, int]:

@@ -28,10 +28,13 @@ models are refused (their rules differ, and our experts are not per-expert linea
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import torch
 
 from perfcounter._util import did_you_mean
-from perfcounter.quant.gguf_stored import tensor_nbytes
+from perfcounter.quant.gguf_stored import stored_weights, tensor_nbytes
 from perfcounter.quant.stored import set_stored_nbytes
 
 # file type -> (base type, the more-bits type for attn_v / ffn_down, or None)
@@ -41,6 +44,7 @@ FILE_TYPES = {"Q4_0": ("Q4_0", None), "Q4_1": ("Q4_1", None), "Q5_0": ("Q5_0", N
               "Q6_K": ("Q6_K", None)}
 _K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}  # rows not a multiple of 256
 SUPER_BLOCK = 256  # a K-quant's weights per super-block
+_LAYER_ROLES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
 def check_file_type(value) -> str:
@@ -117,6 +121,12 @@ def _weights(args) -> dict[str, list[tuple[str, int]]]:
     return out
 
 
+def file_params(args, stored) -> int:
+    """The weights of the parameters named in `stored` (a file's linears and embedding, the
+    output unless tied): the rest (norms, biases) stays at the model's dtype."""
+    return sum(n for name, parts in _weights(args).items() if name in stored for _, n in parts)
+
+
 def stored_bytes(args, file_type: str) -> dict[str, int]:
     """{our parameter name: its bytes as stored in a `file_type` GGUF} (module doc)."""
     types = tensor_types(args, file_type)
@@ -127,11 +137,56 @@ def stored_bytes(args, file_type: str) -> dict[str, int]:
 def annotate_file_type(model: torch.nn.Module, args, file_type: str) -> int:
     """Mark our Transformer's linear and embedding weights with their bytes as stored in a
     `file_type` GGUF (module doc); returns the bytes marked."""
-    params = dict(model.named_parameters(remove_duplicate=False))
-    stored = stored_bytes(args, file_type)
-    for name, nbytes in stored.items():
-        set_stored_nbytes(params[name], nbytes)
-    return sum(stored.values())
+    return GgufFile.of_type(file_type, args).annotate(model, range(args.n_layer))
+
+
+@dataclass(frozen=True, eq=False)
+class GgufFile:
+    """Our model `args` (models.args.ModelArgs) with its weights as stored in a llama.cpp GGUF
+    (`stored`: our weight name -> bytes): a file type's, by llama.cpp's rules (of_type), or
+    a file's own (of_file); what `perfcounter serve` counts its step tables with."""
+
+    name: str  # the file type ("Q4_K_M") or the file's name: labels and cache keys show it
+    args: object
+    stored: dict
+
+    @classmethod
+    def of_type(cls, file_type: str, args) -> "GgufFile":
+        return cls(file_type, args, stored_bytes(args, file_type))
+
+    @classmethod
+    def of_file(cls, path, args) -> "GgufFile":
+        """A file's own tensors (gguf_stored.stored_weights), named after the file."""
+        return cls(Path(path).name, args, stored_weights(path))
+
+    def kinds(self) -> tuple[tuple[int, ...], ...]:
+        """The model's layers grouped by their weights' bytes as stored, each group in layer
+        order and the groups by their first layer (Q4_K_M on 32 layers: the 16 `more_bits`
+        layers and the other 16; Q4_0: one group of every layer)."""
+        groups: dict[tuple, list[int]] = {}
+        for i in range(self.args.n_layer):
+            at = f"layers.{i}."
+            sig = tuple(sorted((k[len(at):], v) for k, v in self.stored.items()
+                               if k.startswith(at)))
+            groups.setdefault(sig, []).append(i)
+        return tuple(tuple(g) for g in groups.values())
+
+    def layer_bytes(self, layer: int) -> int:
+        """The stored bytes of the whole model's layer `layer`."""
+        return sum(v for k, v in self.stored.items() if k.startswith(f"layers.{layer}."))
+
+    def annotate(self, model: torch.nn.Module, layers) -> int:
+        """Mark `model` (our Transformer of len(layers) layers) as stored: its layer j with the
+        bytes of the whole model's layer layers[j], its embedding and output as the file stores
+        them; returns the bytes marked."""
+        params = dict(model.named_parameters(remove_duplicate=False))
+        marks = {k: v for k, v in self.stored.items() if not k.startswith("layers.")}
+        for j, i in enumerate(layers):
+            marks.update({f"layers.{j}.{k.split('.', 2)[2]}": v for k, v in self.stored.items()
+                          if k.startswith(f"layers.{i}.")})
+        for name, nbytes in marks.items():
+            set_stored_nbytes(params[name], nbytes)
+        return sum(marks.values())
 
 
 def check_gguf_type(resolved, gguf_type, *, hf=None, quantize=None) -> str:

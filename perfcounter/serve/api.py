@@ -29,9 +29,11 @@ import torch
 
 from perfcounter.counting.op_data import ExpertLoad
 from perfcounter.devices import get_device_spec
-from perfcounter.generation.config_only import resolve_config
+from perfcounter.generation.config_only import gguf_config, resolve_config
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.hf_checkpoint import model_args_from_hf
+from perfcounter.models.loading import CheckpointError
+from perfcounter.quant.gguf_types import GgufFile, check_gguf_type
 from perfcounter.quant.quantize import WeightScheme, parse_kv_dtype, parse_scheme
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.memory import MemoryPlan, memory_plan, weight_bytes
@@ -63,10 +65,11 @@ def pricer_for(spec, execution: str = "eager"):
 
 
 def resolve_model(model) -> ModelArgs:
-    """ModelArgs from a preset name, ModelArgs, or a config.json (ours or a Llama-like HF one)."""
+    """ModelArgs from a preset name, ModelArgs, a config.json (ours or a Llama-like HF one) or
+    a .gguf file's metadata."""
     try:
-        resolved = resolve_config(model)
-    except (KeyError, ValueError, OSError) as e:
+        resolved = gguf_config(model) if is_gguf(model) else resolve_config(model)
+    except (KeyError, ValueError, OSError, CheckpointError) as e:
         raise ServeError(str(e).strip("'\"")) from None
     if isinstance(resolved, ModelArgs):
         return resolved
@@ -169,13 +172,15 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
                max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
                step_overhead_s: float = 0.0, usd_per_hour: float | None = None,
                execution: str | None = None, host=None, check_fit: bool = True,
-               quantize=None, kv_dtype=None, expert_load=None,
+               quantize=None, kv_dtype=None, expert_load=None, gguf_type=None,
                **mapping_options) -> Deployment:
     """A deployment (see the module doc); every limit checked here, before any work;
     quantize: a quantize.WeightScheme or a name parse_scheme takes; kv_dtype: "int8", "fp8";
     check_fit: refuse a model that leaves no KV cache (False: --plan shows it).
     expert_load: a mixture of experts' routing, an ExpertLoad or what ExpertLoad.parse takes
-    ("balanced", "4,2,1,1": weights per expert; None: balanced).
+    ("balanced", "4,2,1,1": weights per expert; None: balanced). gguf_type: a preset's weights
+    as stored in a llama.cpp file of that type ("Q4_K_M"; quant/gguf_types.py), one layer of
+    each kind counted (steps.count_table); not with a mapping.
     execution: None is "eager", on a device and under a mapping alike. mapping_options:
     PlacementPricer's (devices, allow_unmatched, default_device, peak_fraction: the bound
     only, device_link, interconnect)."""
@@ -191,6 +196,8 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
     args = resolve_model(model)
     dtype = resolve_precision(precision)
     weights, kv = resolve_quantization(quantize, kv_dtype, args, dtype)
+    if gguf_type is not None or is_gguf(model):
+        weights = gguf_file(model, args, gguf_type, weights, mapping)
     load = resolve_expert_load(expert_load, args)
     stored = {"weights": weights, "kv": kv}
     fit_options = {"gpu_memory_utilization": gpu_memory_utilization, "block_size": block_size,
@@ -221,6 +228,37 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
     return Deployment(name, args, str(model_name), dtype, spec, table, plan, engine,
                       usd_per_hour, source, execution=execution, devices=devices,
                       weights=weights, kv_dtype=kv, expert_load=load)
+
+
+def is_gguf(model) -> bool:
+    return isinstance(model, (str, Path)) and str(model).endswith(".gguf")
+
+
+def gguf_file(model, args: ModelArgs, gguf_type, scheme, mapping) -> GgufFile:
+    """The weights of a .gguf `model` as its file stores them, or of `args` as stored in a
+    llama.cpp file of `gguf_type`; ServeError (one line) for both at once, either beside a
+    quantize scheme or a mapping (a placement's table repeats one layer on its devices, and
+    a file's layers differ), a mixture of experts."""
+    if is_gguf(model) and gguf_type is not None:
+        raise ServeError("--gguf_type prices a preset as a file type; a .gguf model is a file "
+                         "of its own types: drop --gguf_type")
+    given = "--gguf_type" if gguf_type is not None else "a .gguf model"
+    if mapping is not None:
+        raise ServeError(f"{given} and --mapping: a placement's step table repeats one layer "
+                         "on its devices, and a file's layers differ; give one of them")
+    if scheme is not None and is_gguf(model):
+        raise ServeError(f"--quantize {scheme.name} and a .gguf model: its weights are stored "
+                         "as the file stores them; drop --quantize")
+    if is_gguf(model) and args.num_experts:
+        raise ServeError(f"{model}: a mixture of experts stored as a GGUF is not priced by "
+                         "serve (its experts are no linears of ours); give its preset")
+    try:
+        if is_gguf(model):
+            return GgufFile.of_file(model, args)
+        return GgufFile.of_type(check_gguf_type(args, gguf_type, quantize=scheme), args)
+    except ValueError as e:
+        raise ServeError(str(e).replace("gguf_type", "--gguf_type", 1)
+                         .replace("quantize", "--quantize", 1)) from None
 
 
 def mapping_name(mapping) -> str:

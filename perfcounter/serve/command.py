@@ -33,6 +33,7 @@ from pathlib import Path
 
 from perfcounter._util import atomic_write
 from perfcounter.devices import default_device_spec
+from perfcounter.quant.gguf_types import FILE_TYPES
 from perfcounter.quant.quantize import resolve_scheme
 from perfcounter.serve.api import (
     deployment,
@@ -78,6 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a mixture of experts' routing: 'balanced' (default) or weights per "
                         "expert, '4,2,1,1' (each step priced at the experts it touches in "
                         "expectation)")
+    g.add_argument("--gguf_type", default=None,
+                   help="a preset's weights as stored in a llama.cpp GGUF of this file type: "
+                        f"{', '.join(FILE_TYPES)} (quant/gguf_types.py; not with --mapping)")
     g.add_argument("--bound", action="store_true",
                    help="price steps at the roofline bound (as UPMEM's comparisons do) instead "
                         "of perfcounter's prediction in --execution")
@@ -146,6 +150,7 @@ def _deployments(args) -> list:
               "max_num_seqs": args.max_num_seqs, "step_overhead_s": args.step_overhead_ms * 1e-3,
               "usd_per_hour": args.usd_per_hour, "check_fit": not args.plan,
               "expert_load": getattr(args, "expert_load", None),
+              "gguf_type": getattr(args, "gguf_type", None),
               "execution": "bound" if args.bound else args.execution}
     model = args.model
     specs = [s.strip() for s in (args.device_spec or "").split(",") if s.strip()]

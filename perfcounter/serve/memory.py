@@ -31,6 +31,7 @@ import torch
 
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import fake_model
+from perfcounter.quant.gguf_types import GgufFile, file_params
 from perfcounter.quant.quantize import kv_cache_bytes
 from perfcounter.quant.stored import stored_nbytes
 from perfcounter.serve.errors import ServeError
@@ -53,6 +54,9 @@ def weight_bytes(args: ModelArgs, dtype: torch.dtype, weights=None) -> int:
     one layer, that layer's repeated n_layer times (the module doc)."""
     if weights is None:
         return weight_params(args) * element_bytes(dtype)
+    if isinstance(weights, GgufFile):  # the file's weights as stored, norms at `dtype`
+        return sum(weights.stored.values()) + \
+            (weight_params(args) - file_params(args, weights.stored)) * element_bytes(dtype)
     model, _ = fake_model(dataclasses.replace(args, n_layer=1), dtype=dtype, weights=weights)
     layer = other = 0
     for name, p in model.named_parameters():  # a tied weight once

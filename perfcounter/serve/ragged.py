@@ -171,14 +171,18 @@ def _strip(trace: Trace, mask_storage: int) -> Trace:
 
 
 def count_step(args: ModelArgs, pieces, dtype=torch.bfloat16, depth: int = 10, *,
-               weights=None, kv=None) -> Trace:
+               weights=None, kv=None, stored=None) -> Trace:
     """The counted trace of one engine step of `pieces` (see the module doc); weights (a
     quantize.WeightScheme or its name) and kv ("int8", "fp8"): stored quantized, as
-    `perfcounter count --quantize --kv_dtype` counts them (bytes as stored)."""
+    `perfcounter count --quantize --kv_dtype` counts them (bytes as stored); stored: a
+    callable that marks the fake model's weights with their bytes as stored (a llama.cpp
+    file's, gguf_types.GgufFile.annotate)."""
     pieces = [p if isinstance(p, Piece) else Piece(*p) for p in pieces]
     if not pieces or any(p.new_tokens < 1 or p.context < 0 for p in pieces):
         raise ValueError(f"a step needs pieces of >= 1 new token after >= 0 cached; got {pieces}")
     model, fake_mode = fake_model(args, dtype=dtype, weights=weights, kv=kv)
+    if stored is not None:
+        stored(model)
     model.forward = types.MethodType(_ragged_forward, model)
     counter = TransformerPerformanceCounter(depth=depth)
     total = sum(p.new_tokens for p in pieces)

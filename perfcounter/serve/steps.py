@@ -41,11 +41,18 @@ as a whole from counts of one and two layers, the second layer's share repeated 
 1 %: a few bytes of activations per step, 1e-3 of them, are not affine). tests/test_serve_steps.py holds held-out mixed steps to the counted ones
 (FLOPs and bytes within 1 %; in practice exact) and a two-layer count to the table.
 
+A llama.cpp file (`weights` a gguf_types.GgufFile: `--gguf_type`, or a .gguf model) stores
+its layers in different types (Q4_K_M: attn_v and ffn_down at Q6_K in half of them): the
+layers are grouped by their weights' bytes (`kinds`), one layer of each kind is counted (the
+counted model's layer j stands for kinds[j]: GroupKey.kind) and its groups repeat as often as
+its kind; held to counting the whole model in tests/test_serve_gguf.py.
+
 Pricing a step on a device is pricing.py's.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import NamedTuple
 
@@ -56,6 +63,7 @@ from perfcounter.costs.attention import window_pairs
 from perfcounter.counting.op_data import ExpertLoad
 from perfcounter.generation.figures import Figures
 from perfcounter.models.args import ModelArgs
+from perfcounter.quant.gguf_types import GgufFile
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.ragged import Piece, count_step
 from perfcounter.trace import OpRecord, Trace
@@ -121,11 +129,18 @@ class GroupKey(NamedTuple):
     dtype: str
     has_formula: bool
     pattern: tuple  # the arguments but their integers (trace_args.pattern)
+    kind: int  # the layer of the counted model the record ran in (its kind); -1: no layer
+
+
+def layer_of(module: str) -> int:
+    """The layer index in a module path ("Transformer.layers.3.attention": 3); -1: none."""
+    m = _LAYER.search(module)
+    return int(m.group(0).rsplit(".", 1)[1]) if m else -1
 
 
 def group_key(r: OpRecord) -> GroupKey:
     return GroupKey(r.op, _LAYER.sub(".layers.*", r.module), r.segment, r.dtype, r.has_formula,
-                    pattern(r.args))
+                    pattern(r.args), layer_of(r.module))
 
 
 @dataclasses.dataclass
@@ -146,6 +161,9 @@ class StepCounts:
     kv: str | None = None  # the KV cache's quantized dtype ("int8", "fp8"), None: float
     fused: np.ndarray | None = None  # [features] the whole model's fused IO (Trace.fused_bytes)
     load: ExpertLoad | None = None  # routing a step is priced at (None: balanced)
+    # the whole model's layers by kind, the counted model's layer j standing for kinds[j]
+    # (a llama.cpp file whose layers store different types); None: one kind, every layer
+    kinds: tuple | None = None
 
     @property
     def experts(self) -> tuple | None:
@@ -161,9 +179,15 @@ class StepCounts:
         """The experts feature of a step of `tokens` tokens (0 for a dense model)."""
         return expected_experts(tokens, *self.experts, self.load) if self.experts else 0.0
 
+    def layers_of(self, kind: int) -> range | tuple:
+        """The whole model's layers a counted layer `kind` stands for (-1: none)."""
+        if kind < 0:
+            return ()
+        return self.kinds[kind] if self.kinds is not None else range(self.args.n_layer)
+
     def repeats(self, r: OpRecord) -> int:
-        """How many times a record of a one-layer trace stands in the whole model."""
-        return self.args.n_layer if _LAYER.search(r.module) else 1
+        """How many times a record of a counted trace stands in the whole model."""
+        return len(self.layers_of(layer_of(r.module))) if _LAYER.search(r.module) else 1
 
     def figures(self, f: np.ndarray) -> np.ndarray:
         """[groups, figures] of a step with features f, whole model."""
@@ -185,7 +209,7 @@ class StepCounts:
             v = Figures.from_values(int(x) for x in fig[g])
             if not v.nonzero():
                 continue
-            for i in range(int(self.layers[g])):
+            for i in (self.layers_of(key.kind) if ".layers.*" in key.module else [None]):
                 module = key.module.replace(".layers.*", f".layers.{i}")
                 records.append(v.record(r.op, module, r.dtype, r.args, r.has_formula, r.segment))
         return Trace(records=records, modules=[])
@@ -221,20 +245,36 @@ def fit(xs: np.ndarray, ys: np.ndarray, what: str, tolerance: float = 1e-6) -> n
 def count_table(args: ModelArgs, dtype=torch.bfloat16, *, weights=None, kv=None) -> StepCounts:
     """Count the FIT steps of a one-layer copy of `args` and fit (see the module doc);
     weights (a quantize.WeightScheme) and kv ("int8", "fp8"): stored quantized (bytes as
-    stored, FLOPs at `dtype`, as ragged.count_step counts them)."""
-    one = dataclasses.replace(args, n_layer=1)
+    stored, FLOPs at `dtype`, as ragged.count_step counts them). weights a
+    gguf_types.GgufFile (a llama.cpp file, whose layers may store different types): one layer
+    of each kind of layer is counted (the counted model's layer j standing for kinds[j]),
+    each group repeated as often as its kind; the whole model's compulsory bytes add each
+    kind's weight bytes beyond the first kind's (its layers differ in their weights alone)."""
+    gguf = weights if isinstance(weights, GgufFile) else None
+    kinds = gguf.kinds() if gguf is not None else None
+    reps = [k[0] for k in kinds] if kinds is not None else [0]  # a layer of each kind
+    n, counted = args.n_layer, len(reps)
+    extra = 0  # the whole model's weight bytes beyond those of its layers all of the first kind
+    if gguf is not None:
+        per_layer = [gguf.layer_bytes(i) for i in reps]
+        extra = sum((len(k) - 1) * (b - per_layer[0]) for k, b in zip(kinds, per_layer))
+
+    def count(layers: list[int], shape) -> Trace:
+        marks = None if gguf is None else functools.partial(gguf.annotate, layers=layers)
+        return count_step(dataclasses.replace(args, n_layer=len(layers)),
+                          [Piece(*p) for p in shape], dtype, weights=None if gguf else weights,
+                          kv=kv, stored=marks)
     keys: dict = {}
     rows, sample, traces, whole_model = [], {}, [], []
-    two = dataclasses.replace(args, n_layer=2)
     for shape in FIT:
-        trace = count_step(one, [Piece(*p) for p in shape], dtype, weights=weights, kv=kv)
+        trace = count(reps, shape)
         traces.append(trace)
-        second = count_step(two, [Piece(*p) for p in shape], dtype, weights=weights, kv=kv) \
-            if args.n_layer > 1 else trace
-        # one layer + (layers - 1) x the second layer's share
-        whole_model.append([a + (args.n_layer - 1) * (b - a) for a, b in (
-            (trace.compulsory_bytes, second.compulsory_bytes),
-            (trace.fused_bytes, second.fused_bytes))])
+        second = count(reps + reps[:1], shape) if n > counted else trace
+        # the counted layers + the others x the extra first-kind layer's share (+ kinds' bytes)
+        whole_model.append([a + (n - counted) * (b - a) + extra * (i == 0)
+                            for i, (a, b) in enumerate((
+                                (trace.compulsory_bytes, second.compulsory_bytes),
+                                (trace.fused_bytes, second.fused_bytes)))])
         rows.append(_group_figures(trace, keys))
         for r in trace.records:
             sample.setdefault(group_key(r), r)
@@ -244,9 +284,10 @@ def count_table(args: ModelArgs, dtype=torch.bfloat16, *, weights=None, kv=None)
     xs = np.stack([counted_features(s, args.sliding_window, experts) for s in FIT])
     coef = fit(xs, ys.reshape(len(FIT), -1), "figures").reshape(g, _NFIG, len(FEATURES))
     ordered = sorted(keys, key=keys.get)
-    layers = np.array([args.n_layer if ".layers.*" in k.module else 1 for k in ordered], float)
+    layers = np.array([(len(kinds[k.kind]) if kinds is not None else n)
+                       if ".layers.*" in k.module else 1 for k in ordered], float)
     # NB: a few bytes of activations per step are not affine (1e-3 of them at most)
     whole, fused = fit(xs, np.array(whole_model, float), "compulsory and fused bytes", 0.01)
     return StepCounts(args, str(dtype).replace("torch.", ""), ordered, coef, layers, sample,
                       args.sliding_window, traces, whole, xs,
-                      getattr(weights, "name", weights), kv, fused)
+                      getattr(weights, "name", weights), kv, fused, kinds=kinds)
