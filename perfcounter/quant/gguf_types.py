@@ -211,7 +211,4 @@ def check_gguf_type(resolved, gguf_type, *, hf=None, quantize=None) -> str:
 
 def stored_as(args, gguf_type: str, generate):
     """`generate`, our model's weights first marked as stored in a `gguf_type` file."""
-    def as_stored(model, prompt, max_new_tokens, **kw):
-        annotate_file_type(model, args, gguf_type)
-        return generate(model, prompt, max_new_tokens, **kw)
-    return as_stored
+    return GgufFile.of_type(gguf_type, args).stored_as(generate)
