@@ -63,10 +63,7 @@ def spec_for_run(dtype=None, *, measure: bool) -> tuple[DeviceSpec, str]:
     allowed = measuring_allowed()  # a bad $PERFCOUNTER_MEASURE is refused in any run
     spec, why = default_spec_and_why(dtype)
     if spec.name != "generic-cpu" or not measure or not allowed:
-        if spec.name == "generic-cpu":
-            warnings.warn(f"{why}. Run `perfcounter calibrate` to measure it.",
-                          PerfcounterWarning, stacklevel=2)
-        return spec, why
+        return spec, why  # the caller prints why (generate.py's `Device spec:` line)
     start = time.perf_counter()
     cal = calibrate(dtypes=run_dtypes(dtype if dtype is not None else torch.float32), **QUICK)
     took = time.perf_counter() - start
