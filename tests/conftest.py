@@ -15,6 +15,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # devices/this_machine.py); tests/test_this_machine.py measures with it unset
 os.environ["PERFCOUNTER_MEASURE"] = "0"
 
+try:  # property tests hold on a busy machine: no per-example deadline (a neighbour's load is
+    # not a failure); the profile applies to every @given that does not set its own
+    from hypothesis import settings as _settings
+    _settings.register_profile("perfcounter", deadline=None)
+    _settings.load_profile("perfcounter")
+except ImportError:  # the test extra installs it; without it the property tests skip
+    pass
+
 CORPUS = ["the quick brown fox jumps over the lazy dog",
           "hello my name is perfcounter and I count flops and bytes",
           "the capital of france is paris"] * 50

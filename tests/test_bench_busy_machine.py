@@ -24,8 +24,13 @@ def test_busy_runs_wait_for_a_core_and_warn_quiet_ones_do_not():
     got = bench_busy_machine.main(spec="generic-cpu", tokens=2, per_core=2, clocks=("thread",),
                                   warm_up=False)
     assert [(r["condition"], r["clock"]) for r in got] == [("quiet", "thread"), ("busy", "thread")]
-    for r in got:  # 2 busy processes a core beside one thread of ours: it waits about 2/3
-        assert (r["waited"] > BUSY_SHARE) == r["warned"] == (r["condition"] == "busy")
+    quiet, busy = got
+    # 2 busy processes a core beside one thread of ours: it waits about 2/3, and says so. The
+    # "quiet" run is quiet only if no neighbour is busy, which a test cannot ask of its machine:
+    # of it, only that its warning follows the wait it measured.
+    assert busy["waited"] > BUSY_SHARE and busy["warned"]
+    assert quiet["warned"] == (quiet["waited"] > BUSY_SHARE)
+    for r in got:
         assert set(r["ratios"]) == {"prefill", "decode"}
 
 
