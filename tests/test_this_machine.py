@@ -1,5 +1,7 @@
 """A real run on this CPU without a passed calibration saved is priced on this machine measured
-first (devices/this_machine.py); conftest turns that off for every other test."""
+first (devices/this_machine.py), within a budget, its result saved and reused for a while;
+conftest turns that off for every other test."""
+import datetime
 import json
 import os
 import subprocess
@@ -14,7 +16,8 @@ import generate
 from conftest import tiny_args
 from perfcounter.devices import DeviceSpecError
 from perfcounter.devices import this_machine
-from perfcounter.devices.calibrate import Calibration, save_calibrated
+from perfcounter.devices.calibrate import Calibration, calibrate, save_calibrated
+from perfcounter.devices.timing import Budget, MeasureStopped, check_budget
 from perfcounter.models.loading import save_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,8 +50,9 @@ def test_a_run_without_a_saved_calibration_is_priced_on_this_machine_measured(fr
     assert spec.name == "this-machine" and spec.bandwidth == 20e9
     assert spec.op_overhead_s["eager"] == 3e-6  # the measured figure, not generic-cpu's
     assert fresh_machine == [{"dtypes": ("float32",), **this_machine.QUICK}]
-    assert why.startswith("measured now in 0 s: no passed calibration is saved (")
-    assert "passed its checks" in why and "`perfcounter calibrate` saves one" in why
+    assert why.startswith("measured now in 0 s (") and "no passed calibration is saved" in why
+    assert "passed its checks" in why and "`perfcounter calibrate` measures it properly" in why
+    assert f"saved for later runs ({this_machine.saved_path()})" in why
 
 
 def test_the_measurement_times_the_runs_dtype_beside_float32(fresh_machine):
@@ -61,7 +65,7 @@ def test_a_measurement_that_fails_its_checks_is_not_used(fresh_machine, monkeypa
     with pytest.warns(UserWarning, match="on a quieter machine"):
         spec, why = this_machine.spec_for_run(torch.float32, measure=True)
     assert spec.name == "generic-cpu"
-    assert "this machine measured now (0 s) FAILED its checks" in why
+    assert "this machine measured now (" in why and "took 0 s and FAILED its checks" in why
     assert "far below its neighbours" in why and why.endswith("using 'generic-cpu' "
                                                               "(assumed figures)")
 
@@ -109,8 +113,7 @@ def test_generate_says_which_spec_and_why_and_saves_the_reason(fresh_machine, tm
                         save_path=tmp_path / "r.json")
     assert fresh_machine and out["counter"].device_spec.name == "this-machine"
     first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith("Device spec: this-machine (measured now in 0 s: no passed "
-                            "calibration is saved (")
+    assert first.startswith("Device spec: this-machine (measured now in 0 s (")
     doc = json.loads((tmp_path / "r.json").read_text())
     for phase in ("prefill", "decode"):  # each phase's "perfcounter" block holds the run
         assert doc[phase]["perfcounter"]["run"]["device_spec_why"].startswith("measured now")
@@ -126,4 +129,98 @@ def test_the_real_measurement_passes_on_a_quiet_machine(tmp_path, monkeypatch):
         return
     assert spec.name == "this-machine" and spec.op_curves and spec.matmul_rows
     assert set(spec.matmul_rows) == {"float32"} and spec.op_overhead_s["eager"] > 0
-    assert not (tmp_path / "home").exists()  # measured for the run, written nowhere
+    again, why = this_machine.spec_for_run(torch.float32, measure=True)  # the saved one
+    assert why.startswith("this machine as measured ") and again.bandwidth == spec.bandwidth
+
+
+# -- the budget, and the saved result reused ------------------------------------------------
+class Waits:
+    """CoreWait's interface with a share of other work given: what a busy machine reads."""
+
+    def __init__(self, share=None, stolen=None):
+        self.share, self.stolen = (lambda: share), (lambda: stolen)
+
+
+def test_a_spent_budget_stops_the_measurement_at_its_next_timing():
+    check_budget()  # outside a budget: nothing to stop
+    with Budget(-1.0), pytest.raises(MeasureStopped, match=r"^its -1 s budget was spent$"):
+        calibrate(dtypes=("float32",), array_bytes=1 << 20, repeats=1, rounds=1)
+    check_budget()  # the budget ends with its block
+
+
+@pytest.mark.parametrize("waits, why", [
+    (Waits(share=0.45), "its threads waited 45% of their time for a core"),
+    (Waits(share=0.0, stolen=0.2), "the hypervisor gave 20% of the CPUs' time to other machines")])
+def test_other_work_over_the_busy_share_stops_it_early_and_says_why(waits, why):
+    with Budget(1e9, settle=0.0, every=0.0) as budget:
+        budget.wait = waits  # BUSY_SHARE is 0.1: 0.45 and 0.2 are over it
+        with pytest.raises(MeasureStopped) as stopped:
+            check_budget()
+    assert str(stopped.value) == f"this machine is too busy to measure: {why}"
+    with Budget(1e9, settle=0.0, every=0.0) as budget:
+        budget.wait = Waits(share=0.05, stolen=0.0)  # under the share: measured on
+        check_budget()
+
+
+def stopped_calibrate(calls):
+    def run(**kw):
+        calls.append(kw)
+        raise MeasureStopped("this machine is too busy to measure: its threads waited 45% "
+                             "of their time for a core")
+    return run
+
+
+def test_a_stopped_measurement_is_saved_with_its_load_and_date_and_reused(fresh_machine,
+                                                                         monkeypatch):
+    calls = []
+    monkeypatch.setattr(this_machine, "calibrate", stopped_calibrate(calls))
+    with pytest.warns(UserWarning, match="on a quieter machine"):
+        spec, why = this_machine.spec_for_run(torch.float32, measure=True)
+    assert spec.name == "generic-cpu" and len(calls) == 1
+    assert "stopped after " in why and "too busy to measure: its threads waited 45%" in why
+    record = json.loads(this_machine.saved_path().read_text())
+    assert record["passed"] is False and record["spec"] is None and len(record["load"]) == 2
+    assert record["dtypes"] == ["float32"]
+    assert datetime.datetime.fromisoformat(record["measured_at"]).tzinfo is not None  # UTC
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # reused: the `Device spec:` line says why, no warning
+        spec, why = this_machine.spec_for_run(torch.bfloat16, measure=True)  # any dtype
+    assert spec.name == "generic-cpu" and len(calls) == 1  # not measured again
+    assert why.startswith("this machine's measurement ") and "reused until " in why
+    assert "too busy to measure" in why and "`perfcounter calibrate` measures it" in why
+
+
+def test_a_passed_measurement_is_reused_while_it_covers_the_runs_dtypes(fresh_machine):
+    first, _ = this_machine.spec_for_run(torch.float32, measure=True)
+    again, why = this_machine.spec_for_run(torch.float32, measure=True)
+    assert len(fresh_machine) == 1 and again.name == "this-machine"
+    assert again.bandwidth == first.bandwidth == 20e9 and again.op_overhead_s == {"eager": 3e-6}
+    assert why.startswith("this machine as measured ") and "which passed its checks" in why
+    this_machine.spec_for_run(torch.bfloat16, measure=True)  # bfloat16 not measured yet
+    assert [c["dtypes"] for c in fresh_machine] == [("float32",), ("float32", "bfloat16")]
+
+
+@pytest.mark.parametrize("passed, days", [(True, 8), (False, 2), (True, -1)])
+def test_a_record_older_than_its_reuse_or_from_the_future_is_measured_again(
+        fresh_machine, passed, days):
+    """REUSE: 7 days for a passed one, 1 day for a failed one; a date ahead of the clock is
+    no date."""
+    this_machine.spec_for_run(torch.float32, measure=True)
+    path = this_machine.saved_path()
+    record = json.loads(path.read_text())
+    at = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=days)
+    record.update(measured_at=at.isoformat(), passed=passed)
+    path.write_text(json.dumps(record))
+    this_machine.spec_for_run(torch.float32, measure=True)
+    assert len(fresh_machine) == 2
+
+
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"measured_at": "yesterday"}',
+                                  '{"measured_at": "2026-01-01T00:00:00+00:00", "passed": true}'])
+def test_a_saved_record_that_does_not_read_is_measured_again_and_replaced(fresh_machine, text):
+    path = this_machine.saved_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    spec, _ = this_machine.spec_for_run(torch.float32, measure=True)
+    assert spec.name == "this-machine" and len(fresh_machine) == 1
+    assert json.loads(path.read_text())["passed"] is True

@@ -34,7 +34,7 @@ from perfcounter.devices.registry import calibrated_spec_path
 from perfcounter.devices.spec import ROW_DTYPES, row_key, row_table
 from perfcounter.devices.spec import DeviceSpec
 from perfcounter.devices.spec_file import write_device_specs
-from perfcounter.devices.timing import CoreWait
+from perfcounter.devices.timing import CoreWait, check_budget
 
 TRIAD_BYTES_PER_ELEMENT = 3 * 4  # read b, read c, write a; float32
 
@@ -64,6 +64,7 @@ def triad_bandwidth(array_bytes: int, repeats: int = 10, device="cpu", pool=None
     torch.add(b, c, alpha=3.0, out=a)  # warm-up: page faults, thread pool
     best = float("inf")
     for _ in range(max(1, repeats)):
+        check_budget()
         sync(device)
         start = now()
         torch.add(b, c, alpha=3.0, out=a)
@@ -90,6 +91,7 @@ def matmul_flops(n: int, dtype=torch.float32, device="cpu", min_time: float = 0.
     batch = max(1, int(min_time / 5 / once))
     best = float("inf")
     for _ in range(5):
+        check_budget()
         sync(device)
         start = now()
         for _ in range(batch):

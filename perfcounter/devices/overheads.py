@@ -11,7 +11,7 @@ import torch
 from perfcounter.costs import compiled_launches
 from perfcounter.devices.dtypes import as_dtype, dtype_name
 from perfcounter.counting.mode import PerformanceCounterMode
-from perfcounter.devices.timing import MiB, cache_levels, time_calls
+from perfcounter.devices.timing import MiB, cache_levels, check_budget, time_calls
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.model import Transformer
 
@@ -171,6 +171,7 @@ def compiled_timers(device, min_time: float = 0.1, clock: str = "wall"):
     call, and a fused kernel beside each)."""
     launches, timers = [], []
     for i, n_layer in enumerate(COMPILED_DEPTHS):
+        check_budget()  # a compilation takes seconds: none started past the budget
         _, step = tiny_decode_step(device, n_layer)
         if i == 0 and hasattr(torch._dynamo, "reset_code"):  # an earlier calibration's entries
             torch._dynamo.reset_code(step.__code__)  # for this step count toward Dynamo's

@@ -1,6 +1,8 @@
 """Timing ops on a device: the clocks, `time_calls` (host-timed, or on a GPU the kernels'
-own, `kernel=True`: see op_rates.py), the CPU's cache sizes, and how long this process's
-threads waited for a core (`CoreWait`: what other work on the machine adds to a timing)."""
+own, `kernel=True`: see op_rates.py), the CPU's cache sizes, how long this process's
+threads waited for a core (`CoreWait`: what other work on the machine adds to a timing), and
+a measurement's wall budget (`Budget`: every timing loop calls `check_budget()`, which stops
+the measurement once its time is spent or other work holds the cores)."""
 from __future__ import annotations
 
 import time
@@ -88,6 +90,62 @@ BUSY_SHARE = 0.1  # other work's share of a timing that a report names: above no
 # it, 36 %)
 
 
+class MeasureStopped(Exception):
+    """A measurement stopped before its end: its budget spent, or the machine too busy."""
+
+
+class Budget:
+    """A measurement's wall budget, as a context manager: inside it `check_budget()` (which
+    every timing loop here calls) raises MeasureStopped once `seconds` have passed, or, from
+    `settle` seconds in, once other work has taken more than `busy` of this process's time
+    (CoreWait: its threads' waits for a core, or a hypervisor's steal) — a measurement that
+    would fail its checks anyway (calibration_check flags a share above BUSY_SHARE) stops
+    early and says why. Outside a Budget, check_budget() does nothing."""
+
+    def __init__(self, seconds: float, *, busy: float = BUSY_SHARE, settle: float = 0.5,
+                 every: float = 0.25):
+        self.seconds, self.busy, self.settle, self.every = seconds, busy, settle, every
+        self.start = self.checked = 0.0
+        self.wait: CoreWait | None = None
+
+    def __enter__(self) -> "Budget":
+        global _budget
+        self.start = self.checked = time.perf_counter()
+        self.wait, _budget = CoreWait(), self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _budget
+        _budget = None
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def check(self) -> None:
+        now = time.perf_counter()
+        if now - self.start > self.seconds:
+            raise MeasureStopped(f"its {self.seconds:g} s budget was spent")
+        if now - self.start < self.settle or now - self.checked < self.every:
+            return
+        self.checked = now
+        share, stolen = self.wait.share(), self.wait.stolen()
+        if share is not None and share > self.busy:
+            raise MeasureStopped(f"this machine is too busy to measure: its threads waited "
+                                 f"{share:.0%} of their time for a core")
+        if stolen is not None and stolen > self.busy:
+            raise MeasureStopped(f"this machine is too busy to measure: the hypervisor gave "
+                                 f"{stolen:.0%} of the CPUs' time to other machines")
+
+
+_budget: Budget | None = None  # the Budget in force (one measurement at a time)
+
+
+def check_budget() -> None:
+    """MeasureStopped when the Budget in force is spent or the machine too busy (Budget)."""
+    if _budget is not None:
+        _budget.check()
+
+
 def cache_levels() -> dict[int, int]:
     """{level: bytes} of the CPU caches Linux reports for cpu0 (data and unified; empty
     when unknown)."""
@@ -153,9 +211,11 @@ def time_calls(make, device, min_time: float, clock: str = "wall", *,
     device = torch.device(device)
     now = CLOCKS[check_clock(clock)]
     on_device = kernel and device.type == "cuda"
+    check_budget()
     make()()  # warm-up
     times: list[float] = []
     while (sum(times) < min_time and len(times) < MAX_CALLS) or len(times) < 4:
+        check_budget()
         op = make()
         if on_device:
             times.append(kernel_seconds(op, device, SPIN_CYCLES if spin_s is None
