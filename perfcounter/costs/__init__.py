@@ -37,6 +37,7 @@ the registry:
   indexing.py    embedding, gathers, scatters, index_put_/index_copy_/index_add_
   elementwise.py the per-element table, add, mul (complex too), polar, pow, clamp, gelu, arange
   movement.py    copies, casts, joins, fills, factories, allocation
+  collectives.py all-reduce, all-gather, send/recv, all-to-all of a sharded model's ranks
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ from perfcounter.costs.attention import (attention_cost, causal_pairs, efficient
                                          flash_forward_cost, flex_attention_cost,
                                          sdpa_composite_cost, sdpa_cpu_flash_cost,
                                          sdpa_efficient_cost, sdpa_flash_cost, window_pairs)
+from perfcounter.costs.collectives import collective_cost
 from perfcounter.costs.elementwise import (add_cost, arange_cost, clamp_cost, gelu_cost, mul_cost,
                                            polar_cost, pow_cost)
 from perfcounter.costs.indexing import (embedding_cost, gather_cost, index_add_cost,
@@ -94,7 +96,7 @@ __all__ = [
     "index_cost", "index_put_cost", "index_select_cost", "scatter_add_cost", "scatter_cost",
     "addmm_cost", "baddbmm_cost", "bmm_cost", "conv_cost", "conv_transpose_cost", "convnd_cost",
     "grouped_mm_cost", "linear_cost", "mm_cost",
-    "allocation_cost", "data_movement_cost",
+    "allocation_cost", "data_movement_cost", "collective_cost",
     "layer_norm_cost", "log_softmax_cost", "rms_norm_cost", "safe_softmax_cost", "softmax_cost",
     "cumulative_cost", "exponential_cost", "histc_cost", "isin_cost", "multinomial_cost",
     "sort_cost", "topk_cost", "var_cost", "vector_norm_cost",

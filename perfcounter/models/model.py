@@ -12,6 +12,12 @@ loading.py converts Hugging Face weights into it. The KV cache is a module
 with buffers `k_cache` / `v_cache` of shape [B, H_kv, max_seq, D], written in
 place with `index_copy_` at `input_pos`; attention always reads the whole
 static cache under a mask, as gpt-fast does.
+
+Built from a rank's shapes (sharding.py's RankArgs), the model is one rank of a model
+sharded as Megatron and vLLM shard it, and calls the collectives where they do
+(costs/collectives.py): an all-reduce after the row-parallel wo and w2 (and a MoE layer) and
+after the vocab-parallel embedding, an all-gather of the LM head's vocab shards, a send/recv
+of a pipeline stage's hidden states. With one rank it runs exactly the ops it always ran.
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
+from perfcounter.costs.collectives import send_recv_stages, tp_all_gather, tp_all_reduce
 from perfcounter.models.args import ModelArgs
 from perfcounter.quant.experts import QuantizedExperts
 
@@ -56,6 +63,9 @@ class Transformer(nn.Module):
         self.max_batch_size = -1
         self.max_seq_length = -1
         self.make_kv_cache = KVCache  # quantize.quantize_kv_cache swaps in a quantized cache
+        # one rank of a sharded model (sharding.RankArgs: how many ranks its collectives span)
+        self.tp = getattr(config, "tensor_parallel_size", 1)
+        self.pp = getattr(config, "pipeline_parallel_size", 1)
 
     @classmethod
     def from_name(cls, name: str) -> "Transformer":
@@ -85,11 +95,25 @@ class Transformer(nn.Module):
         if self.max_seq_length < 0:
             raise RuntimeError("call setup_caches(max_batch_size, max_seq_length) before forward")
         mask = self.causal_mask[None, None, input_pos]  # [1, 1, S, max_seq]
-        x = self.tok_embeddings(idx)  # [B, S, dim]
+        x = self.embed(idx)  # [B, S, dim]
         freqs_cis = self.freqs_cis[input_pos].to(x.dtype)  # [S, D/2, 2], rotations in x's dtype
         for layer in self.layers:
             x = layer(x, input_pos, freqs_cis, mask)
-        return self.output(self.norm(x))
+        return self.logits(self.norm(self.to_next_stage(x)))
+
+    def embed(self, idx: Tensor) -> Tensor:
+        """idx [B, S] -> [B, S, dim]; a tensor-parallel rank looks up its vocab shard's rows and
+        an all-reduce sums the shards (vocab-parallel embedding)."""
+        return tp_all_reduce(self.tok_embeddings(idx), self.tp)
+
+    def to_next_stage(self, x: Tensor) -> Tensor:
+        """A pipeline stage's hidden states sent to the next stage (none without stages)."""
+        return send_recv_stages(x, self.pp)
+
+    def logits(self, x: Tensor) -> Tensor:
+        """[..., dim] -> [..., vocab]; a tensor-parallel rank computes its vocab shard and an
+        all-gather joins the shards (vocab-parallel LM head)."""
+        return tp_all_gather(self.output(x), self.tp)
 
 
 class TransformerBlock(nn.Module):
@@ -118,6 +142,7 @@ class Attention(nn.Module):
         # the mask's structure, for a counter that has no mask values (fake tensors): causal,
         # within the window, as transformers' attention modules say it
         self.is_causal, self.sliding_window = True, config.sliding_window
+        self.tp = getattr(config, "tensor_parallel_size", 1)  # a rank's heads: n_head / tp
 
     def forward(self, x: Tensor, freqs_cis: Tensor, mask: Tensor, input_pos: Tensor) -> Tensor:
         bsz, seqlen, _ = x.shape
@@ -133,7 +158,7 @@ class Attention(nn.Module):
         y = attend(q, k, v, attn_mask=mask, dropout_p=0.0,
                    enable_gqa=self.n_head != self.n_local_heads)
         y = y.transpose(1, 2).contiguous().view(bsz, seqlen, self.n_head * self.head_dim)
-        return self.wo(y)
+        return tp_all_reduce(self.wo(y), self.tp)  # row-parallel wo: the ranks' sums added
 
 
 class FeedForward(nn.Module):
@@ -142,9 +167,10 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(config.dim, config.intermediate_size, bias=False)
         self.w3 = nn.Linear(config.dim, config.intermediate_size, bias=False)
         self.w2 = nn.Linear(config.intermediate_size, config.dim, bias=False)
+        self.tp = getattr(config, "tensor_parallel_size", 1)  # column-parallel w1, w3; row w2
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return tp_all_reduce(self.w2(F.silu(self.w1(x)) * self.w3(x)), self.tp)
 
 
 class ConditionalFeedForward(nn.Module):
@@ -207,6 +233,7 @@ class MOEFeedForward(nn.Module):
         self.gate = nn.Linear(config.dim, config.num_experts, bias=False)
         self.cond_ffn = ConditionalFeedForward(config)
         self.top_k = config.num_activated_experts
+        self.tp = getattr(config, "tensor_parallel_size", 1)  # experts' intermediate / tp
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
@@ -215,7 +242,7 @@ class MOEFeedForward(nn.Module):
         weights, indices = torch.topk(probs, self.top_k, dim=-1)  # [T, A]
         weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
         out = torch.einsum("tai,ta->ti", self.cond_ffn(x, indices), weights)
-        return out.view(shape)
+        return tp_all_reduce(out, self.tp).view(shape)
 
 
 class RMSNorm(nn.Module):
