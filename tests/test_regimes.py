@@ -192,8 +192,8 @@ def test_regime_overheads_have_stated_defaults_for_every_device_type():
     # a spec without cudagraphs: 2 steps x the stated CPU default 20 us
     p = P.predict(toy(), bare, "cudagraphs")
     assert p.overhead_s == pytest.approx(2 * DEFAULT_OVERHEAD_S["cpu"]["cudagraphs"])
-    with pytest.raises(ValueError, match="unknown execution 'graphs'; valid: eager, compiled, "
-                                         "cudagraphs"):
+    with pytest.raises(ValueError, match="unknown execution 'graphs'; valid: bound, eager, "
+                                         "compiled, cudagraphs"):
         P.predict(toy(), bare, "graphs")
 
 

@@ -1,0 +1,319 @@
+"""THE pricing rule: a step's (or a phase's) figures (figures.py) on a device in a regime.
+
+    price(figures, spec, execution) -> Prediction
+
+The regimes are named here once (REGIMES). "bound" is the least any regime can take; the
+others are perfcounter's predictions (predict.py's module doc says what each charges and
+where each rate comes from). Every group of the figures is priced as
+
+    calls x overhead(execution) + max(flops / F, bytes / B) [+ a GEMV's weight rows x the time
+        per row] [+ calls x a GPU kernel's fixed time]
+
+eager: each group so, the dispatch hidden behind the kernels' work on an asynchronous device;
+compiled and cudagraphs: matmuls and attention (EXTERN) so, the rest one fused group moving
+the step's fused IO at the elementwise rate (compiled: a launch per kernel, an entry per step,
+hidden behind the kernels on an asynchronous device; cudagraphs: one graph launch a step).
+
+The bound ("bound"): no fixed cost, every rate at the highest any regime could use for that
+group (the spec's peak FLOP/s at the dtype and bandwidth, or a measured rate above them: a
+warm cache, a fused kernel's vector FLOP/s), its FLOPs the executed ones, and the fewest bytes
+any regime moves: the least of the per-op bytes (eager), the matmuls' and attention's bytes
+plus the fused IO (compiled, CUDA graphs) and the compulsory bytes (each storage once: perfect
+fusion). The step takes max(Σ compute, bytes / bandwidth) + its host link. Each regime takes
+at least its work, whose groups each take at least their compute and their bytes at those
+rates; so bound <= every regime's price (tests/test_bound_bounds.py holds it on random steps).
+
+Collectives (op class "collective": all-reduce, all-gather, send/recv, all-to-all on a link)
+are priced by pricing/collectives.py (`record_seconds(record, spec)`) once it exists; until
+then figures holding one are refused (price says so in one line).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perfcounter.pricing.achievable import (ASYNCHRONOUS, compiled_step_s, gemv_row_s, kernel_s,
+                                            overhead, rate, rows_flops, vector_flops)
+from perfcounter.pricing.figures import Figures
+from perfcounter.pricing.op_classes import EXTERN, ROW_BLOCK, SKINNY_ROWS
+from perfcounter.pricing.roofline import crosses_host_link, is_integer_dtype, peak_flops
+
+REGIMES = ("bound", "eager", "compiled", "cudagraphs")
+COLLECTIVE = "collective"  # records priced on a link by pricing/collectives.py
+
+
+def check_regime(execution) -> str:
+    """execution itself when it is one of REGIMES; else a ValueError naming them."""
+    if execution not in REGIMES:
+        raise ValueError(f"unknown execution {execution!r}; valid: {', '.join(REGIMES)}")
+    return execution
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A phase's (or step's) price on one device; seconds unless named otherwise."""
+
+    execution: str
+    overhead_s: float  # Σ fixed costs
+    work_s: float  # Σ max(compute, memory) (+ GEMV rows) over ops or fused groups
+    host_link_s: float
+    by_class: dict  # op class -> seconds (overhead included); "fused" for compiled groups
+    basis: str  # where the rates came from: "curve", "efficiency", "default", "peak" (joined)
+    op_calls: int  # op calls priced (compiled, CUDA graphs: kernels, extern and fused)
+    strided_s: float = 0.0  # eager: work on strided views at the stated share (module doc)
+    host_shown: float = 1.0  # compiled: the share of the host's launches the phase shows
+    # (below 1 where an asynchronous device's kernels hide them, module doc)
+    fixed_s: float = 0.0  # of work_s: the kernels' fixed device time on a GPU (kernel_s)
+    groups: "GroupCosts | None" = field(default=None, compare=False, repr=False)
+
+    @property
+    def latency_s(self) -> float:
+        return self.overhead_s + self.work_s + self.host_link_s
+
+    def to_dict(self) -> dict:
+        return {"latency_s": self.latency_s, "execution": self.execution,
+                "overhead_s": self.overhead_s, "work_s": self.work_s,
+                "host_link_s": self.host_link_s, "by_class": dict(self.by_class),
+                "basis": self.basis, "op_calls": self.op_calls, "strided_s": self.strided_s,
+                "fixed_s": self.fixed_s}
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The rates of every group of some figures at their rows and cold or warm (one lookup)."""
+
+    cls: tuple  # the class each group is priced in (a GEMV by its weight's dtype)
+    per_flop: np.ndarray  # seconds per FLOP (a few rows charged a row block: ROW_BLOCK)
+    per_byte: np.ndarray  # seconds per byte, cold or warm
+    row_s: np.ndarray  # a matmul's weight rows x the time per row, a call
+    kernel: np.ndarray  # a kernel's fixed device time, a call
+    basis: tuple
+    strided: np.ndarray  # bool: elementwise on strided views at the stated share
+    peak_flops: np.ndarray  # the bound's FLOP/s: the peak or the achievable, the higher
+    peak_bytes: np.ndarray  # the bound's bytes/s: bandwidth, warm or cold, the highest
+
+
+@dataclass(frozen=True)
+class GroupCosts:
+    """Each group's seconds in a regime (eager: all; compiled: the extern ones' alone)."""
+
+    cls: tuple
+    overhead_s: np.ndarray
+    compute_s: np.ndarray
+    memory_s: np.ndarray
+    rows_s: np.ndarray
+    fixed_s: np.ndarray
+    basis: tuple
+    strided: np.ndarray
+
+
+def streams_cold(fig: Figures, spec) -> bool:
+    """True when one step's distinct bytes exceed the spec's cache (unknown cache: True)."""
+    if not spec.cache_bytes:
+        return True
+    return fig.compulsory_bytes / max(fig.steps, 1) > spec.cache_bytes
+
+
+def group_rates(fig: Figures, spec, cold: bool, cache: dict | None = None) -> Rates:
+    """The rates of every group (module doc of predict.py). `cache`: a dict the caller keeps
+    for figures of one group structure (a serving table's), keyed by the matmuls' rows and
+    cold; unused where the spec has measured curves (rates by working set)."""
+    matmul = [k == "matmul" for k in fig.kind]
+    key = None
+    if cache is not None and not spec.op_curves:
+        key = (tuple(fig.rows[matmul].tolist()), cold)
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+    n = len(fig)
+    per_flop, per_byte, row_s, kernel = (np.zeros(n) for _ in range(4))
+    peak_f, peak_b = np.zeros(n), np.zeros(n)
+    classes, bases, strided = [], [], np.zeros(n, dtype=bool)
+    for g in range(n):
+        cls, dtype, rows = fig.kind[g], fig.dtype[g], int(fig.rows[g])
+        rate_cls, scale = cls, 1.0
+        if cls == COLLECTIVE:
+            raise ValueError("a collective record (all-reduce, all-gather, send/recv, "
+                             "all-to-all) needs pricing/collectives.record_seconds, which this "
+                             "version does not have")
+        if cls == "matmul":
+            cls = "gemv" if rows <= SKINNY_ROWS else "gemm"
+            weight_cls, weight_rows = fig.weight[g]
+            if weight_cls == "gemv" and not is_integer_dtype(dtype):
+                row_s[g] = weight_rows * gemv_row_s(spec, dtype, rows)
+            rate_cls = weight_cls if cls == "gemv" else cls
+        calls = max(float(fig.calls[g]), 1.0)
+        rt = rate(spec, rate_cls, dtype, float(fig.bytes[g]) / calls)
+        achieved = rt.flops_per_s
+        if cls in ("gemv", "gemm") and rows > 1:
+            by_rows = None if is_integer_dtype(dtype) else rows_flops(spec, dtype, rows)
+            if by_rows is not None:
+                achieved = by_rows
+            elif cls == "gemv" and rows < ROW_BLOCK:
+                scale = ROW_BLOCK / rows
+        per_flop[g] = scale / achieved
+        per_byte[g] = 1.0 / (rt.cold_bytes_per_s if cold else rt.warm_bytes_per_s)
+        kernel[g] = kernel_s(spec, rt.basis)
+        peak_f[g] = max(peak_flops(spec, dtype), rt.flops_per_s, achieved)
+        peak_b[g] = max(float(spec.bandwidth), rt.cold_bytes_per_s, rt.warm_bytes_per_s)
+        classes.append(rate_cls)
+        bases.append(rt.basis)
+        strided[g] = cls == "strided" and "strided" not in spec.op_curves
+    out = Rates(tuple(classes), per_flop, per_byte, row_s, kernel, tuple(bases), strided,
+                peak_f, peak_b)
+    if key is not None:
+        cache[key] = out
+    return out
+
+
+def _fused_rate(spec, dtype: str, cold: bool, working_set: float, cache: dict | None):
+    """(FLOP/s, bytes/s, fixed seconds a kernel, basis, peak bytes/s) of the fused kernels."""
+    key = ("fused", dtype, cold)
+    out = None if cache is None or spec.op_curves else cache.get(key)
+    if out is None:
+        rt = rate(spec, "elementwise", dtype, working_set)
+        out = (vector_flops(spec, rt), rt.cold_bytes_per_s if cold else rt.warm_bytes_per_s,
+               kernel_s(spec, rt.basis), rt.basis,
+               max(float(spec.bandwidth), rt.cold_bytes_per_s, rt.warm_bytes_per_s))
+        if cache is not None and not spec.op_curves:
+            cache[key] = out
+    return out
+
+
+def host_link_s(fig: Figures, spec) -> float:
+    """Seconds of the step's inputs in and its output back over the host link (roofline.py)."""
+    if not crosses_host_link(spec):
+        return 0.0
+    h2d, d2h = spec.host_to_device_bw, spec.device_to_host_bw
+    return (fig.to_device_bytes / h2d if h2d else 0.0) + (fig.to_host_bytes / d2h if d2h else 0.0)
+
+
+def _fused_part(fig: Figures, extern: np.ndarray):
+    """(the fused groups [bool], the bytes they move): the fused IO, else (not counted) the
+    compulsory bytes the extern kernels do not already stream."""
+    fused = ~extern & (fig.bytes > 0)
+    if not fused.any():
+        return fused, 0.0
+    if fig.fused_bytes:
+        return fused, fig.fused_bytes
+    return fused, max(0.0, fig.compulsory_bytes - float(fig.streamed[extern].sum()))
+
+
+def price(fig: Figures, spec, execution: str, *, cache: dict | None = None,
+          detail: bool = True) -> Prediction:
+    """The price of figures `fig` on `spec` run `execution` (REGIMES; the module doc).
+    cache: see group_rates; detail=False leaves by_class and groups out (a serving loop)."""
+    check_regime(execution)
+    cold = streams_cold(fig, spec)
+    rt = group_rates(fig, spec, cold, cache)
+    link = host_link_s(fig, spec)
+    extern = np.array([c in EXTERN for c in rt.cls], dtype=bool)
+    fused, fused_bytes = _fused_part(fig, extern)
+    steps = max(fig.steps, 1)
+    kernels = float(fig.calls[extern].sum()) + steps  # the fused ones: one a step and one
+    # after each extern kernel
+    dtype = ""
+    if fused.any():
+        idx = np.flatnonzero(fused)
+        dtype = fig.dtype[int(idx[np.argmax(fig.bytes[idx])])]
+    if execution == "bound":
+        return _bound(fig, spec, rt, extern, fused, fused_bytes, dtype, kernels, cold, link,
+                      cache)
+    flops = np.where(fig.dense, fig.flops, fig.executed_flops)
+    compute = flops * rt.per_flop
+    memory = fig.bytes * rt.per_byte
+    moves = (fig.bytes > 0) | (fig.executed_flops > 0)
+    fixed = np.where(moves, fig.calls * rt.kernel, 0.0)
+    rows_s = fig.calls * rt.row_s
+    work = np.maximum(compute, memory) + rows_s + fixed
+    asynchronous = spec.device_type in ASYNCHRONOUS
+    if execution == "eager":
+        per_call = overhead(spec, "eager", cold, fig.program_dtype)
+        over = fig.calls * per_call
+        total = float(work.sum())
+        dispatch = float(over.sum()) + fig.view_calls * per_call
+        shown = 1.0
+        if asynchronous:  # the host dispatches ahead of the kernels: each op its share
+            shown = max(dispatch - total, 0.0) / dispatch if dispatch else 0.0
+        groups = GroupCosts(rt.cls, over * shown, compute, memory, rows_s, fixed, rt.basis,
+                            rt.strided)
+        by_class = {}
+        if detail:
+            for c, s in zip(rt.cls, over * shown + work):
+                by_class[c] = by_class.get(c, 0.0) + float(s)
+        return Prediction(execution, dispatch * shown, total, link, by_class,
+                          "+".join(sorted(set(rt.basis))) if detail else "",
+                          int(fig.calls.sum()), float(work[rt.strided].sum()),
+                          fixed_s=float(fixed.sum()), groups=groups if detail else None)
+    ext_calls = float(fig.calls[extern].sum())
+    fused_s = fused_fixed = 0.0
+    basis = set(rt.basis) if detail else set()
+    if fused.any():
+        flops_per_s, bandwidth, per_kernel, fbasis, _ = _fused_rate(
+            spec, dtype, cold, fused_bytes / kernels, cache)
+        fused_fixed = kernels * per_kernel
+        fused_s = max(float(fig.executed_flops[fused].sum()) / flops_per_s,
+                      fused_bytes / bandwidth) + fused_fixed
+        basis.add(fbasis)
+    elif detail:
+        basis.add(_fused_rate(spec, dtype, cold, 0.0, None)[3])
+    per_call = 0.0 if execution == "cudagraphs" else \
+        overhead(spec, execution, cold, fig.program_dtype)
+    over = np.where(extern, fig.calls * per_call, 0.0)
+    host: dict = {}
+    if execution == "cudagraphs":  # one graph launch per step, no launch per kernel
+        host["graph launch"] = steps * overhead(spec, "cudagraphs")
+    else:  # a launch per kernel, and the compiled program's entry per step
+        if detail:
+            for c, s, e in zip(rt.cls, over, extern):
+                if e:
+                    host[c] = host.get(c, 0.0) + float(s)
+        else:
+            host["extern"] = float(over.sum())
+        host["fused"] = (steps + ext_calls) * overhead(spec, "compiled") if fused.any() else 0.0
+        host["fused"] += steps * compiled_step_s(spec)
+    ext_work = work[extern]
+    total = float(ext_work.sum()) + fused_s
+    launches = sum(host.values())
+    shown = 1.0  # the share of the host's time that the step's time shows
+    if execution == "compiled" and asynchronous and launches:
+        shown = max(launches - total, 0.0) / launches  # launches overlap the kernels
+    by_class: dict = {}
+    if detail:
+        for c, s, e in zip(rt.cls, work, extern):
+            if e:
+                by_class[c] = by_class.get(c, 0.0) + float(s)
+        for k, s in host.items():
+            by_class[k] = by_class.get(k, 0.0) + s * shown
+        by_class["fused"] = by_class.get("fused", 0.0) + fused_s
+    zero = np.zeros(len(fig))
+    groups = GroupCosts(rt.cls, over, np.where(extern, compute, zero),
+                        np.where(extern, memory, zero), np.where(extern, rows_s, zero),
+                        np.where(extern, fixed, zero), rt.basis, rt.strided) if detail else None
+    return Prediction(execution, launches * shown, total, link, by_class,
+                      "+".join(sorted(basis)), int(ext_calls + (kernels if fused.any() else 0)),
+                      host_shown=shown, fixed_s=float(fixed[extern].sum()) + fused_fixed,
+                      groups=groups)
+
+
+def _bound(fig, spec, rt, extern, fused, fused_bytes, dtype, kernels, cold, link, cache):
+    """The bound (module doc): max(Σ executed FLOPs / peak, least bytes / peak bandwidth)."""
+    peak_f, peak_b = rt.peak_flops.copy(), float(rt.peak_bytes.max(initial=spec.bandwidth))
+    if fused.any():  # a fused kernel's arithmetic runs at the vector rate where that is higher
+        flops_per_s, _, _, _, fused_peak = _fused_rate(spec, dtype, cold,
+                                                       fused_bytes / kernels, cache)
+        peak_f[fused] = np.maximum(peak_f[fused], flops_per_s)
+        peak_b = max(peak_b, fused_peak)
+    compute = float((fig.executed_flops / peak_f).sum())
+    per_op = float(fig.bytes.sum())
+    least = min(per_op, float(fig.bytes[extern].sum()) + fused_bytes)
+    if fig.compulsory_bytes:
+        least = min(least, fig.compulsory_bytes)
+    memory = least / peak_b
+    return Prediction("bound", 0.0, max(compute, memory), link,
+                      {"compute": compute, "memory": memory}, "peak", int(fig.calls.sum()))
+
+
+__all__ = ["REGIMES", "GroupCosts", "Prediction", "check_regime", "group_rates", "host_link_s",
+           "price", "streams_cold"]
