@@ -347,7 +347,9 @@ def test_trust_remote_code_is_passed_false_by_default(tmp_path, monkeypatch):
         with pytest.raises(CheckpointError):
             load_model(gguf, trust_remote_code=trust)
     assert seen == [False, False, True, True]
-    seen.clear()
+    seen.clear()  # the file's config, read first, as a default Llama's (a config runs no code)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained",
+                        lambda *a, **kw: transformers.LlamaConfig())
     with pytest.raises(CheckpointError):  # generate.py's --trust_remote_code reaches transformers
         gen.main(checkpoint_path=gguf, hf=True, quiet=True, trust_remote_code=True,
                  device_spec="generic-cpu")

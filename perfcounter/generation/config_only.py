@@ -40,6 +40,7 @@ from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.counting.op_data import ExpertLoad
 from perfcounter.generation.derive import count_generation
 from perfcounter.models.args import ModelArgs
+from perfcounter.models.checkpoint_config import gguf_config  # noqa: F401 (serve, sweep)
 from perfcounter.models.loading import (CheckpointError, fake_model, model_args_from_dict,
                                         model_args_from_hf)
 from perfcounter.models.tokenizer import cache_keyword, offline_transformers
@@ -253,19 +254,6 @@ def count_hf_config(config, counter, *, batch_size: int = 1, prompt_length: int,
         prompt = torch.zeros(batch_size, prompt_length, dtype=torch.int64)
         hf_greedy_generate(model, prompt, max_new_tokens, phase=counter.count, cache=cache)
     return model
-
-
-def gguf_config(path):
-    """transformers' config of the GGUF file at `path`, read from its metadata (no weights);
-    CheckpointError (one line) for a missing file or one transformers cannot read."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such GGUF file")
-    try:
-        return offline_transformers().AutoConfig.from_pretrained(
-            str(path.parent), gguf_file=path.name, local_files_only=True)
-    except Exception as e:
-        raise CheckpointError(f"{path}: transformers could not read this GGUF's config ({e})") from e
 
 
 def count_gguf(path, *, price_as: str = "stored", hf: bool = False, batch_size: int = 1,

@@ -28,11 +28,14 @@ from perfcounter.devices.spec import EXECUTIONS
 from perfcounter.devices.timing import CoreWait
 from perfcounter.generation import speculative
 from perfcounter.generation.config_only import resolve_config
+from perfcounter.generation.prompt import prompt_tensor
 from perfcounter.models.args import ModelArgs
+from perfcounter.models.checkpoint_config import (checkpoint_config, checkpoint_kind,
+                                                  gguf_config, weights_file)
 from perfcounter.models.fit import check_fits
 from perfcounter.models.loading import (check_device, default_checkpoint, fake_model, load_hf_model,
                                         load_model, read_config)
-from perfcounter.models.tokenizer import TokenizerError, encode_prompt
+from perfcounter.models.tokenizer import TokenizerError
 from perfcounter.quant import quantize as quantization
 from perfcounter.quant.gguf_types import check_gguf_type
 from perfcounter.quant.gguf_stored import check_price_as, describe as describe_gguf
@@ -252,7 +255,35 @@ def check_options(o: Options) -> Options:
         o.clock = check_clock(o.clock)
     except ValueError as e:
         raise GenerateArgumentError(str(e)) from None
+    if not o.config_only:  # a real run: its checkpoint's config, before any measuring or loading
+        check_checkpoint(o)
     return o
+
+
+def check_checkpoint(o: Options) -> None:
+    """A real run checked from its checkpoint's config, read from the files' headers
+    (models.checkpoint_config), before anything is measured or loaded: a config there (a
+    .pth without one is refused), the prompt and new tokens within the model's context, the
+    batch's KV cache and activations in the memory left (models.fit; checked again once the
+    weights are loaded), and the draft's config."""
+    path = o.checkpoint_path if o.checkpoint_path is not None else default_checkpoint()
+    if o.hf:  # transformers' own model: its config as transformers reads it
+        kind = checkpoint_kind(path)
+        folder = path if path.is_dir() else path.parent
+        config = (gguf_config(weights_file(path, kind)) if kind == "gguf" else
+                  resolve_config(folder) if kind == "hf" else None)  # others: load_hf_model says
+    else:
+        config = checkpoint_config(path, model_name=o.model, config_path=o.config)[2]
+    if o.draft_checkpoint_path is not None:
+        checkpoint_config(o.draft_checkpoint_path, model_name=o.draft_model)
+    if config is None:
+        return
+    check_length(o.prompt_length or 1, o.max_new_tokens, getattr(config, "block_size", None)
+                 or getattr(config, "max_position_embeddings", None))  # a text: 1 token at least
+    if not o.no_memory_check:
+        check_fits(config, batch=o.batch_size, prompt=o.prompt_length or 1,
+                   new_tokens=o.max_new_tokens, itemsize=o.dtype.itemsize, device=o.device,
+                   kv=o.kv)
 
 
 def check_execution(execution, compile: bool, device: str, config_only: bool):
@@ -354,8 +385,9 @@ def load_with_prompt(o: Options, log):
         raise TokenizerError(f"{loaded.source}: no tokenizer beside the checkpoint; add "
                              "tokenizer.model or tokenizer.json, or pass --prompt_length N")
     config = loaded.model.config
-    x = prompt_tensor(loaded.tokenizer, o.prompt, o.prompt_length, config.vocab_size,
-                      o.batch_size, o.device)
+    x, what = prompt_tensor(loaded.tokenizer, o.prompt, o.prompt_length, config.vocab_size,
+                            o.batch_size, o.device)
+    log(f"Prompt: {what}")
     check_length(x.shape[1], o.max_new_tokens, getattr(config, "block_size", None)
                  or getattr(config, "max_position_embeddings", None))
     if not o.no_memory_check:  # before the KV cache is allocated
@@ -363,10 +395,3 @@ def load_with_prompt(o: Options, log):
                    itemsize=loaded.model.tok_embeddings.weight.element_size(), device=x.device,
                    kv=o.kv)
     return loaded, x
-
-
-def prompt_tensor(tokenizer, prompt: str, prompt_length, vocab_size: int, batch: int, device):
-    if prompt_length is not None:  # synthetic prompt: token ids only, no text
-        return torch.randint(0, vocab_size, (batch, prompt_length), device=device)
-    ids = encode_prompt(tokenizer, prompt, vocab_size)
-    return torch.tensor(ids, dtype=torch.int64, device=device).repeat(batch, 1)

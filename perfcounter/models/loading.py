@@ -32,9 +32,12 @@ from safetensors.torch import save_file
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from perfcounter._util import atomic_write
-from perfcounter.models.args import ModelArgs, UnknownModelError
+from perfcounter.models.args import ModelArgs
+from perfcounter.models.checkpoint_config import (META_KEY, checkpoint_kind, read_config,
+                                                  safetensors_metadata, weights_args,
+                                                  weights_file)
 from perfcounter.models.checkpoint_files import (CheckpointError, CheckpointNotFoundError,
-                                                 model_args_from_dict, read_json, read_pth,
+                                                 model_args_from_dict, read_pth,
                                                  read_safetensors)
 from perfcounter.models.hf_checkpoint import (convert_hf_state_dict, model_args_from_hf,
                                               read_hf_weights)
@@ -46,7 +49,6 @@ from perfcounter.quant.gguf_stored import annotate as annotate_gguf
 from perfcounter.quant.gguf_stored import check_price_as
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_META_KEY = "perfcounter_model_args"
 
 
 class Loaded(NamedTuple):
@@ -92,16 +94,6 @@ def check_device(device, *, present: bool = True) -> str:
     return str(device)
 
 
-# -- configs ------------------------------------------------------------------
-def read_config(path) -> ModelArgs:
-    """ModelArgs from our config.json or from a Hugging Face config.json."""
-    path = Path(path)
-    data = read_json(path)
-    if "model_type" in data:
-        return model_args_from_hf(data, path)
-    return model_args_from_dict(data, path)
-
-
 # -- models ---------------------------------------------------------------------
 def build_model(args: ModelArgs, state: dict, source, device="cpu", dtype=None) -> Transformer:
     """Our Transformer with `state` as its weights; shapes and names checked first."""
@@ -144,44 +136,6 @@ def build_model(args: ModelArgs, state: dict, source, device="cpu", dtype=None) 
     return model if scheme is None else quantization.use_kernels(model)
 
 
-def checkpoint_kind(path) -> str:
-    """"pth", "safetensors", "hf" or "gguf" for a checkpoint file or folder."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointNotFoundError(f"{path}: no such file or folder")
-    folder = path if path.is_dir() else path.parent
-    config = folder / "config.json"
-    hf_config = config.is_file() and "model_type" in read_json(config)
-    if path.is_file():
-        kinds = {".pth": "pth", ".pt": "pth", ".gguf": "gguf", ".bin": "hf"}
-        if path.suffix == ".safetensors":
-            return "hf" if hf_config else "safetensors"
-        if path.suffix in kinds:
-            return kinds[path.suffix]
-        raise CheckpointError(f"{path}: unknown checkpoint file type {path.suffix!r}; "
-                              "expected .pth, .safetensors, .gguf or a model folder")
-    if hf_config:
-        return "hf"
-    if (path / "model.safetensors").is_file():
-        return "safetensors"
-    if (path / "model.pth").is_file():
-        return "pth"
-    ggufs = sorted(path.glob("*.gguf"))
-    if len(ggufs) == 1:
-        return "gguf"
-    raise CheckpointError(f"{path}: no checkpoint recognised; expected model.pth, model.safetensors "
-                          "(+ config.json), a Hugging Face config.json + weights, or one .gguf file")
-
-
-def _weights_file(path: Path, kind: str) -> Path:
-    """The file holding the weights of a checkpoint given as a file or a folder."""
-    if path.is_file() or kind == "hf":
-        return path
-    if kind == "gguf":
-        return sorted(path.glob("*.gguf"))[0]
-    return path / ("model.pth" if kind == "pth" else "model.safetensors")
-
-
 @contextlib.contextmanager
 def _gguf_progress_as_transformers_says(transformers):
     """transformers' GGUF reader draws its own tqdm bar, which ignores transformers' progress
@@ -215,46 +169,23 @@ def _hf_from_gguf(path: Path, dtype=None, trust_remote_code: bool = False):
 
 def read_checkpoint(path, *, model_name=None, config_path=None,
                     trust_remote_code: bool = False) -> tuple[ModelArgs, dict, str, Path]:
-    """(ModelArgs, state dict in our layout, kind, weights file) of any checkpoint kind."""
+    """(ModelArgs, state dict in our layout, kind, weights file) of any checkpoint kind; the
+    config as checkpoint_config reads it (a .pth without one is refused before it is read)."""
     path = Path(path)
     kind = checkpoint_kind(path)
-    weights = _weights_file(path, kind)
+    weights = weights_file(path, kind)
     if kind == "gguf":
         hf = _hf_from_gguf(weights, trust_remote_code=trust_remote_code)
         args = model_args_from_hf(hf.config.to_dict(), weights)
         return args, convert_hf_state_dict(hf.state_dict(), args, weights), kind, weights
     if kind == "hf":
         folder = path if path.is_dir() else path.parent
-        args = read_config(config_path) if config_path else read_config(folder / "config.json")
+        args = read_config(config_path or folder / "config.json")
         return args, convert_hf_state_dict(read_hf_weights(folder), args, folder), kind, folder
-    state, meta = read_safetensors(weights) if kind == "safetensors" else (read_pth(weights), {})
-    if config_path:
-        args = read_config(config_path)
-    elif model_name:
-        args = ModelArgs.from_name(model_name)
-    elif _META_KEY in meta:
-        args = model_args_from_dict(_metadata_args(meta[_META_KEY], weights), weights)
-    elif (weights.parent / "config.json").is_file():
-        args = read_config(weights.parent / "config.json")
-    else:  # gpt-fast's convention: the folder is named after the model
-        try:
-            args = ModelArgs.from_name(weights.parent.name)
-        except UnknownModelError as e:
-            raise CheckpointError(f"{weights}: no config.json beside it and the folder name is no "
-                                  f"preset; pass --model NAME or --config FILE ({e})") from e
+    meta = safetensors_metadata(weights) if kind == "safetensors" else {}
+    args = weights_args(weights, meta, model_name=model_name, config_path=config_path)
+    state = read_safetensors(weights)[0] if kind == "safetensors" else read_pth(weights)
     return args, state, kind, weights
-
-
-def _metadata_args(text, weights: Path) -> dict:
-    """The ModelArgs dict a safetensors file of ours carries in its metadata."""
-    try:
-        data = json.loads(text)
-    except (TypeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{weights}: metadata {_META_KEY!r} is not JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{weights}: metadata {_META_KEY!r} must be a JSON object of "
-                              f"ModelArgs fields, got {type(data).__name__}")
-    return data
 
 
 def load_model(path, *, model_name=None, config_path=None, device="cpu", dtype=None,
@@ -311,7 +242,7 @@ def load_hf_model(path, *, device="cpu", dtype=None, trust_remote_code: bool = F
         raise CheckpointError(f"{path}: running through transformers needs a Hugging Face "
                               f"model folder or a .gguf file, not a {kind!r} checkpoint")
     if kind == "gguf":
-        weights = _weights_file(path, kind)
+        weights = weights_file(path, kind)
         hf = _hf_from_gguf(weights, dtype, trust_remote_code)
         if price_as == "stored":
             annotate_gguf(hf, weights, "hf")
@@ -369,7 +300,7 @@ def save_checkpoint(out_dir, args: ModelArgs, state: dict) -> Path:
         tensors[k] = v.clone() if ptr in seen else v  # safetensors refuses shared storage
         seen.add(ptr)
     target = out_dir / "model.safetensors"
-    atomic_write(target, writer=lambda tmp: save_file(tensors, tmp, metadata={_META_KEY: config}))
+    atomic_write(target, writer=lambda tmp: save_file(tensors, tmp, metadata={META_KEY: config}))
     atomic_write(out_dir / "config.json", config + "\n")
     return target
 
