@@ -5,6 +5,7 @@ the registry's `generic-cpu` (what such a run was priced on before).
 
     python benchmarks/bench_first_run.py                            # the default job, 3 runs
     python benchmarks/bench_first_run.py --runs 1 -- --max_new_tokens 16 --compile
+    python benchmarks/bench_first_run.py --runs 1 --busy 2          # quiet, then 2 busy processes
 
 Each run is generate.py's own flags parsed (its defaults: the built-in SmolLM2-135M GGUF, a
 128-token prompt, 128 new tokens, eager, torch's threads, wall clock) plus any given after
@@ -13,6 +14,11 @@ as a first run does. It prints, per run and phase, the measured figure generate.
 the prediction on this machine measured and on generic-cpu, their ratios, the seconds the
 measurement took and whether it passed its checks; then the medians, the machine's 1-minute
 load before and after, and the share of the runs' thread time spent waiting for a core.
+
+--busy N runs the same first runs again with N busy processes started beside them (each a
+Python loop that never sleeps: the machine loaded on purpose), and prints each set's median
+wall time, their ratio, and the load and waits of each: a first run on a busy machine stops
+its measurement early (devices/this_machine.py), so it should take at most twice its quiet time.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import contextlib
 import io
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -66,12 +73,33 @@ def first_run(flags: list[str]) -> tuple[dict, str, float]:
     return phases, line, took
 
 
-def main(runs: int = 3, flags: list[str] | None = None) -> list[list[str]]:
+def main(runs: int = 3, flags: list[str] | None = None, busy: int = 0) -> list[list[str]]:
     flags = list(flags or [])
+    if busy:
+        quiet = first_runs(runs, flags, "quiet")
+        loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+        try:
+            loaded = first_runs(runs, flags, f"{busy} busy processes beside it")
+        finally:
+            for loop in loops:
+                loop.kill()
+                loop.wait()
+        print(f"\nfirst run's median wall: {quiet:.1f} s quiet, {loaded:.1f} s with {busy} busy "
+              f"processes: {loaded / quiet:.2f}x")
+        return []
+    return first_runs(runs, flags)
+
+
+def first_runs(runs: int, flags: list[str], state: str = "") -> list[list[str]] | float:
+    """`runs` first runs, their table and medians printed; with `state` (busy mode) the
+    median wall seconds are returned instead of the rows."""
     before, wait = load_average(), CoreWait()
-    rows, ratios = [], {}
+    rows, ratios, walls = [], {}, []
+    if state:
+        print(f"\n## {state}", flush=True)
     for i in range(runs):
         phases, line, took = first_run(flags)
+        walls.append(took)
         print(line, flush=True)
         spec = line.split()[2]
         for label, (measured, predicted, generic) in phases.items():
@@ -91,7 +119,7 @@ def main(runs: int = 3, flags: list[str] | None = None) -> list[list[str]]:
     print(f"flags: {' '.join(flags) or '(defaults)'}; load {before} before, {after} after; "
           f"threads waited {'?' if waited is None else f'{waited:.1%}'} of their time; "
           f"{os.cpu_count()} CPUs")
-    return rows
+    return statistics.median(walls) if state else rows
 
 
 if __name__ == "__main__":
@@ -100,7 +128,8 @@ if __name__ == "__main__":
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=3, help="first runs, each measuring anew")
+    p.add_argument("--busy", type=int, default=0, help="also run them beside N busy processes")
     a = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
-    if a.runs < 1:
-        p.error(f"--runs must be >= 1, got {a.runs}")
-    main(a.runs, extra)
+    if a.runs < 1 or a.busy < 0:
+        p.error(f"--runs must be >= 1 and --busy >= 0, got {a.runs}, {a.busy}")
+    main(a.runs, extra, a.busy)

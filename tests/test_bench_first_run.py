@@ -30,3 +30,28 @@ def test_a_first_run_measures_the_machine_and_prices_both_specs(tmp_path, tiny_m
     # the environment as it was: this test's home, measuring off (conftest)
     assert os.environ["PERFCOUNTER_HOME"] == str(tmp_path / "mine")
     assert os.environ["PERFCOUNTER_MEASURE"] == "0"
+
+
+def test_busy_mode_runs_the_first_runs_quiet_then_beside_busy_processes(monkeypatch, capsys):
+    started = []
+    walls = iter([10.0, 12.0, 30.0, 25.0])  # quiet: median 11; busy: median 27.5
+
+    class Loop:
+        def __init__(self, argv):
+            started.append(self)
+            self.killed = False
+
+        def kill(self):
+            self.killed = True
+
+        def wait(self):
+            return 0
+    monkeypatch.setattr(bench_first_run.subprocess, "Popen", Loop)
+    monkeypatch.setattr(bench_first_run, "first_run", lambda flags: (
+        {"decode": (2.0, 1.0, 4.0)}, "Device spec: generic-cpu (stub)", next(walls)))
+    bench_first_run.main(runs=2, busy=2)
+    out = capsys.readouterr().out
+    assert "## quiet" in out and "## 2 busy processes beside it" in out
+    # 27.5 / 11 = 2.5
+    assert "first run's median wall: 11.0 s quiet, 27.5 s with 2 busy processes: 2.50x" in out
+    assert len(started) == 2 and all(loop.killed for loop in started)
