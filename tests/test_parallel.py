@@ -1,4 +1,4 @@
-"""A rank of a sharded model (models/sharding.py) counted from its sharded shapes, its
+"""A rank of a sharded model (parallel/sharding.py) counted from its sharded shapes, its
 collectives as ops (costs/collectives.py), and their price on a link (pricing/collectives.py)."""
 import pytest
 import torch
@@ -6,7 +6,7 @@ import torch
 from perfcounter import get_device_spec
 from perfcounter.generation.config_only import count_config
 from perfcounter.models.args import ModelArgs
-from perfcounter.models.sharding import ParallelConfig, ParallelError, rank_args
+from perfcounter.parallel.sharding import ParallelConfig, ParallelError, rank_args
 from perfcounter.pricing import collectives
 from perfcounter.trace import ROLES, OpRecord
 from perfcounter.trace_args import TensorArg

@@ -13,8 +13,8 @@ with buffers `k_cache` / `v_cache` of shape [B, H_kv, max_seq, D], written in
 place with `index_copy_` at `input_pos`; attention always reads the whole
 static cache under a mask, as gpt-fast does.
 
-Built from a rank's shapes (sharding.py's RankArgs), the model is one rank of a model
-sharded as Megatron and vLLM shard it, and calls the collectives where they do
+Built from a rank's shapes (perfcounter/parallel/sharding.py's RankArgs), the model is one
+rank of a model sharded as Megatron and vLLM shard it, and calls the collectives where they do
 (costs/collectives.py): an all-reduce after the row-parallel wo and w2 (and a MoE layer) and
 after the vocab-parallel embedding, an all-gather of the LM head's vocab shards, a send/recv
 of a pipeline stage's hidden states. With one rank it runs exactly the ops it always ran.
@@ -63,7 +63,7 @@ class Transformer(nn.Module):
         self.max_batch_size = -1
         self.max_seq_length = -1
         self.make_kv_cache = KVCache  # quantize.quantize_kv_cache swaps in a quantized cache
-        # one rank of a sharded model (sharding.RankArgs: how many ranks its collectives span)
+        # one rank of a sharded model (parallel.sharding.RankArgs: the ranks its collectives span)
         self.tp = getattr(config, "tensor_parallel_size", 1)
         self.pp = getattr(config, "pipeline_parallel_size", 1)
 

@@ -1,8 +1,11 @@
 """Collectives priced on the devices' link: the seconds and joules of one rank's all-reduce,
 all-gather, send/recv and all-to-all (costs/collectives.py records them as ops).
 
-The pricing engine prices every record of op class "collective" (predict.op_class) with
-`record_seconds(record, spec)` here, and its link energy with `record_joules`.
+The pricing engine prices every record of op class "collective" (op_class: the registry's
+family "collectives") with `record_seconds(record, spec)` here, and its link energy with
+`record_joules`. Figures that keep no records (a step table's groups) keep each collective
+group's `record_call(record)` = (kind, bytes a call, ranks) instead, and price one call with
+`call_seconds(kind, nbytes, ranks, spec)` (the same rule).
 
 A collective of B bytes over n ranks, on a link of per-step latency a and achievable bus
 bandwidth busbw (nccl-tests' "busbw": the bandwidth each rank's link really carries), takes
@@ -170,6 +173,13 @@ def link_seconds(record, spec) -> float:
     if ranks <= 1:
         return 0.0
     return record.calls * collective_s(kind, nbytes, ranks, link_for(spec, ranks))
+
+
+def call_seconds(kind: str, nbytes: float, ranks: int, spec) -> float:
+    """One call's seconds in a step (record_seconds' rule) from `record_call`'s figures."""
+    if ranks <= 1 or overlaps_compute(kind):
+        return 0.0
+    return collective_s(kind, nbytes, ranks, link_for(spec, ranks))
 
 
 def record_seconds(record, spec) -> float:

@@ -33,6 +33,8 @@ from perfcounter.generation.config_only import gguf_config, resolve_config
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.hf_checkpoint import model_args_from_hf
 from perfcounter.models.loading import CheckpointError
+from perfcounter.parallel.replicas import simulate as simulate_parallel
+from perfcounter.parallel.sharding import ParallelConfig, check_links, shard
 from perfcounter.quant.gguf_types import GgufFile, check_gguf_type
 from perfcounter.quant.quantize import WeightScheme, parse_kv_dtype, parse_scheme
 from perfcounter.serve.errors import ServeError
@@ -143,6 +145,7 @@ class Deployment:
     weights: WeightScheme | None = None  # the linears' stored scheme (None: float)
     kv_dtype: str | None = None  # the KV cache's stored dtype, "int8" / "fp8" (None: float)
     expert_load: ExpertLoad | None = None  # a mixture of experts' routing (None: balanced)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # TP, PP, DP: args a rank's
 
     @property
     def precision(self) -> str:
@@ -173,6 +176,8 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
                step_overhead_s: float = 0.0, usd_per_hour: float | None = None,
                execution: str | None = None, host=None, check_fit: bool = True,
                quantize=None, kv_dtype=None, expert_load=None, gguf_type=None,
+               tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+               data_parallel_size: int = 1, enable_expert_parallel: bool = False,
                **mapping_options) -> Deployment:
     """A deployment (see the module doc); every limit checked here, before any work;
     quantize: a quantize.WeightScheme or a name parse_scheme takes; kv_dtype: "int8", "fp8";
@@ -183,7 +188,9 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
     each kind counted (steps.count_table); not with a mapping.
     execution: None is "eager", on a device and under a mapping alike. mapping_options:
     PlacementPricer's (devices, allow_unmatched, default_device, peak_fraction: the bound
-    only, device_link, interconnect)."""
+    only, device_link, interconnect).
+    tensor_parallel_size, pipeline_parallel_size, data_parallel_size, enable_expert_parallel:
+    vLLM's (perfcounter/parallel): one rank's step table and memory, the price all GPUs'."""
     for name, value, least in (("--block_size", block_size, 1),
                                ("--max_num_batched_tokens", max_num_batched_tokens, 1),
                                ("--max_num_seqs", max_num_seqs, 1)):
@@ -199,6 +206,11 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
     if gguf_type is not None or is_gguf(model):
         weights = gguf_file(model, args, gguf_type, weights, mapping)
     load = resolve_expert_load(expert_load, args)
+    parallel, args = shard(  # one rank's args (perfcounter/parallel); bad sizes refused here
+        args, str(model), tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
+        enable_expert_parallel=enable_expert_parallel, mapping=mapping is not None,
+        gguf=isinstance(weights, GgufFile), expert_load=load is not None)
     stored = {"weights": weights, "kv": kv}
     fit_options = {"gpu_memory_utilization": gpu_memory_utilization, "block_size": block_size,
                    "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs}
@@ -213,6 +225,7 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
         prices = [(pricer.devices[d.device], d.device) for d in devices]
     else:
         spec = resolve_spec(device_spec, dtype)
+        check_links(spec, parallel)
         plan = memory_plan(args, dtype, spec, **fit_options, **stored)
         table, name, prices = None, spec.name, [(spec, spec.name)]
     if check_fit and not plan.fits:
@@ -222,12 +235,15 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
     source = "--usd_per_hour" if usd_per_hour is not None else None
     if usd_per_hour is None:
         usd_per_hour, source = listed_price(prices)
+    if parallel.gpus > 1:  # one device's price x every GPU
+        usd_per_hour = None if usd_per_hour is None else usd_per_hour * parallel.gpus
+        name = f"{parallel.gpus} x {name} ({parallel.label()})"
     engine = EngineConfig(plan.kv_blocks, max_num_batched_tokens, max_num_seqs, block_size,
                           step_overhead_s)
     model_name = model if isinstance(model, str) else type(model).__name__
     return Deployment(name, args, str(model_name), dtype, spec, table, plan, engine,
                       usd_per_hour, source, execution=execution, devices=devices,
-                      weights=weights, kv_dtype=kv, expert_load=load)
+                      weights=weights, kv_dtype=kv, expert_load=load, parallel=parallel)
 
 
 def is_gguf(model) -> bool:
@@ -332,9 +348,9 @@ def serve(dep: Deployment, workload: Workload, *, slo=None, usd_per_kwh: float |
         raise ServeError(f"--usd_per_kwh {usd_per_kwh}: expected a price >= 0")
     check_fits_model(workload, dep.plan.max_model_len)
     slo = parse_slo(slo) if slo else None
-    run = simulate_engine(workload, dep.table, dep.engine)
+    run = simulate_parallel(workload, dep, simulate_engine)  # DP replicas, PP streams
     m = metrics(run, slo=slo, open_loop=workload.concurrency is None,
-                static_w=dep.table.static_w, usd_per_hour=dep.usd_per_hour,
+                static_w=dep.table.static_w * dep.parallel.ranks, usd_per_hour=dep.usd_per_hour,
                 usd_per_kwh=usd_per_kwh)
     return ServeResult(dep, workload, m, run)
 

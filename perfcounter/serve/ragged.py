@@ -14,7 +14,8 @@ writes each piece's new keys and values into that piece's cache (exactly
 context + new_tokens positions long: what a paged cache holds) and attends per
 piece with SDPA under the causal structure, its queries the last positions of
 the keys (op_data.py). Logits are computed for the last token of every piece,
-as vLLM v1 does (it discards those of unfinished prefill chunks).
+as vLLM v1 does (it discards those of unfinished prefill chunks). One rank of a sharded
+model (parallel/sharding.py) runs its collectives here as its own forward calls them.
 
 Two things stand in here for what a varlen kernel takes as plain offsets, and
 are not charged (`_strip`): the per-piece mask that carries the causal
@@ -46,6 +47,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from perfcounter.costs.collectives import tp_all_reduce
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import fake_model
@@ -134,16 +136,16 @@ def _moe_forward(self, x):
     weights, indices = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
     weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
     out = (self.cond_ffn(x, indices) * weights[..., None]).sum(dim=1)  # [T, dim]
-    return out.view(shape)
+    return tp_all_reduce(out, self.tp).view(shape)  # a tensor-parallel rank's sum (model.py)
 
 
 def _ragged_forward(self, idx, input_pos, freqs_cis, last):
     # idx [1, T] token ids, input_pos [T] positions, last [B] rows whose logits are computed
-    x = self.tok_embeddings(idx)  # [1, T, dim]
+    x = self.embed(idx)  # [1, T, dim]
     freqs = freqs_cis[input_pos].to(x.dtype)
     for layer in self.layers:
         x = layer(x, input_pos, freqs, None)
-    return self.output(self.norm(x)[:, last])  # [1, B, vocab]
+    return self.logits(self.norm(self.to_next_stage(x))[:, last])  # [1, B, vocab]
 
 
 def _strip(trace: Trace, mask_storage: int) -> Trace:

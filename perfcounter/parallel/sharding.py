@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass
 
 from perfcounter.models.args import ModelArgs
+from perfcounter.pricing.collectives import check_link
 
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
 SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
@@ -64,6 +65,11 @@ class ParallelConfig:
     @property
     def gpus(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+
+    @property
+    def ranks(self) -> int:
+        """Devices one replica runs on: TP x PP (a step's joules are every one's)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def expert_parallel_size(self) -> int:
@@ -169,3 +175,36 @@ def rank_args(args: ModelArgs, parallel: ParallelConfig | None = None,
     )
     return RankArgs(**fields, tensor_parallel_size=tp, pipeline_parallel_size=pp,
                     expert_parallel_size=ep, full_n_layer=args.n_layer)
+
+
+def shard(args: ModelArgs, model: str = "the model", *, tensor_parallel_size: int = 1,
+          pipeline_parallel_size: int = 1, data_parallel_size: int = 1,
+          enable_expert_parallel: bool = False, mapping: bool = False, gguf: bool = False,
+          expert_load: bool = False) -> tuple[ParallelConfig, ModelArgs]:
+    """(the ParallelConfig, one rank's args) of a deployment of `args`, checked before any
+    work (ParallelError, one line); refused beside what prices one device its own way: a
+    placement mapping (its `tp=` option), a llama.cpp file (its layers store their own types)
+    and a skewed expert load under expert parallelism (its weights are per expert of all)."""
+    parallel = ParallelConfig(tensor_parallel_size, pipeline_parallel_size, data_parallel_size,
+                              enable_expert_parallel)
+    if parallel.gpus > 1 or parallel.enable_expert_parallel:
+        given = ", ".join(f"--{k}" for k, v in (
+            ("tensor_parallel_size", parallel.tensor_parallel_size > 1),
+            ("pipeline_parallel_size", parallel.pipeline_parallel_size > 1),
+            ("data_parallel_size", parallel.data_parallel_size > 1),
+            ("enable_expert_parallel", parallel.enable_expert_parallel)) if v)
+        for refused, why in ((mapping, "a placement mapping shards with its own tp= option"),
+                             (gguf, "a llama.cpp file's layers are priced unsharded"),
+                             (expert_load and parallel.expert_parallel_size > 1,
+                              "a skewed --expert_load is given per expert of the whole model")):
+            if refused:
+                raise ParallelError(f"{given}: {why}; leave one of them out")
+    return parallel, rank_args(args, parallel, model)
+
+
+def check_links(spec, parallel: ParallelConfig) -> None:
+    """LinkError (one line) when the ranks of `parallel` on `spec` have no link to run their
+    collectives over (a CPU, a device without interconnect or host link figures)."""
+    for ranks in (parallel.tensor_parallel_size, parallel.pipeline_parallel_size,
+                  parallel.expert_parallel_size):
+        check_link(spec, ranks)

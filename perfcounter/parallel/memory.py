@@ -1,0 +1,75 @@
+"""The memory of one rank, and the smallest tensor-parallel size (and quantization) that fits.
+
+A rank holds its shard of the weights (its sharded linears and vocabulary, the norms whole:
+about weights / (TP x PP); experts / EP), the KV cache of its KV heads (n_local_heads / TP,
+one when there are fewer KV heads than ranks: each rank then holds a replica) and its
+activation workspace; serve's memory plan (serve/memory.py) prices a rank's args as it
+prices any model's. `smallest_fit` tries the valid TP sizes in order with a plan maker the
+caller gives (serve's memory_plan at the deployment's limits), for each quantization asked,
+and names the first that leaves room for a KV cache:
+
+    smallest_fit(args, lambda rank, scheme: memory_plan(rank, dtype, spec, weights=scheme))
+
+`fit_line` is the one line `count` and generate.py print when the model they price does not
+fit the device they price it on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from perfcounter.models.args import ModelArgs
+from perfcounter.parallel.sharding import (ParallelConfig, rank_args,
+                                           valid_tensor_parallel_sizes)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The smallest TP that fits, at one quantization (None: the precision's floats)."""
+
+    tensor_parallel_size: int
+    quantization: str | None
+    plan: object  # serve's MemoryPlan of one rank
+
+
+def smallest_fit(args: ModelArgs, plan_of, quantizations=(None,),
+                 pipeline_parallel_size: int = 1) -> list:
+    """For each quantization, the smallest valid TP whose rank's plan fits (a `Fit`), or None
+    when no TP up to the heads fits; plan_of(rank_args, quantization) -> a memory plan."""
+    out = []
+    for q in quantizations:
+        found = None
+        for tp in valid_tensor_parallel_sizes(args):
+            parallel = ParallelConfig(tensor_parallel_size=tp,
+                                      pipeline_parallel_size=pipeline_parallel_size)
+            plan = plan_of(rank_args(args, parallel), q)
+            if plan.fits:
+                found = Fit(tp, q, plan)
+                break
+        out.append(found)
+    return out
+
+
+def fits_text(fits: list, precision: str) -> str:
+    """'smallest fit: TP 2 in bfloat16 (70.56 GB of weights a rank); int8: TP 1; int4: TP 1'."""
+    parts = []
+    for f in fits:
+        if f is None:
+            continue
+        what = f.quantization or precision
+        parts.append(f"TP {f.tensor_parallel_size} in {what} "
+                     f"({f.plan.weight_bytes / 1e9:.2f} GB of weights a rank)")
+    if not parts:
+        return "smallest fit: none (no tensor-parallel size up to the heads fits)"
+    return "smallest fit: " + "; ".join(parts)
+
+
+def fit_line(model: str, device: str, weight_bytes: float, kv_bytes: float,
+             device_bytes: float | None, parallel: ParallelConfig | None = None) -> str | None:
+    """One line when a rank's weights and KV cache exceed its device's memory, else None
+    (unknown memory: None)."""
+    if not device_bytes or weight_bytes + kv_bytes <= device_bytes:
+        return None
+    rank = f" a rank ({parallel.label()})" if parallel is not None and parallel.sharded else ""
+    return (f"{model} does not fit on {device}: weights {weight_bytes / 1e9:.2f} GB + KV cache "
+            f"{kv_bytes / 1e9:.2f} GB{rank} > {device_bytes / 1e9:.2f} GB of memory; "
+            f"--tensor_parallel_size shards it")

@@ -1,0 +1,118 @@
+"""Data and pipeline parallelism as engines run them: streams of requests, each its own
+scheduler, on replicas and on a pipeline's micro-batches.
+
+vLLM's `--data_parallel_size N` runs N engines, each a whole copy of the model (each itself
+TP x PP ranks); its front end hands each request to one of them. Here request i goes to
+replica i mod N (round robin: an even split of any arrival process, which is what a
+least-loaded balancer reaches with equal replicas), each replica's requests are simulated by
+the deployment's own engine, and the runs are joined into one: requests in their original
+order, every replica's inter-token gaps and steps, the last finish. Metrics read the joined
+run as they read one engine's (a step's seconds and joules are one replica's; the caller
+scales energy by the ranks a step runs on).
+
+Pipeline parallelism (PP stages, each holding a stage's layers on its TP ranks): vLLM keeps
+PP batches in flight, one scheduler step per stage, so that every stage works on another
+batch while a batch moves on (its V0 engine holds PP "virtual engines", each with its
+scheduler and its share of the KV blocks). Here the requests are split over PP streams the
+same way, each stream's engine holds kv_blocks // PP blocks, and one step of a stream takes
+the batch through every stage: PP x the stage's step time (the rank's step table: the stage
+with the most layers, the embedding and the head) + (PP - 1) hops of its hidden states to
+the next stage (`hop_s`: a send/recv on the link). A stream waits for its own batch only, so
+with PP streams busy the pipeline starts a batch every stage time; with fewer (a light load,
+the last requests), stages idle: the pipeline's bubbles. A step's joules are those of every
+rank it ran on: TP x PP x the stage's.
+
+`split(workload, n)` and `join(runs, order)` work on serve's Workload and Run as data
+(dataclasses.replace), and `simulate` takes serve's scheduler as an argument, so this file
+imports nothing of serve.
+"""
+from __future__ import annotations
+
+import dataclasses
+from array import array
+
+import numpy as np
+
+from perfcounter.pricing.collectives import collective_s, link_for
+
+
+def split(workload, replicas: int) -> list:
+    """The replicas' workloads (module doc), request i in number i mod replicas; a closed
+    loop's concurrency C split alike (C // replicas, one more for the first C mod replicas).
+    Replicas that would get no request are left out."""
+    out = []
+    conc = workload.concurrency
+    for r in range(min(replicas, len(workload))):
+        idx = np.arange(r, len(workload), replicas)
+        share = None if conc is None else max(1, conc // replicas + (r < conc % replicas))
+        out.append(dataclasses.replace(
+            workload, arrival=workload.arrival[idx], prompt=workload.prompt[idx],
+            output=workload.output[idx], cached=workload.cached[idx], concurrency=share))
+    return out
+
+
+def join(runs: list, total: int):
+    """One run of the replicas' runs (module doc), steps in the order they started; `total`
+    requests in all, replica r's j-th request being request r + j x len(runs)."""
+    n = len(runs)
+    requests = [None] * total
+    for r, run in enumerate(runs):
+        for j, req in enumerate(run.requests):
+            requests[r + j * n] = dataclasses.replace(req, index=r + j * n)
+    itl = array("d")
+    for run in runs:
+        itl.extend(run.itl)
+    first = runs[0]
+    names = [f.name for f in dataclasses.fields(first.steps)]
+    columns = {k: np.concatenate([np.frombuffer(getattr(run.steps, k)) for run in runs])
+               for k in names}
+    order = np.argsort(columns["start"], kind="stable")
+    steps = dataclasses.replace(first.steps, **{k: array("d", columns[k][order].tolist())
+                                                for k in names})
+    return dataclasses.replace(first, requests=requests, itl=itl, steps=steps,
+                               preemptions=sum(run.preemptions for run in runs),
+                               end=max(run.end for run in runs))
+
+
+class StagedTable:
+    """A rank's step table as one stream sees a step (module doc): `stages` x the stage's
+    seconds + (stages - 1) hops, joules x every rank (`ranks`: TP x PP)."""
+
+    def __init__(self, table, stages: int, ranks: int, hop_s=None):
+        self.table, self.stages, self.ranks, self.hop_s = table, stages, ranks, hop_s
+        self.counts, self.label = table.counts, getattr(table, "label", "")
+        self.static_w = getattr(table, "static_w", 0.0) * ranks
+
+    def seconds(self, f: np.ndarray) -> float:
+        hops = (self.stages - 1) * self.hop_s(f) if self.hop_s is not None else 0.0
+        return self.stages * self.table.seconds(f) + hops
+
+    def energy_j(self, f: np.ndarray, seconds: float) -> float:
+        """Every rank's joules: each stage's work once, its static power over its share of
+        the step (PP streams overlap in time: a stage's share is seconds / stages)."""
+        return self.ranks * self.table.energy_j(f, seconds / self.stages)
+
+
+def simulate(workload, dep, simulate_engine):
+    """One run of `workload` on a deployment `dep` (serve's Deployment: its table, engine,
+    parallel sizes, spec, rank args and dtype): DP replicas x PP streams, each
+    `simulate_engine(workload, table, config)` with its share of the KV blocks (module doc);
+    one engine's own run when nothing is parallel."""
+    parallel, table, config = dep.parallel, dep.table, dep.engine
+    streams = parallel.data_parallel_size * parallel.pipeline_parallel_size
+    if streams == 1 and parallel.ranks == 1:
+        return simulate_engine(workload, table, config)
+    hop = hop_seconds(dep.spec, dep.args, dep.dtype.itemsize) \
+        if parallel.pipeline_parallel_size > 1 else None
+    staged = StagedTable(table, parallel.pipeline_parallel_size, parallel.ranks, hop)
+    blocks = dataclasses.replace(config, kv_blocks=config.kv_blocks
+                                 // parallel.pipeline_parallel_size)
+    runs = [simulate_engine(w, staged, blocks) for w in split(workload, streams)]
+    return runs[0] if streams == 1 else join(runs, len(workload))
+
+
+def hop_seconds(spec, args, itemsize: int):
+    """f -> seconds of one hop of a step's hidden states (tokens x dim x itemsize bytes)
+    to the next pipeline stage over `spec`'s link (pricing/collectives.py's send/recv)."""
+    link = link_for(spec, 2)
+    return lambda f: collective_s("send_recv", float(f[1]) * args.dim * itemsize, 2, link)
