@@ -13,6 +13,7 @@
         [--device_spec h100-sxm,pim-ai-4dimm] [--mapping m.yaml] [--csv F]   (cli/sweep.py)
     perfcounter graph --model ... [--phase prefill|decode] [--out BASE]    (cli/graph.py)
     perfcounter serve --model ... --qps 10                   (cli/serve.py)
+    perfcounter plan --model ... --devices h100-sxm:8 --qps 4 --slo ttft=1s,tpot=50ms (cli/plan.py)
 
 Every command that runs a model takes the same model and run flags with the same defaults
 (cli/flags.py). Each subcommand is a `NAME(args) -> int` function registered in
@@ -33,6 +34,7 @@ from perfcounter._util import settle_objects
 from perfcounter.cli.count import add_parsers as add_count
 from perfcounter.cli.flags import Parser, add_output, refuse
 from perfcounter.cli.graph import add_parser as add_graph
+from perfcounter.cli.plan import add_parser as add_plan
 from perfcounter.cli.serve import add_parser as add_serve
 from perfcounter.cli.simulate import add_parser as add_simulate
 from perfcounter.cli.sweep import add_parser as add_sweep
@@ -41,6 +43,7 @@ from perfcounter.devices import (DeviceSpec, DeviceSpecError, calibrated_spec_pa
                                  get_device_spec, list_device_specs, register_device_specs)
 from perfcounter.devices.calibrate import calibrate, describe, save_calibrated
 from perfcounter.devices.spec_file import spec_to_entry
+from perfcounter.devices.this_machine import measuring_allowed
 from perfcounter.format import format_table, scaled, si
 from perfcounter.pricing.achievable import prediction_inputs
 
@@ -107,6 +110,10 @@ def _devices(args) -> int:
     if args.names:
         specs = [get_device_spec(n) for n in args.names]
     else:
+        kinds = sorted({get_device_spec(n).device_type for n in list_device_specs()})
+        if args.type is not None and args.type not in kinds:
+            raise ValueError(f"--type {args.type!r}: no device is of that type; valid: "
+                             f"{', '.join(kinds)}")
         specs = [get_device_spec(n) for n in list_device_specs(args.type)]
     if args.json:
         print(json.dumps([s.to_dict() for s in specs], indent=2))
@@ -205,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep(sub)
     add_graph(sub)
     add_serve(sub)
+    add_plan(sub)
     return parser
 
 
@@ -223,6 +231,7 @@ def main(*, argv: list[str] | None = None) -> int:
             return exc.code
         with collected_warnings():
             try:
+                measuring_allowed()  # $PERFCOUNTER_MEASURE, checked in every command
                 return args.run(args)
             except (DeviceSpecError, ValueError) as exc:
                 print(f"perfcounter {args.command}: error: {exc}", file=sys.stderr)

@@ -1,0 +1,126 @@
+"""`perfcounter plan`: the deployment search (perfcounter/plan/).
+
+    perfcounter plan --model llama-3.1-70b --devices h100-sxm:8 --qps 4 \\
+        --prompt_length 512 --max_new_tokens 128 --slo ttft=1s,tpot=50ms --save_path plan.json
+    perfcounter plan --model llama-3.1-70b --devices h100-sxm:8,a100-sxm4-80gb:8 ... --ray
+    perfcounter plan ... --ray 10.0.0.1:6379     (each candidate group a task on that cluster)
+
+The workload flags are serve's (one rate); the candidates' storage, max_num_seqs and parallel
+degrees are enumerated (--quantize, --kv_dtype and --max_num_seqs take the lists to try).
+Prints the inputs, the Pareto front, the recommended deployment and the `perfcounter serve`
+command that reproduces it; --save_path writes every candidate as JSON. Bad input: one line
+on stderr, exit code 2, before any work.
+"""
+from __future__ import annotations
+
+import sys
+
+from perfcounter.cli.flags import add_output
+from perfcounter.cli.model_flag import ACCEPTED, config_of
+from perfcounter.plan.candidates import KV_CACHE_DTYPES, MAX_NUM_SEQS, QUANTIZATIONS
+from perfcounter.plan.pool import PlanError
+from perfcounter.plan.render import plan_text
+from perfcounter.plan.search import plan
+from perfcounter.serve.api import EXECUTIONS, PRECISIONS
+from perfcounter.serve.errors import ServeError
+
+
+def _names(values) -> str:
+    return ",".join("none" if v is None else str(v) for v in values)
+
+
+def add_parser(sub) -> None:
+    """Register `perfcounter plan` on the command's subparsers."""
+    p = sub.add_parser("plan", help="search deployments (precision, TP/PP/DP/EP, disaggregated, "
+                       "max_num_seqs) of a model on a device pool for a workload and an SLO",
+                       description=__doc__.split("\n\n")[0])
+    g = p.add_argument_group("model and pool")
+    g.add_argument("--model", help=ACCEPTED)
+    g.add_argument("--devices", help="the pool: KIND:COUNT[,KIND:COUNT], e.g. h100-sxm:8 or "
+                                     "h100-sxm:8,a100-sxm4-80gb:8")
+    g.add_argument("--usd_per_hour", type=float,
+                   help="price a GPU-hour of every kind (default: the registry's sourced one)")
+    g.add_argument("--precision", default="bfloat16", choices=tuple(PRECISIONS),
+                   help="the activations' dtype")
+    g.add_argument("--execution", default="cudagraphs", choices=EXECUTIONS,
+                   help="the regime steps are priced in (bound: the roofline)")
+    g = p.add_argument_group("what to try")
+    g.add_argument("--quantize", help="weights as stored, a list (default: "
+                   f"{_names(QUANTIZATIONS)}, int4 at the largest group dividing the model's "
+                   "linears; none: --precision; fp8 only on devices with an fp8 peak)")
+    g.add_argument("--kv_dtype", default=_names(KV_CACHE_DTYPES),
+                   help="KV cache storage, a list (none: --precision)")
+    g.add_argument("--max_num_seqs", default=",".join(map(str, MAX_NUM_SEQS)),
+                   help="engine batch limits, a list")
+    g.add_argument("--gpu_memory_utilization", type=float, default=0.9)
+    g.add_argument("--max_num_batched_tokens", type=int, default=8192, help="token budget a step")
+    g.add_argument("--block_size", type=int, default=16, help="KV cache block (tokens)")
+    g = p.add_argument_group("workload and SLO (serve's)")
+    g.add_argument("--qps", type=float, help="requests a second (one rate)")
+    g.add_argument("--num_requests", type=int, default=200)
+    g.add_argument("--prompt_length", default="512",
+                   help="prompt tokens: a number, uniform:LO-HI or normal:MEAN,STD")
+    g.add_argument("--max_new_tokens", default="128",
+                   help="output tokens: a number, uniform:LO-HI or normal:MEAN,STD")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps (1: Poisson)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--slo", help="targets with units: ttft=1s,tpot=50ms[,e2el=10s]")
+    g.add_argument("--slo_attainment", type=float, default=0.9,
+                   help="share of requests meeting --slo for a candidate to be recommended")
+    g = p.add_argument_group("where it runs")
+    g.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="each candidate group a Ray task: on the cluster at ADDRESS, else a "
+                        "local one (needs the extra: pip install 'perfcounter[ray]')")
+    g.add_argument("--workers", type=int, help="processes (default: this machine's cores; "
+                                               "1: this process)")
+    add_output(g, "--save_path", help="every candidate and its figures as JSON")
+    p.set_defaults(run=run)
+
+
+def _ints(text, flag: str) -> tuple:
+    try:
+        values = tuple(int(v) for v in str(text).split(",") if v.strip())
+    except ValueError:
+        raise PlanError(f"{flag} {text!r}: expected integers, e.g. 16,64,256") from None
+    return values
+
+
+def _main(args) -> int:
+    if args.model is None:
+        raise PlanError("give the model: --model PRESET or config.json")
+    if args.devices is None:
+        raise PlanError("give the pool: --devices KIND:COUNT, e.g. h100-sxm:8")
+    if args.qps is None:
+        raise PlanError("give the workload's rate: --qps R (requests a second)")
+    if args.ray is not None and args.workers is not None:
+        raise PlanError("--workers sizes the process pool; with --ray, the cluster's CPUs "
+                        "run the tasks: give one of them")
+    backend = "ray" if args.ray is not None else "processes"
+    result = plan(str(config_of(args.model)), args.devices, slo=args.slo, qps=args.qps,
+                  num_requests=args.num_requests, prompt_length=args.prompt_length,
+                  max_new_tokens=args.max_new_tokens, burstiness=args.burstiness,
+                  seed=args.seed, precision=args.precision, execution=args.execution,
+                  gpu_memory_utilization=args.gpu_memory_utilization,
+                  max_num_batched_tokens=args.max_num_batched_tokens,
+                  block_size=args.block_size, usd_per_hour=args.usd_per_hour,
+                  quantizations=None if args.quantize is None else
+                  [v.strip() for v in args.quantize.split(",") if v.strip()],
+                  kv_cache_dtypes=[v.strip() for v in args.kv_dtype.split(",") if v.strip()],
+                  max_num_seqs=_ints(args.max_num_seqs, "--max_num_seqs"),
+                  slo_attainment=args.slo_attainment, backend=backend, workers=args.workers,
+                  address=args.ray or None)
+    print(plan_text(result))
+    if args.save_path is not None:
+        result.save(args.save_path)
+    return 0
+
+
+def run(args) -> int:
+    """Run `perfcounter plan`; bad input: one line on stderr, exit code 2."""
+    try:
+        return _main(args)
+    except (ServeError, ValueError, KeyError) as e:
+        message = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+        print(f"perfcounter plan: error: {message}", file=sys.stderr)
+        return 2
+

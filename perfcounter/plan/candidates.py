@@ -1,0 +1,193 @@
+"""The deployments a search tries: one record each, in vLLM's field names, and their enumeration.
+
+A candidate is a model served on GPUs of one kind of the pool (`device`), or, disaggregated,
+prefilled on instances of one kind and decoded on instances of another (or the same):
+
+    dtype x quantization x kv_cache_dtype             (weights and KV cache as stored)
+      x tensor_parallel_size x pipeline_parallel_size x data_parallel_size
+      x enable_expert_parallel (a mixture of experts with TP x DP > 1)
+      x aggregated | disaggregated (prefill:decode instances)
+      x max_num_seqs
+
+Degrees are powers of two; TP divides the query heads (as vLLM requires) and goes no higher
+than 8 (one NVLink domain), PP no higher than the layers; TP x PP x DP GPUs of a kind at
+most as many as the pool holds (a disaggregated candidate: TP x PP x (P + D)). fp8 weights
+need a device with an fp8 peak. Before anything is simulated, a candidate whose weights and
+workspace leave no KV cache on a rank (serve/memory.py's plan) is left out, and counted as
+such.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass, fields
+
+import torch
+
+from perfcounter.models.args import ModelArgs
+from perfcounter.plan.pool import DeviceKind
+from perfcounter.serve.api import resolve_quantization
+from perfcounter.serve.memory import memory_plan
+
+QUANTIZATIONS = (None, "fp8", "int8", "int4-128")  # quantize.parse_scheme's names
+INT4_GROUPS = (128, 64, 32)  # the default int4: the largest group dividing every linear
+KV_CACHE_DTYPES = (None, "fp8")  # None: the precision ("auto" in vLLM)
+MAX_NUM_SEQS = (16, 32, 64, 128, 256)
+MAX_TP = 8  # one NVLink domain
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One deployment to simulate; the fields as vLLM names its engine arguments."""
+
+    device: str  # the pool's kind it runs on (disaggregated: the prefill instances')
+    dtype: str
+    quantization: str | None
+    kv_cache_dtype: str | None
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    data_parallel_size: int
+    enable_expert_parallel: bool
+    max_num_seqs: int
+    disaggregated: bool = False
+    decode_device: str | None = None  # disaggregated: the decode instances' kind
+    num_prefill_instances: int = 0  # disaggregated: P of P:D
+    num_decode_instances: int = 0  # disaggregated: D of P:D
+
+    @property
+    def gpus_per_instance(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def num_gpus(self) -> int:
+        if self.disaggregated:
+            return self.gpus_per_instance * (self.num_prefill_instances +
+                                             self.num_decode_instances)
+        return self.gpus_per_instance * self.data_parallel_size
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "num_gpus": self.num_gpus}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Candidate":
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class Space:
+    """What a search enumerates (module doc). parallel: degrees above 1 (TP, PP, DP, EP);
+    disaggregated: prefill and decode pools beside the aggregated deployments."""
+
+    quantizations: tuple = QUANTIZATIONS
+    kv_cache_dtypes: tuple = KV_CACHE_DTYPES
+    max_num_seqs: tuple = MAX_NUM_SEQS
+    parallel: bool = True
+    disaggregated: bool = True
+
+
+def default_quantizations(args: ModelArgs, dtype: torch.dtype) -> tuple:
+    """QUANTIZATIONS, int4 at the largest of INT4_GROUPS whose group divides every linear's
+    in_features (none of them: no int4)."""
+    for group in INT4_GROUPS:
+        try:
+            resolve_quantization(f"int4-{group}", None, args, dtype)
+        except ValueError:
+            continue
+        return (*QUANTIZATIONS[:-1], f"int4-{group}")
+    return QUANTIZATIONS[:-1]
+
+
+def powers_of_two(limit: int) -> list[int]:
+    """1, 2, 4, ... up to `limit` (included when it is one)."""
+    out, n = [], 1
+    while n <= limit:
+        out.append(n)
+        n *= 2
+    return out
+
+
+def has_fp8(spec) -> bool:
+    return torch.float8_e4m3fn in getattr(spec, "flops_by_dtype", {})
+
+
+def shards(args: ModelArgs, gpus: int, parallel: bool) -> list[tuple[int, int]]:
+    """(TP, PP) pairs of one instance on at most `gpus` GPUs (module doc)."""
+    if not parallel:
+        return [(1, 1)]
+    return [(tp, pp) for tp in powers_of_two(min(gpus, MAX_TP)) if args.n_head % tp == 0
+            for pp in powers_of_two(min(gpus // tp, args.n_layer))]
+
+
+def enumerate_candidates(args: ModelArgs, kinds: list[DeviceKind], dtype: str,
+                         space: Space = Space()) -> list[Candidate]:
+    """Every candidate of the module doc on the pool `kinds`, in a fixed order."""
+    out: list[Candidate] = []
+    moe = bool(args.num_experts)
+    for kind in kinds:
+        quants = [q for q in space.quantizations if q != "fp8" or has_fp8(kind.spec)]
+        for q, kv, (tp, pp) in itertools.product(quants, space.kv_cache_dtypes,
+                                                 shards(args, kind.count, space.parallel)):
+            dps = powers_of_two(kind.count // (tp * pp)) if space.parallel else [1]
+            for dp, seqs in itertools.product(dps, space.max_num_seqs):
+                for ep in ((False, True) if moe and tp * dp > 1 else (False,)):
+                    out.append(Candidate(kind.name, dtype, q, kv, tp, pp, dp, ep, seqs))
+    if space.disaggregated:
+        out += disaggregated_candidates(args, kinds, dtype, space)
+    return out
+
+
+def disaggregated_candidates(args: ModelArgs, kinds: list[DeviceKind], dtype: str,
+                             space: Space) -> list[Candidate]:
+    """Prefill on P instances of one kind, decode on D of another or the same: every P:D
+    with P, D >= 1 the pool holds at the instance's TP x PP (no EP, no DP: the instances
+    are the replicas)."""
+    out: list[Candidate] = []
+    for pk, dk in itertools.product(kinds, kinds):
+        quants = [q for q in space.quantizations
+                  if q != "fp8" or (has_fp8(pk.spec) and has_fp8(dk.spec))]
+        gpus = min(pk.count, dk.count) if pk.name != dk.name else pk.count
+        for q, kv, (tp, pp) in itertools.product(quants, space.kv_cache_dtypes,
+                                                 shards(args, gpus, space.parallel)):
+            per = tp * pp
+            for p, d in _ratios(pk, dk, per):
+                for seqs in space.max_num_seqs:
+                    out.append(Candidate(pk.name, dtype, q, kv, tp, pp, 1, False, seqs, True,
+                                         dk.name, p, d))
+    return out
+
+
+def _ratios(pk: DeviceKind, dk: DeviceKind, per: int) -> list[tuple[int, int]]:
+    """(P, D) instances of `per` GPUs each: on one kind P + D fit its count, on two each
+    fits its own."""
+    if pk.name == dk.name:
+        n = pk.count // per
+        return [(p, n_ - p) for n_ in powers_of_two(n) for p in range(1, n_) if n_ > 1]
+    return [(p, d) for p in powers_of_two(pk.count // per) for d in powers_of_two(dk.count // per)]
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A candidate's memory on one rank (serve/memory.py), or why it cannot run."""
+
+    fits: bool
+    weight_bytes: int
+    kv_tokens: int
+
+
+def memory_fit(args: ModelArgs, dtype: torch.dtype, c: Candidate, spec, *, cache: dict,
+               **options) -> Fit:
+    """The memory plan of `c`'s largest rank on `spec` (options: memory_plan's), cached in
+    `cache` by what the plan depends on."""
+    key = (spec.name, c.quantization, c.kv_cache_dtype, c.tensor_parallel_size,
+           c.pipeline_parallel_size, c.max_num_seqs)
+    fit = cache.get(key)
+    if fit is None:
+        weights, kv = resolve_quantization(c.quantization, c.kv_cache_dtype)
+        plan = memory_plan(args, dtype, spec, max_num_seqs=c.max_num_seqs, weights=weights,
+                           kv=kv, **options, **rank_shape(c))
+        fit = cache[key] = Fit(plan.fits, plan.weight_bytes, plan.kv_tokens)
+    return fit
+
+
+def rank_shape(c: Candidate) -> dict:
+    """The parallel degrees a rank's memory plan takes (none until serve shards a model)."""
+    return {}

@@ -1,0 +1,134 @@
+"""One candidate served to the search's workload: serve's own deployment, workload and metrics.
+
+A candidate is evaluated exactly as `perfcounter serve` would serve it (`serve_command`
+prints that command line): `serve.deployment(...)` with the candidate's precision, storage,
+engine limits and parallel degrees, `serve.synthetic(...)` with the search's workload (one
+rate, --qps), `serve.serve(...)` with the SLO. Its figures:
+
+    goodput_per_gpu      request_goodput / GPUs: requests a second meeting every SLO target
+                         at the workload's rate (vLLM's goodput), per GPU
+    output_throughput_per_gpu   output tokens a second / GPUs (AIConfigurator's tokens/s/gpu)
+    usd_per_1m_output_tokens    the GPUs' price an hour (each at the pool's price a GPU-hour)
+                                x duration / output tokens x 1e6 (serve's, at that price)
+    j_per_output_token          serve's energy over the run / output tokens
+
+Goodput is measured at the workload's rate, not searched for the highest rate meeting the
+SLO (serve's find_max_qps simulates ~11 rates a deployment): a search ranks deployments on
+the traffic given, and one that meets the SLO on fewer GPUs ranks higher per GPU.
+"""
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+
+from perfcounter.plan.candidates import Candidate
+from perfcounter.serve.api import deployment, serve
+from perfcounter.serve.workload import synthetic
+
+FIGURES = ("request_goodput", "slo_met_fraction", "request_throughput", "output_throughput",
+           "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "mean_batch_size",
+           "preemptions", "overloaded", "j_per_output_token", "usd_per_1m_output_tokens")
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every candidate of one search shares: the model, the engine settings, the
+    workload (serve's flags) and the SLO."""
+
+    model: str
+    execution: str = "cudagraphs"
+    gpu_memory_utilization: float = 0.9
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    qps: float = 1.0
+    num_requests: int = 200
+    prompt_length: str = "512"
+    max_new_tokens: str = "128"
+    burstiness: float = 1.0
+    seed: int = 0
+    slo: str = "ttft=1s,tpot=50ms"
+    prices: tuple = ()  # (kind, $ a GPU-hour or None): the pool's (pool.DeviceKind)
+
+
+PARALLEL = False  # serve places a model on many GPUs (TP, PP, DP, EP, disaggregated pools)
+
+
+def parallel_kwargs(c: Candidate) -> dict:
+    """The keywords of serve.deployment that place `c` on more than one GPU (none for one)."""
+    return {}
+
+
+def parallel_flags(c: Candidate) -> list[str]:
+    """The `perfcounter serve` flags of parallel_kwargs(c)."""
+    return []
+
+
+def deployment_kwargs(c: Candidate, job: Job) -> dict:
+    """serve.deployment's keywords for `c` (the same a serve command line gives)."""
+    return {"precision": c.dtype, "quantize": c.quantization, "kv_dtype": c.kv_cache_dtype,
+            "gpu_memory_utilization": job.gpu_memory_utilization,
+            "block_size": job.block_size, "max_num_batched_tokens": job.max_num_batched_tokens,
+            "max_num_seqs": c.max_num_seqs, "execution": job.execution,
+            "usd_per_hour": usd_per_hour(c, job), **parallel_kwargs(c)}
+
+
+def usd_per_hour(c: Candidate, job: Job) -> float | None:
+    """The price an hour of `c`'s GPUs at the pool's price a GPU-hour of each kind (None
+    when a kind it uses has none)."""
+    price = dict(job.prices)
+    if not c.disaggregated:
+        each = price.get(c.device)
+        return None if each is None else each * c.num_gpus
+    p, d = price.get(c.device), price.get(c.decode_device)
+    if p is None or d is None:
+        return None
+    return c.gpus_per_instance * (p * c.num_prefill_instances + d * c.num_decode_instances)
+
+
+def workload(job: Job, block_size: int | None = None):
+    """The search's workload as serve's command line draws it (serve/command.py)."""
+    return synthetic(job.num_requests, job.prompt_length, job.max_new_tokens, qps=job.qps,
+                     burstiness=job.burstiness, seed=job.seed, prefix_hit_rate=0.0,
+                     block_size=job.block_size if block_size is None else block_size)
+
+
+def evaluate(c: Candidate, job: Job) -> dict:
+    """`c` served to the job's workload: FIGURES from serve's metrics and the per-GPU ones
+    (module doc), as plain data."""
+    dep = deployment(job.model, c.device, **deployment_kwargs(c, job))
+    m = serve(dep, workload(job), slo=job.slo).metrics
+    out = {k: m.get(k) for k in FIGURES}
+    gpus = c.num_gpus
+    out["goodput_per_gpu"] = None if m.get("request_goodput") is None \
+        else m["request_goodput"] / gpus
+    out["output_throughput_per_gpu"] = m["output_throughput"] / gpus
+    out["usd_per_hour"] = dep.usd_per_hour
+    out["kv_cache_tokens"] = dep.plan.kv_tokens
+    for k, v in out.items():  # JSON holds no NaN: a figure without a value is None
+        if isinstance(v, float) and not math.isfinite(v):
+            out[k] = None
+    return out
+
+
+def serve_command(c: Candidate, job: Job) -> str:
+    """The `perfcounter serve` command line that serves `c` to the job's workload."""
+    argv = ["perfcounter", "serve", "--model", job.model, "--device_spec", c.device,
+            "--precision", c.dtype]
+    if c.quantization is not None:
+        argv += ["--quantize", c.quantization]
+    if c.kv_cache_dtype is not None:
+        argv += ["--kv_dtype", c.kv_cache_dtype]
+    argv += parallel_flags(c)
+    argv += ["--max_num_seqs", str(c.max_num_seqs),
+             "--max_num_batched_tokens", str(job.max_num_batched_tokens),
+             "--gpu_memory_utilization", f"{job.gpu_memory_utilization:g}",
+             "--block_size", str(job.block_size)]
+    argv += ["--bound"] if job.execution == "bound" else ["--execution", job.execution]
+    argv += ["--qps", repr(job.qps), "--num_requests", str(job.num_requests),
+             "--prompt_length", job.prompt_length, "--max_new_tokens", job.max_new_tokens,
+             "--burstiness", repr(job.burstiness), "--seed", str(job.seed), "--slo", job.slo]
+    price = usd_per_hour(c, job)
+    if price is not None:  # the candidate's GPUs, each at the pool's price
+        argv += ["--usd_per_hour", repr(price)]
+    return shlex.join(argv)

@@ -1,0 +1,66 @@
+"""A search's result as text: its inputs, how many candidates ran, the front, the choice."""
+from __future__ import annotations
+
+from perfcounter.format import format_table
+from perfcounter.plan.candidates import Candidate
+
+HEADER = ("#", "devices", "weights", "KV", "TP", "PP", "DP", "EP", "seqs", "GPUs",
+          "tok/s/GPU", "TPOT ms", "p99 TTFT ms", "goodput/GPU", "SLO met", "$/1M tok", "J/tok")
+
+
+def _num(value, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}g}"
+
+
+def where(c: Candidate) -> str:
+    """'h100-sxm', or 'h100-sxm 2P -> a100-sxm4-80gb 6D' for a disaggregated one."""
+    if not c.disaggregated:
+        return c.device
+    return f"{c.device} {c.num_prefill_instances}P -> {c.decode_device} {c.num_decode_instances}D"
+
+
+def row(i: int, c: Candidate, f: dict) -> tuple:
+    return (i, where(c), c.quantization or c.dtype, c.kv_cache_dtype or "-",
+            c.tensor_parallel_size, c.pipeline_parallel_size,
+            "-" if c.disaggregated else c.data_parallel_size,
+            "yes" if c.enable_expert_parallel else "-", c.max_num_seqs, c.num_gpus,
+            _num(f.get("output_throughput_per_gpu"), 4), _num(f.get("median_tpot_ms")),
+            _num(f.get("p99_ttft_ms")), _num(f.get("goodput_per_gpu")),
+            "-" if f.get("slo_met_fraction") is None else f"{f['slo_met_fraction']:.0%}",
+            _num(f.get("usd_per_1m_output_tokens")), _num(f.get("j_per_output_token")))
+
+
+def plan_text(result) -> str:
+    """The text `perfcounter plan` prints (search.PlanResult)."""
+    job = result.job
+    pool = ", ".join(f"{k.count} x {k.name} (" + ("no price listed" if k.usd_per_hour is None
+                                                  else f"${k.usd_per_hour:g} a GPU-hour") + ")"
+                     for k in result.kinds)
+    errors = sum(1 for f in result.figures if f is not None and "error" in f)
+    runner = {"serial": "in this process", "processes": "on a process pool",
+              "ray": "on Ray"}[result.backend]
+    lines = [f"plan: {job.model} on {pool}",
+             f"workload: {job.qps:g} requests/s, {job.num_requests} requests, prompt "
+             f"{job.prompt_length}, output {job.max_new_tokens} tokens; SLO {job.slo} for "
+             f"{result.slo_attainment:.0%} of requests; steps {job.execution}",
+             f"candidates: {len(result.candidates)} enumerated, "
+             f"{len(result.candidates) - result.simulated} left out (no KV cache fits a rank), "
+             f"{result.simulated} simulated {runner}"
+             + (f", {errors} refused by serve (their error in the JSON)" if errors else "")]
+    lines.append("")
+    lines.append("Pareto front (output tokens/s per GPU against median TPOT):")
+    front = [row(i, result.candidates[i], result.figures[i]) for i in result.front]
+    lines.append(format_table(front, HEADER, rule=True) if front else "  (no candidate ran "
+                 "without overload)")
+    lines.append("")
+    if result.recommended is None:
+        lines.append(f"recommended: none; no candidate meets {job.slo} for "
+                     f"{result.slo_attainment:.0%} of requests at {job.qps:g} requests/s")
+    else:
+        i = result.recommended
+        lines.append(f"recommended (the highest goodput per GPU meeting the SLO): #{i}")
+        lines.append(format_table([row(i, result.candidates[i], result.figures[i])], HEADER,
+                                  rule=True))
+        lines.append("reproduce it:")
+        lines.append(f"  {result.commands[i]}")
+    return "\n".join(lines)

@@ -1,0 +1,197 @@
+"""The deployment search (perfcounter/plan/): the pool, the enumeration counted by hand, the
+memory fit, the front and the recommendation on figures made by hand, bad input in one line."""
+import json
+
+import pytest
+import torch
+
+from perfcounter.cli.main import main
+from perfcounter.models.args import ModelArgs
+from perfcounter.plan import PlanError, Space, enumerate_candidates, parse_devices, plan
+from perfcounter.plan.candidates import Candidate, default_quantizations, memory_fit
+from perfcounter.plan.front import pareto_front, recommend
+from perfcounter.serve import cache_clear, cache_info
+
+# 4 layers, 8 heads of 8, 8 KV heads: TP 1, 2, 4, 8 divide the heads
+TOY = ModelArgs(block_size=1024, vocab_size=64, n_layer=4, n_head=8, n_local_heads=8, dim=64,
+                intermediate_size=128)
+TINY = {"block_size": 1024, "vocab_size": 64, "n_layer": 2, "n_head": 4, "n_local_heads": 2,
+        "dim": 32, "intermediate_size": 64}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plan") / "tiny.json"
+    path.write_text(json.dumps(TINY))
+    return str(path)
+
+
+def test_a_pool_of_two_kinds_and_their_prices():
+    kinds = parse_devices("h100:8, a100-sxm4-80gb:4")
+    assert [(k.name, k.count) for k in kinds] == [("h100-sxm", 8), ("a100-sxm4-80gb", 4)]
+    # device_specs/nvidia.yaml: p5.48xlarge $55.04 / 8 = $6.88; p4de.24xlarge $27.44705 / 8
+    assert [k.usd_per_hour for k in kinds] == [6.88, 3.4309]
+    assert "p5.48xlarge" in kinds[0].usd_source
+    given = parse_devices("h100-sxm:2", usd_per_hour=2.5)
+    assert (given[0].usd_per_hour, given[0].usd_source) == (2.5, "--usd_per_hour")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("h100-sxm", "expected KIND:COUNT"),
+    ("h100-sxm:0", "a count >= 1"),
+    ("h100-sxm:two", "a count >= 1"),
+    ("", "expected KIND:COUNT"),
+    ("h100-sxm:8,", "expected KIND:COUNT"),
+    ("h10:8", "h100"),  # the registry's "did you mean"
+    ("h100-sxm:2,h100:2", "h100-sxm is named twice"),
+])
+def test_bad_pools(text, expected):
+    with pytest.raises(PlanError) as e:
+        parse_devices(text)
+    assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+def _triples(cands):
+    return sorted((c.tensor_parallel_size, c.pipeline_parallel_size, c.data_parallel_size)
+                  for c in cands)
+
+
+def test_enumeration_counted_by_hand():
+    pool = parse_devices("h100-sxm:4")
+    one = Space(quantizations=(None,), kv_cache_dtypes=(None,), max_num_seqs=(16,),
+                disaggregated=False)
+    cands = enumerate_candidates(TOY, pool, "bfloat16", one)
+    # TP x PP x DP <= 4 GPUs, powers of two: TP 1: PP 1 (DP 1, 2, 4), PP 2 (DP 1, 2), PP 4
+    # (DP 1); TP 2: PP 1 (DP 1, 2), PP 2 (DP 1); TP 4: PP 1, DP 1 -> 3 + 2 + 1 + 2 + 1 + 1 = 10
+    assert _triples(cands) == [(1, 1, 1), (1, 1, 2), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 4, 1),
+                               (2, 1, 1), (2, 1, 2), (2, 2, 1), (4, 1, 1)]
+    assert {c.num_gpus for c in cands} <= {1, 2, 4}
+    # x 2 weights x 2 KV x 3 batch limits = 10 x 12 = 120
+    wide = Space(quantizations=(None, "int8"), kv_cache_dtypes=(None, "fp8"),
+                 max_num_seqs=(8, 16, 32), disaggregated=False)
+    assert len(enumerate_candidates(TOY, pool, "bfloat16", wide)) == 120
+    assert len(enumerate_candidates(TOY, pool, "bfloat16",
+                                    Space((None,), (None,), (16,), parallel=False,
+                                          disaggregated=False))) == 1
+
+
+def test_disaggregated_ratios_counted_by_hand():
+    pool = parse_devices("h100-sxm:4")
+    space = Space(quantizations=(None,), kv_cache_dtypes=(None,), max_num_seqs=(16,))
+    disagg = [c for c in enumerate_candidates(TOY, pool, "bfloat16", space) if c.disaggregated]
+    # instances of 1 GPU: 2 instances 1P:1D, 4 instances 1:3, 2:2, 3:1; of 2 GPUs (TP 2 or
+    # PP 2): 2 instances, 1:1 each; of 4 GPUs: one instance, no P:D -> 4 + 1 + 1 = 6
+    got = sorted((c.tensor_parallel_size, c.pipeline_parallel_size, c.num_prefill_instances,
+                  c.num_decode_instances) for c in disagg)
+    assert got == [(1, 1, 1, 1), (1, 1, 1, 3), (1, 1, 2, 2), (1, 1, 3, 1), (1, 2, 1, 1),
+                   (2, 1, 1, 1)]
+    assert [c.num_gpus for c in disagg if c.num_prefill_instances == 3] == [4]
+    two = parse_devices("h100-sxm:2,a100-sxm4-80gb:2")
+    cross = [c for c in enumerate_candidates(TOY, two, "bfloat16", space)
+             if c.disaggregated and c.device != c.decode_device]
+    # H100 -> A100 and A100 -> H100; per instance of 1 GPU P, D in {1, 2}: 4 ratios, of 2
+    # GPUs (TP 2 or PP 2): 1:1 -> (4 + 1 + 1) x 2 directions = 12
+    assert len(cross) == 12
+
+
+def test_expert_parallel_only_for_experts_over_several_ranks():
+    moe = ModelArgs(block_size=1024, vocab_size=64, n_layer=4, n_head=8, n_local_heads=8,
+                    dim=64, intermediate_size=128, num_experts=4, num_activated_experts=2)
+    space = Space(quantizations=(None,), kv_cache_dtypes=(None,), max_num_seqs=(16,),
+                  disaggregated=False)
+    pool = parse_devices("h100-sxm:4")
+    cands = enumerate_candidates(moe, pool, "bfloat16", space)
+    # of the 10 (TP, PP, DP) above, TP x DP > 1 in 7: (1,1,2) (1,1,4) (1,2,2) (2,1,1) (2,1,2)
+    # (2,2,1) (4,1,1) -> 10 + 7 = 17
+    assert len(cands) == 17
+    assert all(c.tensor_parallel_size * c.data_parallel_size > 1
+               for c in cands if c.enable_expert_parallel)
+    assert not any(c.enable_expert_parallel for c in enumerate_candidates(TOY, pool, "bfloat16",
+                                                                            space))
+
+
+def test_fp8_weights_only_where_the_device_has_an_fp8_peak():
+    space = Space(quantizations=(None, "fp8"), kv_cache_dtypes=(None,), max_num_seqs=(16,),
+                  parallel=False, disaggregated=False)
+    cands = enumerate_candidates(TOY, parse_devices("h100-sxm:1,a100-sxm4-80gb:1"),
+                                 "bfloat16", space)
+    # the A100 lists no float8 peak (device_specs/nvidia.yaml)
+    assert [(c.device, c.quantization) for c in cands] == [
+        ("h100-sxm", None), ("h100-sxm", "fp8"), ("a100-sxm4-80gb", None)]
+
+
+def test_default_int4_is_the_largest_group_dividing_every_linear():
+    assert default_quantizations(TOY, torch.bfloat16)[-1] == "int4-64"  # dim 64: not 128
+    llama = ModelArgs.from_name("llama-3.1-70b")
+    assert default_quantizations(llama, torch.bfloat16) == (None, "fp8", "int8", "int4-128")
+
+
+def test_memory_fit_of_llama_70b_on_one_h100():
+    llama = ModelArgs.from_name("llama-3.1-70b")
+    spec = parse_devices("h100-sxm:1")[0].spec
+    c = Candidate("h100-sxm", "bfloat16", None, None, 1, 1, 1, False, 64)
+    fit = memory_fit(llama, torch.bfloat16, c, spec, cache={})
+    # 70.55e9 parameters x 2 B = 141.1 GB > 0.9 x 80 GB = 72 GB usable
+    assert not fit.fits and fit.weight_bytes == pytest.approx(141.1e9, rel=1e-3)
+    q4 = Candidate("h100-sxm", "bfloat16", "int4-128", None, 1, 1, 1, False, 64)
+    # int4 with a bf16 scale and zero point per 128 weights: 4.25 bits a weight of the
+    # linears, ~39 GB with the bf16 embedding: room for a KV cache
+    assert memory_fit(llama, torch.bfloat16, q4, spec, cache={}).fits
+
+
+def fig(tput, tpot, met=1.0, goodput=1.0, usd=1.0, j=1.0, **kw):
+    return {"output_throughput_per_gpu": tput, "median_tpot_ms": tpot, "slo_met_fraction": met,
+            "goodput_per_gpu": goodput, "usd_per_1m_output_tokens": usd,
+            "j_per_output_token": j, "overloaded": False, **kw}
+
+
+def test_pareto_front_by_hand():
+    figures = [fig(100, 20), fig(300, 40), fig(200, 50),  # 2 is dominated by 1
+               fig(300, 45), fig(500, 80), {"error": "refused"},
+               fig(900, 10, overloaded=True), fig(50, 5)]
+    # by TPOT: 7 (5 ms, 50) front; 0 (20 ms, 100) front; 1 (40, 300) front; 3 (45, 300) not
+    # higher; 2 (50, 200) no; 4 (80, 500) front; the overloaded and refused ones are off it
+    assert pareto_front(figures) == [7, 0, 1, 4]
+
+
+def test_recommendation_and_its_ties():
+    figures = [fig(1, 1, met=0.85, goodput=9.0),  # misses 90 % of requests
+               fig(1, 1, goodput=2.0, usd=3.0), fig(1, 1, goodput=2.0, usd=2.0, j=5.0),
+               fig(1, 1, goodput=2.0, usd=2.0, j=4.0), fig(1, 1, goodput=2.0, usd=2.0, j=4.0)]
+    # highest goodput per GPU meeting the SLO: 1-4 tie at 2.0; lower $: 2-4; lower J: 3, 4;
+    # fewer GPUs: 4 (2 GPUs against 3's 4)
+    assert recommend(figures, [1, 1, 1, 4, 2]) == 4
+    assert recommend(figures, [1, 1, 1, 4, 2], attainment=0.8) == 0
+    assert recommend([fig(1, 1, met=0.5)], [1]) is None
+
+
+def plan_cli(*argv):
+    return main(argv=["plan", *map(str, argv)])
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--devices", "h100-sxm:8"], "--qps"),
+    (["--devices", "h100-sxm", "--qps", 1], "expected KIND:COUNT"),
+    (["--devices", "h999:8", "--qps", 1], "h999"),
+    (["--devices", "h100-sxm:8", "--qps", 1, "--slo", "ttft=1"], "a unit is required"),
+    (["--devices", "h100-sxm:8", "--qps", 0], "--qps 0"),
+    (["--devices", "h100-sxm:8", "--qps", 1, "--quantize", "int3"], "int3"),
+    (["--devices", "h100-sxm:8", "--qps", 1, "--max_num_seqs", "8,x"], "--max_num_seqs"),
+    (["--devices", "h100-sxm:8", "--qps", 1, "--prompt_length", "uniform:9-3"], "uniform:LO-HI"),
+    (["--devices", "h100-sxm:8", "--qps", 1, "--prompt_length", 2000], "context of 1024"),
+    (["--devices", "h100-sxm:8", "--qps", 1, "--ray", "--workers", 2], "give one of them"),
+])
+def test_bad_input_one_line_before_any_counting(capsys, tiny, argv, expected):
+    if "--slo" not in argv:
+        argv = [*argv, "--slo", "ttft=1s,tpot=50ms"]
+    cache_clear()
+    code = plan_cli("--model", tiny, *argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("perfcounter plan: error: ") and "\n" not in err, err
+    assert expected in err
+    assert cache_info().counts == 0  # refused before any step table was counted
+
+
+def test_a_search_needs_an_slo(tiny):
+    with pytest.raises(PlanError, match="--slo"):
+        plan(tiny, "h100-sxm:1", slo=None, qps=1)
