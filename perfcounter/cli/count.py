@@ -14,8 +14,8 @@ import functools
 import json
 import sys
 
-from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output,
-                                   config_of, precision_of, refuse)
+from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output, add_parallel_flags,
+                                   config_of, parallel_of, precision_of, refuse)
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.devices.calibrate import measurable_device
@@ -23,12 +23,13 @@ from perfcounter.devices.spec import EXECUTIONS
 from perfcounter.format import si
 from perfcounter.generation.config_only import count_config, resolve_config
 from perfcounter.models.args import ModelArgs, UnknownModelError
+from perfcounter.parallel import check_links, fit_line, shard
 from perfcounter.pricing.op_bench import op_bench
 from perfcounter.quant import quantize as quantization
 from perfcounter.quant.gguf_types import FILE_TYPES, check_file_type, stored_bytes
 from perfcounter.report.plots import check_outputs, source_name, write_outputs
 from perfcounter.report.profile import ATTRS, format_profile
-from perfcounter.serve.memory import weight_bytes
+from perfcounter.serve.memory import kv_bytes_per_token, weight_bytes
 
 
 def count_from_flags(args):
@@ -40,6 +41,9 @@ def count_from_flags(args):
     dtype = PRECISIONS[args.precision]
     spec = get_device_spec(args.device_spec, dtype=dtype) if args.device_spec else None
     model = config_of(args.model)
+    parallel = parallel_of(args)  # sizes checked before any work
+    if parallel.sharded or parallel.enable_expert_parallel:  # one rank of our model
+        model = one_rank(args, model, parallel, spec)
     try:
         counter = count_config(model, batch_size=args.batch_size,
                                prompt_length=args.prompt_length, new_tokens=args.max_new_tokens,
@@ -55,12 +59,27 @@ def count_from_flags(args):
         counter.device_spec = default_device_spec(dtype)
     counter.execution = args.execution  # the program its predictions price (no run measured)
     routing = counter.mode.expert_load
+    ours = model if isinstance(model, ModelArgs) else None
+    if ours is None and not str(model).endswith(".gguf"):
+        ours = resolve_config(model)
+    priced = ours if isinstance(ours, ModelArgs) else None
     # what was counted: on stderr when stdout carries JSON, so that stdout parses as JSON
     say = functools.partial(print, file=sys.stderr if getattr(args, "json", False) else sys.stdout)
     say(f"{args.model}: counted with no weights (FakeTensorMode), batch {args.batch_size}, "
           f"prompt {args.prompt_length} tokens, {args.max_new_tokens} new tokens, "
           f"{args.precision}; attention masks as the attention modules say (causal, sliding "
           f"window); MoE routing {routing}")
+    if parallel.gpus > 1:
+        say(f"{parallel.label()}: one rank counted, {parallel.ranks} GPU(s) a replica "
+            f"({parallel.gpus} in all): its sharded shapes and its collectives' records")
+    if priced is not None:  # one line when a rank's weights and KV exceed the device
+        kv = kv_bytes_per_token(priced, dtype, quant["kv_dtype"]) * args.batch_size \
+            * (args.prompt_length + args.max_new_tokens)
+        line = fit_line(str(args.model), counter.device_spec.name,
+                        weight_bytes(priced, dtype, quant["quantize"]), kv,
+                        counter.device_spec.vram, parallel)
+        if line:
+            say(line)
     if getattr(args, "gguf_type", None):
         ours, file_type = resolve_config(model), check_file_type(args.gguf_type)
         size = si(sum(stored_bytes(ours, file_type).values()), "B")
@@ -77,6 +96,25 @@ def count_from_flags(args):
                                      if quant["quantize"] and quant["quantize"].kind == "fp8"
                                      else ""))
     return counter
+
+
+def one_rank(args, model, parallel, spec) -> ModelArgs:
+    """One rank's args of our model under `parallel` (perfcounter/parallel), refused in one
+    line before any counting where it cannot be sharded here (transformers' models, GGUF
+    files and types) or its device has no link."""
+    refuse(args, {f: "perfcounter shards its own model; drop it, or the parallel sizes"
+                  for f in ("--hf", "--gguf_type", "--price_as")})
+    ours = resolve_config(model)
+    if not isinstance(ours, ModelArgs) or str(model).endswith(".gguf"):
+        raise ValueError(f"--model {args.model}: perfcounter shards its own model (a preset, "
+                         f"our config.json); this is transformers' or a GGUF's")
+    _, rank = shard(ours, str(args.model), tensor_parallel_size=parallel.tensor_parallel_size,
+                    pipeline_parallel_size=parallel.pipeline_parallel_size,
+                    data_parallel_size=parallel.data_parallel_size,
+                    enable_expert_parallel=parallel.enable_expert_parallel,
+                    expert_load=args.expert_load not in (None, "balanced"))
+    check_links(spec or default_device_spec(PRECISIONS[args.precision]), parallel)
+    return rank
 
 
 def _save(args, counter, log=print) -> None:
@@ -118,7 +156,9 @@ def _count(args) -> int:
 # the flags that count a model: what `profile --counts` (a saved count) cannot honour
 COUNTING = ("--prompt_length", "--max_new_tokens", "--batch_size", "--precision", "--execution",
             "--device_spec", "--quantize", "--weight_dtype", "--group_size", "--kv_dtype", "--hf",
-            "--cache", "--expert_load", "--io_model", "--depth", "--price_as", "--gguf_type")
+            "--cache", "--expert_load", "--io_model", "--depth", "--price_as", "--gguf_type",
+            "--tensor_parallel_size", "--pipeline_parallel_size", "--data_parallel_size",
+            "--enable_expert_parallel")
 
 
 def _profile(args) -> int:
@@ -153,6 +193,7 @@ def _profile(args) -> int:
 def add_count_flags(p, executions=EXECUTIONS) -> None:
     """The model and run flags (predictions priced as `executions` allow), count_config's own."""
     add_model_flags(p, executions=executions)
+    add_parallel_flags(p)
     g = p.add_argument_group("counting")
     g.add_argument("--hf", action="store_true",
                    help="transformers' model for a preset too (Llama, Mistral, Qwen2, Mixtral)")

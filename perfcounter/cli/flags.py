@@ -61,6 +61,7 @@ import torch
 from perfcounter._util import check_writable_target, did_you_mean
 from perfcounter.cli.model_flag import ACCEPTED, config_of, model_source  # noqa: F401 config_of
 from perfcounter.generation.run import GenerateArgumentError
+from perfcounter.parallel import ParallelConfig
 
 PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 PRECISION_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16",
@@ -342,6 +343,29 @@ def add_model_flags(parser, *, lists: bool = False, lengths: str = "tokens",
     for old in ("--config", "--checkpoint_path"):
         add_deprecated(g, old, "--model", dest=old[2:] if legacy_paths else "model",
                        default=None if legacy_paths else argparse.SUPPRESS)
+
+
+PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+            "enable_expert_parallel")
+
+
+def add_parallel_flags(parser) -> None:
+    """vLLM's parallel flags (perfcounter/parallel): one rank of the sharded model is counted
+    and priced; the sizes are checked before any work (one line, exit code 2)."""
+    g = parser.add_argument_group("parallelism (vLLM's flags; perfcounter/parallel)")
+    g.add_argument("--tensor_parallel_size", "--tp", type=int, default=1, help="GPUs each layer "
+                   "is split over (column/row-parallel linears, heads and vocabulary split)")
+    g.add_argument("--pipeline_parallel_size", "--pp", type=int, default=1,
+                   help="pipeline stages, each holding consecutive layers")
+    g.add_argument("--data_parallel_size", "--dp", type=int, default=1,
+                   help="replicas of the model, each serving its share of the requests")
+    g.add_argument("--enable_expert_parallel", action="store_true",
+                   help="a mixture of experts' experts split over the TP x DP ranks")
+
+
+def parallel_of(args) -> ParallelConfig:
+    """The ParallelConfig of add_parallel_flags' flags (checked: ParallelError)."""
+    return ParallelConfig(*(getattr(args, name) for name in PARALLEL))
 
 
 def generate_keywords(args) -> dict:

@@ -1,0 +1,67 @@
+"""vLLM's parallel flags on the command line: --tensor_parallel_size 1 changes nothing, a rank
+is counted from its sharded shapes, a model that does not fit is said in one line, bad sizes
+are refused in one line (exit code 2) before any counting."""
+import json
+
+import pytest
+
+from perfcounter.cli.main import main
+
+SMALL = ["count", "--model", "smollm2-135m", "--prompt_length", "8", "--max_new_tokens", "2",
+         "--device_spec", "h100-sxm"]
+
+
+def _without_wall_time(d):
+    """The counter's own wall time of counting (overhead_s) differs from run to run."""
+    if isinstance(d, dict):
+        return {k: _without_wall_time(v) for k, v in d.items() if k != "overhead_s"}
+    if isinstance(d, list):
+        return [_without_wall_time(v) for v in d]
+    return d
+
+
+def _json(capsys, argv):
+    assert main(argv=argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_tensor_parallel_size_1_is_byte_identical(capsys):
+    base = _json(capsys, [*SMALL, "--json"])
+    for extra in (["--tensor_parallel_size", "1"], ["--tp", "1", "--pp", "1", "--dp", "1"]):
+        one = _json(capsys, [*SMALL, "--json", *extra])
+        assert json.dumps(_without_wall_time(one), sort_keys=True) == \
+            json.dumps(_without_wall_time(base), sort_keys=True)
+
+
+def test_a_rank_is_counted_with_its_collectives(capsys):
+    base = _json(capsys, [*SMALL, "--json"])
+    three = _json(capsys, [*SMALL, "--json", "--tp", "3"])  # 9 heads, 3 KV heads, 1536 / 3
+    text = json.dumps(three)
+    assert "perfcounter.all_reduce.default" in text and "perfcounter.all_gather.default" in text
+    assert "perfcounter.all_reduce" not in json.dumps(base)
+
+
+def test_a_model_that_does_not_fit_is_said_in_one_line(capsys):
+    argv = ["count", "--model", "llama-3.1-70b", "--prompt_length", "8", "--max_new_tokens", "2",
+            "--device_spec", "h100-sxm"]
+    assert main(argv=argv) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "does not fit" in ln]
+    # 70,553,706,496 params x 2 B = 141.11 GB of weights on an 80 GB part
+    assert lines == ["llama-3.1-70b does not fit on h100-sxm: weights 141.11 GB + KV cache "
+                     "0.00 GB > 80.00 GB of memory; --tensor_parallel_size shards it"]
+    assert main(argv=[*argv, "--tp", "2"]) == 0  # 70.56 GB a rank: fits
+    out = capsys.readouterr().out
+    assert "does not fit" not in out and "TP2: one rank counted" in out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--tp", "2"], "--tensor_parallel_size 2 does not divide the 9 attention heads"),
+    (["--enable_expert_parallel"], "--enable_expert_parallel: smollm2-135m is dense"),
+    (["--tp", "0"], "--tensor_parallel_size 0: expected an integer >= 1"),
+    (["--tp", "3", "--device_spec", "generic-cpu"], "has no link to another device"),
+    (["--tp", "3", "--hf"], "--hf: perfcounter shards its own model"),
+])
+def test_bad_parallel_flags_are_one_line_exit_2(capsys, extra, message):
+    assert main(argv=[*SMALL, *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
