@@ -80,20 +80,22 @@ def test_kv_bytes_per_token_and_capacity_by_hand():
     # 70,553,706,496 parameters x 2 B = 141.1 GB > 80 GB x 0.9: it does not fit
     assert plan.weight_bytes == 141_107_412_992 and not plan.fits
     big = memory_plan(args, torch.bfloat16, spec, device_bytes=400e9)
-    # 400 GB x 0.9 = 360 GB - 141,107,412,992 weights - 1,775,501,312 workspace
-    # (8,192 x (4 x 8,192 + 8,192 + 2 x 1,024 + 2 x 28,672) x 2 B + 256 x 128,256 x 4 B)
-    # = 217,117,085,696 B / (16 x 327,680 = 5,242,880) = 41,411.8 -> 41,411 blocks, 662,576 tokens
-    assert big.workspace_bytes == 1_775_501_312
-    assert big.kv_blocks == 41_411 and big.kv_tokens == 662_576
-    # a 4,096-token context holds 256 blocks: 41,411 // 256 = 161 sequences; 64 sequences
-    # could hold 41,411 // 64 x 16 = 10,352 tokens each, beyond the model's 8,192
+    # 400 GB x 0.9 = 360 GB - 141,107,412,992 weights - 1,674,838,016 workspace
+    # (8,192 x (8,192 + max(2 x 8,192 + 2 x 1,024, 3 x 28,672)) x 2 B + 256 x 128,256 x 4 B
+    # = 1,543,503,872 + 131,334,144) = 217,217,748,992 B / (16 x 327,680 = 5,242,880)
+    # = 41,430.99 -> 41,430 blocks, 662,880 tokens
+    assert big.workspace_bytes == 1_674_838_016
+    assert big.kv_blocks == 41_430 and big.kv_tokens == 662_880
+    # a 4,096-token context holds 256 blocks: 41,430 // 256 = 161 sequences; 64 sequences
+    # could hold 41,430 // 64 x 16 = 10,352 tokens each, beyond the model's 8,192
     assert big.max_batch(4096) == 161 and big.max_context(64) == 8192
 
 
 def test_capacity_of_the_tiny_model_on_80_gb(dep):
-    # 80e9 x 0.9 = 72e9 - 22,688 params x 2 B - workspace 512 x (4 x 32 + 32 + 32 + 128) x 2 B
-    # - 64 x 64 x 4 B = 72e9 - 45,376 - 327,680 - 16,384; KV 2 x 2 x 2 x 8 x 2 B = 128 B a token
-    kv = 72e9 - 45_376 - 327_680 - 16_384
+    # 80e9 x 0.9 = 72e9 - 22,688 params x 2 B - workspace 512 x (32 + max(2 x 32 + 2 x 16,
+    # 3 x 64)) x 2 B - 64 x 64 x 4 B = 72e9 - 45,376 - 229,376 - 16,384; KV 2 x 2 x 2 x 8 x
+    # 2 B = 128 B a token
+    kv = 72e9 - 45_376 - 229_376 - 16_384
     assert dep.plan.kv_bytes_per_token == 128
     assert dep.plan.kv_blocks == int(kv // (16 * 128))
 

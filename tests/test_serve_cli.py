@@ -1,11 +1,12 @@
-"""`perfcounter serve` (command.run): bad input in one line with exit code 2, outputs, views."""
+"""`perfcounter serve` (cli/serve.py): bad input in one line with exit code 2, outputs, views."""
 import csv
 import json
 
 import pytest
 
 from perfcounter.cli.main import build_parser, main
-from perfcounter.serve import cache_clear, cache_info, command
+from perfcounter.cli import serve as command
+from perfcounter.serve import cache_clear, cache_info
 
 TINY = {"block_size": 1024, "vocab_size": 64, "n_layer": 2, "n_head": 4, "n_local_heads": 2,
         "dim": 32, "intermediate_size": 64}
@@ -95,12 +96,14 @@ def test_every_deployment_is_checked_before_any_step_table(capsys, config, argv)
     assert cache_info().misses == 0
 
 
-@pytest.mark.parametrize("regime", (("--execution", "eager"), ("--compile",)))
-def test_a_regime_beside_bound_is_refused(capsys, config, regime):
-    # --bound prices no regime: an --execution given beside it (even its default) is refused
-    code = main(argv=["serve", "--model", str(config), "--qps", "5", "--bound", *regime])
-    err = one_line_error(capsys, code)
-    assert "--execution: --bound prices every deployment at the roofline bound" in err
+def test_bound_is_spelled_execution_bound(capsys, config, tmp_path):
+    # --bound is the old spelling: one note naming the new one, the same run
+    out = tmp_path / "r.json"
+    code = run("--model", config, "--qps", "5", "--num_requests", "10", "--bound",
+               "--save_path", out)
+    err = capsys.readouterr().err
+    assert code == 0 and "--bound is deprecated; use --execution bound" in err
+    assert json.loads(out.read_text())["execution"] == "bound"
 
 
 def test_a_workload_that_can_never_fit(capsys, config):
@@ -130,7 +133,9 @@ def test_one_result_and_its_files(capsys, config, tmp_path):
                "--save_path", out["json"], "--csv", out["csv"], "--trace", out["trace"])
     text = capsys.readouterr().out
     assert code == 0
-    assert "step costs: predicted, eager" in text  # the shared --execution default
+    # the first line: vLLM's profile (the default engine), CUDA graphs on an H100
+    assert text.startswith("engine: vllm (vLLM v0.10.0 defaults), cudagraphs (the engine's "
+                           "default here); steps priced predicted, cudagraphs")
     assert "Serving Benchmark Result" in text and "P99 TTFT (ms):" in text
     doc = json.loads(out["json"].read_text())
     for key in ("request_throughput", "output_throughput", "total_token_throughput",
@@ -183,7 +188,8 @@ def test_plots(capsys, config, tmp_path):
 @pytest.mark.parametrize("flags, label, execution", [
     (("--execution", "cudagraphs"), "predicted, cudagraphs", "cudagraphs"),
     (("--compile",), "predicted, compiled", "compiled"),
-    (("--bound",), "roofline bound", "bound")])
+    (("--execution", "bound"), "roofline bound", "bound"),
+    ((), "predicted, cudagraphs", "cudagraphs")])  # vLLM's default on a GPU
 def test_the_regime_is_named_in_text_and_json(capsys, config, tmp_path, flags, label, execution):
     path = tmp_path / "r.json"
     code = run("--model", config, "--qps", "20", "--num_requests", "10", "--prompt_length", "32",
@@ -208,13 +214,14 @@ PIM_FILE = """devices:
 
 
 @pytest.mark.parametrize("flags, execution, labels", [
-    ((), "eager", "predicted, eager; predicted, eager, under a placement"),  # the default
+    (("--execution", "eager"), "eager",
+     "predicted, eager; predicted, eager, under a placement"),
     (("--execution", "cudagraphs"), "cudagraphs",
      "predicted, cudagraphs; predicted, cudagraphs, under a placement"),
-    (("--bound",), "bound", "roofline bound; roofline bound under a placement")])
+    (("--execution", "bound"), "bound", "roofline bound; roofline bound under a placement")])
 def test_a_gpu_beside_a_host_and_pim_placement(capsys, config, tmp_path, flags, execution,
                                                 labels):
-    # one rule for every deployment of the table: --execution (default eager), or --bound
+    # one rule for every deployment of the table when --execution is given
     spec = write(tmp_path, "pim.yaml", PIM_FILE)
     mapping = write(tmp_path, "pim_map.yaml", f"TransformerBlock: {spec}:pim-dimms\n"
                                               f"output: {spec}:pim-dimms\n")

@@ -11,10 +11,10 @@ from perfcounter.cli.main import build_parser
 from perfcounter.models.args import ModelArgs
 from perfcounter.pricing.predict import gemv_weight
 from perfcounter.quant.quantize import SCHEME_CHOICES, WeightScheme, parse_scheme
+from perfcounter.cli import serve as command
 from perfcounter.serve import (
     cache_clear,
     cache_info,
-    command,
     deployment,
     kv_bytes_per_token,
     memory_plan,
@@ -69,12 +69,14 @@ def test_plan_holds_the_larger_kv_cache():
     bf16 = memory_plan(LLAMA3_8B, torch.bfloat16, spec)
     quant = memory_plan(LLAMA3_8B, torch.bfloat16, spec, weights=parse_scheme("int4-32"),
                         kv="int8")
-    # workspace 8,192 x (4 x 4,096 + 4,096 + 2 x 1,024 + 2 x 14,336) x 2 + 256 x 128,256 x 4
-    # = 970,194,944; bf16: (72e9 - 16,060,522,496 - 970,194,944) / (16 x 131,072) = 26,211.4
-    assert bf16.kv_blocks == 26_211
-    # int4-32 + int8 KV: (72e9 - 5,741,617,152 - 970,194,944) / (16 x 66,560) = 61,305.5
+    # workspace 8,192 x (4,096 + max(2 x 4,096 + 2 x 1,024, 3 x 14,336)) x 2 + 256 x 128,256
+    # x 4 = 903,086,080; bf16: (72e9 - 16,060,522,496 - 903,086,080) / (16 x 131,072)
+    # = 26,243.4
+    assert bf16.kv_blocks == 26_243
+    # int4-32 + int8 KV (a scale per token and head): (72e9 - 5,741,617,152 - 903,086,080)
+    # / (16 x 66,560) = 61,368.8
     assert quant.weight_bytes == 5_741_617_152 and quant.kv_bytes_per_token == 66_560
-    assert quant.kv_blocks == 61_305 and quant.kv_tokens == 980_880
+    assert quant.kv_blocks == 61_368 and quant.kv_tokens == 981_888
 
 
 @pytest.mark.parametrize("weights, kv", [("int4-32", "int8"), ("int8", "fp8")])
@@ -115,7 +117,8 @@ def test_deployment_serves_quantized_and_says_so():
     result = serve(dep, synthetic(20, 64, 8, qps=5, seed=0))
     d = result.to_dict()
     assert d["weights"] == "int4-32" and d["kv_dtype"] == "int8"
-    assert d["memory"]["kv_bytes_per_token"] == 2 * 2 * 2 * (8 + 2)  # 2 layers, 2 KV heads
+    # 2 layers x K and V x 2 KV heads x 8 x 1 B: vLLM's scales are per tensor (engines.py)
+    assert d["memory"]["kv_bytes_per_token"] == 2 * 2 * 2 * 8
     assert result.metrics["completed"] == 20
 
 
@@ -142,8 +145,9 @@ def test_cli_plan_shows_the_larger_kv_capacity(capsys, config):
                "--kv_dtype", "int8") == 0
     quant = capsys.readouterr().out
     assert "(bfloat16, weights int4-32, KV int8)" in quant
-    # KV a token: bf16 2 x 2 x 2 x 8 x 2 = 128 B; int8 2 x 2 x 2 x (8 + 2) = 80 B
-    assert "128 B a token" in plain and "80 B a token" in quant
+    # KV a token: bf16 2 x 2 x 2 x 8 x 2 = 128 B; int8 2 x 2 x 2 x 8 x 1 B = 64 B (vLLM's
+    # scales: one a layer's K and V)
+    assert "128 B a token" in plain and "64 B a token" in quant
 
     def tokens(text):
         line = next(x for x in text.splitlines() if "KV cache" in x)

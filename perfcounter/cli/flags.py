@@ -317,7 +317,8 @@ def add_model_flags(parser, *, lists: bool = False, lengths: str = "tokens",
                    help=f"the weights' and activations' dtype: {', '.join(PRECISIONS)} (or "
                         f"{', '.join(PRECISION_ALIASES)}); auto: bfloat16, float32 for weights "
                         "that run on a CPU")
-    g.add_argument("--execution", default=DEFAULTS["execution"], choices=EXECUTIONS,
+    g.add_argument("--execution", default=DEFAULTS["execution"],
+                   choices=tuple(dict.fromkeys((*EXECUTIONS, *executions))),
                    action=_Execution, priced=executions,
                    help="the program a prediction prices")
     g.add_argument("--compile", dest="execution", action=_Execution, priced=executions, nargs=0,

@@ -1,25 +1,54 @@
-"""`perfcounter serve`: a model served to a workload (perfcounter/serve/command.py runs it).
+"""`perfcounter serve`: a model served to a workload on one or more deployments.
 
     perfcounter serve --model llama-3-8b --device_spec h100-sxm --qps 10 --num_requests 1000 \\
         --prompt_length uniform:128-1024 --max_new_tokens 128 --slo ttft=200ms,tpot=50ms
+    perfcounter serve --model llama-3-8b --device_spec h100-sxm --plan
+    perfcounter serve --model llama-3-8b --device_spec h100-sxm,a100-sxm4-80gb --qps 1:40:8
+    perfcounter serve --model llama-3-8b --find_max_qps --slo ttft=200ms,tpot=50ms --engine trtllm
 
 The model and run flags are the shared ones (flags.py): --prompt_length and
 --max_new_tokens are each request's lengths, a number or a distribution; --device_spec
-takes a comma-separated list of deployments to compare. `main.py` registers `add_parser`.
+takes a comma-separated list of deployments to compare. `--engine` (vllm, trtllm, sglang;
+serve/engines.py) sets what the engine sets: the regime its steps run in (CUDA graphs on a
+GPU, eager elsewhere), admission, max_num_seqs, the token budget, host costs and the KV
+cache's scale granularity; `--execution` (bound: the roofline; eager, compiled,
+cudagraphs: perfcounter's prediction) and the scheduler flags override it. Every input is
+checked before any table is counted; bad input: one line on stderr, exit code 2.
+`main.py` registers `add_parser`.
 """
 from __future__ import annotations
 
-from perfcounter.cli.flags import add_model_flags, add_output, config_of, refuse
-from perfcounter.serve import command
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from perfcounter.cli.flags import add_deprecated, add_model_flags, add_output, config_of, given
+from perfcounter.devices import default_device_spec
+from perfcounter.quant.gguf_types import FILE_TYPES
+from perfcounter.quant.quantize import resolve_scheme
+from perfcounter.serve.api import (EXECUTIONS, deployment, find_max_qps, qps_values,
+                                   resolve_model, resolve_precision, resolve_quantization,
+                                   resolve_spec, serve)
+from perfcounter.serve.engines import ENGINES, engine_profile
+from perfcounter.serve.errors import ServeError
+from perfcounter.serve.metrics import parse_slo
+from perfcounter.serve.outputs import check_plotting, csv_text, trace_text, write_all, write_plots
+from perfcounter.serve.placement import PlacementPricer
+from perfcounter.serve.render import plan_text, result_text, table
+from perfcounter.serve.search import scaled_trace
+from perfcounter.serve.workload import (check_burstiness, check_count, check_fits_model,
+                                        check_rate, check_seed, parse_lengths, read_trace,
+                                        synthetic)
 
 
 def add_parser(sub) -> None:
     """Register `perfcounter serve` on the command's subparsers."""
     p = sub.add_parser("serve", help="a model served to a workload: TTFT / TPOT percentiles, "
                        "memory fit, J and $ per token",
-                       description=command.__doc__.split("\n\n")[0])
-    add_model_flags(p, lengths="distributions", device_list=True)
-    command.add_arguments(p)
+                       description=__doc__.split("\n\n")[0])
+    add_model_flags(p, lengths="distributions", device_list=True, executions=EXECUTIONS)
+    add_arguments(p)
     g = p.add_argument_group("output")
     add_output(g, "--csv", help="per-request times (the first result)")
     add_output(g, "--trace", help="Perfetto trace of the steps (the first result)")
@@ -28,13 +57,267 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """serve's own flags (the model and run flags and the output files are added above)."""
+    g = p.add_argument_group("deployment")
+    g.add_argument("--engine", default="vllm", choices=ENGINES,
+                   help="the serving engine whose defaults run (serve/engines.py, each figure "
+                        "with its source); --execution and the flags below override them")
+    g.add_argument("--mapping", action="append", default=None,
+                   help="a placement (as `perfcounter simulate --mapping`): its devices price "
+                        "the steps (each its share, in --execution) and hold weights and KV "
+                        "cache; repeat to compare, beside any --device_spec")
+    g.add_argument("--host", help="the host of a mapping (default: calibrated CPU, else generic-cpu)")
+    g.add_argument("--allow_unmatched", action="store_true", help="mapping keys that match nothing warn")
+    g.add_argument("--gpu_memory_utilization", type=float, default=0.9)
+    g.add_argument("--max_num_batched_tokens", type=int, default=None,
+                   help="token budget a step (default: the engine's on the device)")
+    g.add_argument("--max_num_seqs", type=int, default=None,
+                   help="sequences a step (default: the engine's on the device)")
+    g.add_argument("--block_size", type=int, default=16, help="KV cache block (tokens)")
+    g.add_argument("--step_overhead_ms", type=float, default=None,
+                   help="host time added to every step (default: the engine's)")
+    g.add_argument("--request_overhead_ms", type=float, default=None,
+                   help="host time before a request is first scheduled (default: the engine's)")
+    g.add_argument("--expert_load", default=None,
+                   help="a mixture of experts' routing: 'balanced' (default) or weights per "
+                        "expert, '4,2,1,1'")
+    g.add_argument("--gguf_type", default=None,
+                   help="a preset's weights as stored in a llama.cpp GGUF of this file type: "
+                        f"{', '.join(FILE_TYPES)} (not with --mapping)")
+    add_deprecated(g, "--bound", "--execution bound", dest="execution", nargs=0, const="bound")
+    g = p.add_argument_group("workload")
+    g.add_argument("--qps", help="rate(s): 10, a list 1,2,5 or a range START:STOP:COUNT")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps (1: Poisson)")
+    g.add_argument("--concurrency", type=int, help="closed loop: N requests always in flight")
+    g.add_argument("--num_requests", type=int, default=1000)
+    g.add_argument("--trace_file", type=Path, help="JSONL or CSV: arrival_time, prompt_tokens, "
+                                                   "output_tokens[, cached_tokens]")
+    g.add_argument("--prefix_hit_rate", type=float, default=0.0, help="prompt share a prefix cache holds")
+    g.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("measures")
+    g.add_argument("--slo", help="targets with units: ttft=200ms,tpot=50ms[,e2el=2s]")
+    g.add_argument("--slo_attainment", type=float, default=0.9,
+                   help="share of requests meeting --slo for --find_max_qps")
+    g.add_argument("--find_max_qps", action="store_true",
+                   help="the highest rate meeting --slo in steady state (serve/search.py)")
+    g.add_argument("--usd_per_hour", type=float, help="device price (else the spec's sourced one)")
+    g.add_argument("--usd_per_kwh", type=float, help="energy price")
+    g.add_argument("--plan", action="store_true", help="the memory fit only, no simulation")
+    g.add_argument("--plan_context", type=int, help="--plan: the largest batch at this context")
+    g.add_argument("--plan_batch", type=int, help="--plan: the longest context at this batch")
+
+
+def _refuse(args, flags: dict) -> None:
+    """{flag: why}: a flag given (in any spelling) that this run would ignore: refused."""
+    for flag, why in flags.items():
+        if flag.removeprefix("--") in given(args):
+            raise ServeError(f"{flag}: {why}")
+
+
+def _check(args) -> object:
+    """Everything that can be checked before any counting or simulation; the trace read."""
+    if args.model is None:
+        raise ServeError("give the model: --model PRESET or config.json")
+    _quantization(args)
+    engine_profile(args.engine)
+    if str(getattr(args, "batch_size", "1")) != "1":
+        raise ServeError("--batch_size: serve's scheduler forms the batches (--max_num_seqs)")
+    if args.plan:
+        _refuse(args, {f"--{k}": "--plan prints the memory fit and simulates nothing, so "
+                       "writes no such file" for k in ("csv", "trace", "plot", "save_path")})
+        _refuse(args, {f"--{k}": "--plan simulates no workload" for k in (
+            "qps", "concurrency", "trace_file", "find_max_qps", "slo")})
+    else:
+        _refuse(args, {"--plan_context": "only --plan reads it", "--plan_batch":
+                       "only --plan reads it"})
+    for flag in ("plan_context", "plan_batch"):
+        value = getattr(args, flag)
+        if value is not None and not 1 <= value <= 10_000_000:
+            raise ServeError(f"--{flag} {value}: expected an integer in [1, 10,000,000]")
+    if args.trace_file is not None:
+        _refuse(args, {f"--{k}": "--trace_file gives every request's arrival and lengths"
+                       for k in ("qps", "concurrency", "num_requests", "prompt_length",
+                                 "max_new_tokens", "burstiness", "seed")})
+    if args.qps is not None and args.concurrency is not None:
+        raise ServeError("give --qps or --concurrency, not both")
+    if args.find_max_qps:
+        if not args.slo:
+            raise ServeError("--find_max_qps needs --slo (e.g. ttft=200ms,tpot=50ms)")
+        _refuse(args, {"--qps": "--find_max_qps searches the rate itself",
+                       "--concurrency": "--find_max_qps searches an arrival rate; a closed "
+                                        "loop has none"})
+    else:
+        _refuse(args, {"--slo_attainment": "only --find_max_qps reads it"})
+    if not 0 < args.slo_attainment <= 1:
+        raise ServeError(f"--slo_attainment {args.slo_attainment}: expected a fraction in (0, 1]")
+    if args.slo:
+        parse_slo(args.slo)
+    check_burstiness(args.burstiness)
+    check_seed(args.seed)
+    check_count(args.num_requests)
+    if args.concurrency is not None and not 1 <= args.concurrency <= args.num_requests:
+        raise ServeError(f"--concurrency {args.concurrency}: expected an integer in "
+                         f"[1, --num_requests {args.num_requests:,}]")
+    if args.qps is not None:
+        for q in qps_values(args.qps):
+            check_rate(q, args.num_requests)
+    # --plan reads the lengths only for the context it reports at (--plan_context's default)
+    context = None if args.plan else resolve_model(args.model).block_size
+    parse_lengths(args.prompt_length, "--prompt_length", context and context - 1)
+    parse_lengths(args.max_new_tokens, "--max_new_tokens", context and context - 1)
+    if context and str(args.prompt_length).isdigit() and str(args.max_new_tokens).isdigit() and \
+            int(args.prompt_length) + int(args.max_new_tokens) > context:
+        raise ServeError(f"--prompt_length {args.prompt_length} + --max_new_tokens "
+                         f"{args.max_new_tokens} exceed the model's context of {context:,}")
+    trace = None
+    if args.trace_file is not None:
+        trace = read_trace(args.trace_file, block_size=args.block_size)
+        check_fits_model(trace, context)
+    if args.plot is not None:  # the paths were checked as the flags were read
+        check_plotting()
+    return trace
+
+
+def _quantization(args) -> tuple:
+    """(WeightScheme or None, KV dtype or None) from --quantize / --weight_dtype /
+    --group_size and --kv_dtype, as `perfcounter count` reads them (ServeError else)."""
+    try:
+        scheme = resolve_scheme(getattr(args, "quantize", None),
+                                getattr(args, "weight_dtype", None),
+                                getattr(args, "group_size", None))
+    except ValueError as e:  # QuantizeError
+        raise ServeError(str(e)) from None
+    return resolve_quantization(scheme, getattr(args, "kv_dtype", None))
+
+
+def _ms(value):
+    return None if value is None else value * 1e-3
+
+
+def _deployments(args) -> list:
+    if args.precision == "auto":  # no weights run: bfloat16 (cli/flags.py)
+        args.precision = "bfloat16"
+    weights, kv = _quantization(args)
+    common = {"precision": args.precision, "quantize": weights, "kv_dtype": kv,
+              "gpu_memory_utilization": args.gpu_memory_utilization,
+              "block_size": args.block_size, "max_num_batched_tokens": args.max_num_batched_tokens,
+              "max_num_seqs": args.max_num_seqs, "step_overhead_s": _ms(args.step_overhead_ms),
+              "request_overhead_s": _ms(args.request_overhead_ms),
+              "usd_per_hour": args.usd_per_hour, "check_fit": not args.plan,
+              "expert_load": getattr(args, "expert_load", None),
+              "gguf_type": getattr(args, "gguf_type", None), "engine": args.engine,
+              "execution": args.execution if "execution" in given(args) else None}
+    model = args.model
+    specs = [s.strip() for s in (args.device_spec or "").split(",") if s.strip()]
+    if args.device_spec is not None and not specs:
+        raise ServeError("--device_spec: expected a device name or YAML path")
+    # every device and mapping checked before any step table is counted
+    dtype = resolve_precision(args.precision)
+    for s in specs:
+        resolve_spec(s, dtype)
+    if not args.mapping:
+        specs = specs or [default_device_spec(dtype)]
+        return [deployment(model, s, **common) for s in specs]
+    model_args = resolve_model(model)
+    for m in args.mapping:
+        PlacementPricer(m, model_args, execution=common["execution"] or "eager", host=args.host,
+                        allow_unmatched=args.allow_unmatched)
+    deps = [deployment(model, s, **common) for s in specs]
+    return deps + [deployment(model, mapping=m, host=args.host,
+                              allow_unmatched=args.allow_unmatched, **common)
+                   for m in args.mapping]
+
+
+def _workload_maker(args, block_size: int, trace):
+    if trace is not None:
+        return (lambda qps: scaled_trace(trace, qps)) if args.find_max_qps else \
+            (lambda qps: trace)
+    if args.concurrency is not None:
+        return lambda qps: synthetic(args.num_requests, args.prompt_length, args.max_new_tokens,
+                                     concurrency=args.concurrency, seed=args.seed,
+                                     prefix_hit_rate=args.prefix_hit_rate, block_size=block_size)
+    return lambda qps: synthetic(args.num_requests, args.prompt_length, args.max_new_tokens,
+                                 qps=qps, burstiness=args.burstiness, seed=args.seed,
+                                 prefix_hit_rate=args.prefix_hit_rate, block_size=block_size)
+
+
+def _main(args) -> int:
+    trace = _check(args)
+    make = _workload_maker(args, args.block_size, trace)
+    if args.qps is None and args.concurrency is None and args.trace_file is None \
+            and not args.plan and not args.find_max_qps:
+        raise ServeError("give a workload: --qps, --concurrency or --trace_file (or --plan)")
+    deps = _deployments(args)
+    if args.plan:
+        for dep in deps:
+            context = args.plan_context
+            if context is None and str(args.prompt_length).isdigit() \
+                    and str(args.max_new_tokens).isdigit():
+                context = int(args.prompt_length) + int(args.max_new_tokens)
+            print(plan_text(dep, context, args.plan_batch or dep.engine.max_num_seqs))
+        return 0
+    results, rows, notes = [], [], []
+    for dep in deps:
+        if args.find_max_qps:
+            found = find_max_qps(dep, make, args.slo, attainment=args.slo_attainment)
+            best = found.rate
+            why = " (the steady throughput: the queue grows without bound above it)" \
+                if found.limited_by_throughput else ""
+            notes.append(f"{dep.name}: highest QPS meeting {args.slo} for "
+                         f"{args.slo_attainment:.0%} of requests (the first 10% left out): "
+                         + ("none (not even the lowest rate tried)" if best is None else
+                            f"{best:.3g}{why}"))
+            chosen = [r for (q, ok), r in zip(found.probes, found.results) if q == best] \
+                or found.results[-1:]
+            results.append(chosen[0])
+            rows.append({**chosen[0].to_dict(), "qps": best})
+            continue
+        rates = qps_values(args.qps) if args.qps is not None else [None]
+        for qps in rates:
+            result = serve(dep, make(qps), slo=args.slo, usd_per_kwh=args.usd_per_kwh)
+            results.append(result)
+            rows.append({**result.to_dict(), "qps": qps})
+    if len(rows) == 1 and not args.find_max_qps:
+        print(result_text(results[0]))
+    else:
+        for line in dict.fromkeys(d.engine_line for d in deps):
+            print(line)
+        print(f"step costs: {'; '.join(dict.fromkeys(d.table.label for d in deps))}")
+        print(table(rows, first=("deployment", "deployment", 0)))
+        for line in notes:
+            print(line)
+    _write(args, results, rows)
+    return 0
+
+
+def _write(args, results, rows) -> None:
+    """--save_path, --csv and --trace replaced together (all new or all old); then plots."""
+    files = {}
+    if args.save_path is not None:
+        files[args.save_path] = json.dumps(rows if len(rows) > 1 else rows[0], indent=2,
+                                           allow_nan=False, default=str) + "\n"
+    if args.csv is not None:
+        files[args.csv] = csv_text(results[0])
+    if args.trace is not None:
+        files[args.trace] = trace_text(results[0])
+    write_all(files)
+    if args.plot is not None:
+        stem = "_".join(["serve", Path(str(args.model)).stem if str(args.model).endswith(".json")
+                         else str(args.model), *dict.fromkeys(r["deployment"] for r in rows)])
+        write_plots(args.plot, results, [f"{r['deployment']} qps {r['qps']}" for r in rows],
+                    sweep=rows if len(rows) > 1 else None,
+                    stem="".join(c if c.isalnum() or c in "-_." else "_" for c in stem)[:120])
+
+
 def run(args) -> int:
-    """command.run, after refusing a regime given beside --bound (one line, exit code 2), with
-    --model as the config a config-only command counts (model_flag.config_of: a .pth or
-    .safetensors checkpoint's config.json or preset; a .gguf file itself)."""
-    if args.bound:
-        refuse(args, {"--execution": "--bound prices every deployment at the roofline bound, "
-                      "in no execution regime; give one of the two"})
-    if args.model is not None:
-        args.model = str(config_of(args.model))
-    return command.run(args)
+    """Run `perfcounter serve` (--model read as every config-only command reads it:
+    model_flag.config_of); bad input: one line on stderr, exit code 2."""
+    try:
+        if args.model is not None:
+            args.model = str(config_of(args.model))
+        return _main(args)
+    except (ServeError, ValueError, KeyError) as e:  # MappingError and spec errors are ValueErrors
+        message = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+        print(f"perfcounter serve: error: {message}", file=sys.stderr)
+        return 2

@@ -8,7 +8,8 @@ and its pricing
 (pricing.py: the pricer seam; placement.py: a mapping's devices, priced through
 perfcounter.simulation),
 the memory fit (memory.py), serving metrics under vLLM's names (metrics.py), text
-(render.py), files (outputs.py) and `perfcounter serve` (command.py).
+(render.py), files (outputs.py), engine profiles (engines.py) and the QPS search
+(search.py); `perfcounter serve`'s command line is perfcounter/cli/serve.py.
 
 It may import counting, trace, quant (schemes, stored bytes), models, pricing and simulate
 code, only through deps.py.

@@ -28,33 +28,38 @@ import numpy as np
 import torch
 
 from perfcounter.counting.op_data import ExpertLoad
-from perfcounter.devices import get_device_spec
-from perfcounter.generation.config_only import gguf_config, resolve_config
+from perfcounter.devices.spec import EXECUTIONS as PREDICTED
+from perfcounter.generation.run import PRECISIONS  # noqa: F401  (the shared names, re-exported)
 from perfcounter.models.args import ModelArgs
-from perfcounter.models.hf_checkpoint import model_args_from_hf
-from perfcounter.models.loading import CheckpointError
 from perfcounter.parallel.replicas import simulate as simulate_parallel
 from perfcounter.parallel.sharding import ParallelConfig, check_links, shard
-from perfcounter.quant.gguf_types import GgufFile, check_gguf_type
-from perfcounter.quant.quantize import WeightScheme, parse_kv_dtype, parse_scheme
+from perfcounter.serve.engines import EngineProfile, check_given, engine_profile, engine_settings
+from perfcounter.quant.gguf_types import GgufFile
+from perfcounter.quant.quantize import WeightScheme
 from perfcounter.serve.errors import ServeError
+from perfcounter.serve.resolve import (gguf_file, is_gguf, precision_label,  # noqa: F401
+                                       resolve_expert_load, resolve_model, resolve_precision,
+                                       resolve_quantization, resolve_spec)
 from perfcounter.serve.memory import MemoryPlan, memory_plan, weight_bytes
 from perfcounter.serve.metrics import metrics, parse_slo
 from perfcounter.serve.placement import PlacementPricer, placement_memory
 from perfcounter.serve.predicted import PredictionPricer
 from perfcounter.serve.pricing import RooflinePricer, step_table
 from perfcounter.serve.scheduler import EngineConfig, Run, simulate_engine
+from perfcounter.serve.search import Search
+from perfcounter.serve.search import find_max_qps as _search
 from perfcounter.serve.workload import Workload, check_fits_model
 from perfcounter.simulation.placement import Mapping
 
-PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-EXECUTIONS = ("eager", "compiled", "cudagraphs", "bound")  # bound: the roofline
+EXECUTIONS = ("bound", *PREDICTED)  # bound: the roofline; the others perfcounter's prediction
+MAX_BLOCK = 65_536  # the most tokens a KV block holds
+MAX_RATES = 100  # rates one --qps list or range may hold
 
 
 def check_execution(execution) -> str:
     """execution itself when it is one of EXECUTIONS; else a ServeError naming them."""
     if execution not in EXECUTIONS:
-        raise ServeError(f"execution {execution!r}; valid: {', '.join(EXECUTIONS)} "
+        raise ServeError(f"--execution {execution!r}; valid: {', '.join(EXECUTIONS)} "
                          "(bound: the roofline)")
     return execution
 
@@ -64,65 +69,6 @@ def pricer_for(spec, execution: str = "eager"):
     if check_execution(execution) == "bound":
         return RooflinePricer(spec)
     return PredictionPricer(spec, execution)
-
-
-def resolve_model(model) -> ModelArgs:
-    """ModelArgs from a preset name, ModelArgs, a config.json (ours or a Llama-like HF one) or
-    a .gguf file's metadata."""
-    try:
-        resolved = gguf_config(model) if is_gguf(model) else resolve_config(model)
-    except (KeyError, ValueError, OSError, CheckpointError) as e:
-        raise ServeError(str(e).strip("'\"")) from None
-    if isinstance(resolved, ModelArgs):
-        return resolved
-    try:
-        return model_args_from_hf(resolved.to_dict(), str(model))
-    except (KeyError, ValueError) as e:
-        raise ServeError(f"{model}: serve prices perfcounter's model, which cannot hold this "
-                         f"config ({e})") from None
-
-
-def resolve_precision(precision) -> torch.dtype:
-    if isinstance(precision, torch.dtype):
-        return precision
-    if precision not in PRECISIONS:
-        raise ServeError(f"--precision {precision!r}; valid: {', '.join(PRECISIONS)}")
-    return PRECISIONS[precision]
-
-
-def resolve_quantization(quantize=None, kv_dtype=None, args: ModelArgs | None = None,
-                         dtype: torch.dtype = torch.bfloat16) -> tuple:
-    """(WeightScheme or None, "int8" / "fp8" or None) from a scheme (or its name, as
-    --quantize takes it) and a KV dtype name; with `args`, the scheme is also held to the
-    model (int4's group size must divide every linear's in_features). ServeError else."""
-    try:
-        scheme = quantize if isinstance(quantize, WeightScheme) else parse_scheme(quantize)
-        kv = parse_kv_dtype(kv_dtype)
-        if scheme is not None and args is not None:
-            weight_bytes(args, dtype, scheme)  # quantizes a one-layer fake model: refuses misfits
-    except ValueError as e:  # QuantizeError
-        raise ServeError(str(e)) from None
-    return scheme, kv
-
-
-def precision_label(dtype: torch.dtype, weights=None, kv: str | None = None) -> str:
-    """'bfloat16', or 'bfloat16, weights int4-32, KV int8' when stored quantized."""
-    parts = [str(dtype).replace("torch.", "")]
-    if weights is not None:
-        parts.append(f"weights {weights.name}")
-    if kv is not None:
-        parts.append(f"KV {kv}")
-    return ", ".join(parts)
-
-
-def resolve_spec(device_spec, dtype: torch.dtype):
-    """A DeviceSpec as given, or the registry's entry of that name at `dtype`."""
-    if not isinstance(device_spec, str):
-        return device_spec
-    try:
-        return get_device_spec(device_spec, dtype=dtype)
-    except (KeyError, ValueError) as e:
-        raise ServeError(str(e).strip("'\"")) from None
 
 
 @dataclass
@@ -146,36 +92,33 @@ class Deployment:
     kv_dtype: str | None = None  # the KV cache's stored dtype, "int8" / "fp8" (None: float)
     expert_load: ExpertLoad | None = None  # a mixture of experts' routing (None: balanced)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # TP, PP, DP: args a rank's
+    profile: EngineProfile | None = None  # the engine whose defaults it runs (engines.py)
+    settings: dict = field(default_factory=dict)  # what the profile set: {name: value}
+    sources: dict = field(default_factory=dict)  # {name: the profile's source, or the flag}
 
     @property
     def precision(self) -> str:
         return precision_label(self.dtype, self.weights, self.kv_dtype)
 
-
-def resolve_expert_load(value, args: ModelArgs) -> ExpertLoad | None:
-    """`value` (ExpertLoad.parse's: None, "balanced", "4,2,1,1") checked against the model's
-    experts before any work: one weight per expert, none above 1/k of the rows; None when
-    balanced. A skewed load on a model without experts is refused (ServeError)."""
-    try:
-        load = ExpertLoad.parse(value)
-        if load.shares is None:
-            return None
-        if not args.num_experts:
-            raise ValueError(f"--expert_load {value}: this model has no experts (a dense "
-                             "feed-forward); leave it out")
-        load.expected_hit(1, args.num_experts, args.num_activated_experts)  # checks the shares
-    except ValueError as e:
-        raise ServeError(str(e).replace("expert_load", "--expert_load", 1)
-                         if not str(e).startswith("--") else str(e)) from None
-    return load
+    @property
+    def engine_line(self) -> str:
+        """The first line of serve's output: the profile and regime that priced the run."""
+        if self.profile is None:
+            return f"engine: none; steps priced {self.table.label}"
+        how = "given" if self.sources.get("execution", "").startswith("--") else \
+            "the engine's default here"
+        return (f"engine: {self.profile.name} ({self.profile.version} defaults), "
+                f"{self.execution} ({how}); steps priced {self.table.label}")
 
 
 def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat16",
                gpu_memory_utilization: float = 0.9, block_size: int = 16,
-               max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
-               step_overhead_s: float = 0.0, usd_per_hour: float | None = None,
+               max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
+               step_overhead_s: float | None = None, usd_per_hour: float | None = None,
                execution: str | None = None, host=None, check_fit: bool = True,
                quantize=None, kv_dtype=None, expert_load=None, gguf_type=None,
+               engine="vllm", request_overhead_s: float | None = None,
+               admission: str | None = None, kv_scales: str | None = None,
                tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
                data_parallel_size: int = 1, enable_expert_parallel: bool = False,
                **mapping_options) -> Deployment:
@@ -186,18 +129,25 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
     ("balanced", "4,2,1,1": weights per expert; None: balanced). gguf_type: a preset's weights
     as stored in a llama.cpp file of that type ("Q4_K_M"; quant/gguf_types.py), one layer of
     each kind counted (steps.count_table); not with a mapping.
-    execution: None is "eager", on a device and under a mapping alike. mapping_options:
-    PlacementPricer's (devices, allow_unmatched, default_device, peak_fraction: the bound
-    only, device_link, interconnect).
+    engine: "vllm", "trtllm" or "sglang" (engines.py): what is None among execution,
+    max_num_batched_tokens, max_num_seqs, step_overhead_s, request_overhead_s, admission
+    ("recompute", "no_evict") and kv_scales ("tensor", "token_head") is the engine's
+    default on the device (under a mapping: on its host, eager unless every device is a
+    GPU). mapping_options: PlacementPricer's (devices, allow_unmatched, default_device,
+    peak_fraction: the bound only, device_link, interconnect).
     tensor_parallel_size, pipeline_parallel_size, data_parallel_size, enable_expert_parallel:
     vLLM's (perfcounter/parallel): one rank's step table and memory, the price all GPUs'."""
-    for name, value, least in (("--block_size", block_size, 1),
-                               ("--max_num_batched_tokens", max_num_batched_tokens, 1),
-                               ("--max_num_seqs", max_num_seqs, 1)):
-        if not isinstance(value, int) or value < least:
-            raise ServeError(f"{name} {value}: expected an integer >= {least}")
-    if not (step_overhead_s >= 0 and math.isfinite(step_overhead_s)):
-        raise ServeError(f"--step_overhead_ms {step_overhead_s * 1e3}: expected a time >= 0")
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or \
+            not 1 <= block_size <= MAX_BLOCK:
+        raise ServeError(f"--block_size {block_size}: expected an integer in [1, {MAX_BLOCK:,}] "
+                         "tokens a KV block")
+    given = {"max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
+             "step_overhead_s": step_overhead_s, "request_overhead_s": request_overhead_s,
+             "admission": admission, "kv_scales": kv_scales, "execution": execution}
+    check_given(given)
+    if execution is not None:
+        check_execution(execution)
+    profile = engine_profile(engine)
     if usd_per_hour is not None and not (usd_per_hour >= 0 and math.isfinite(usd_per_hour)):
         raise ServeError(f"--usd_per_hour {usd_per_hour}: expected a price >= 0")
     args = resolve_model(model)
@@ -212,13 +162,16 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
         enable_expert_parallel=enable_expert_parallel, mapping=mapping is not None,
         gguf=isinstance(weights, GgufFile), expert_load=load is not None)
     stored = {"weights": weights, "kv": kv}
-    fit_options = {"gpu_memory_utilization": gpu_memory_utilization, "block_size": block_size,
-                   "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs}
     devices: list = []
-    execution = check_execution("eager" if execution is None else execution)
     if mapping is not None:
-        pricer = PlacementPricer(mapping, args, execution=execution, host=host,
+        pricer = PlacementPricer(mapping, args, execution=execution or "eager", host=host,
                                  **mapping_options)
+        every = [pricer.host, *(d.spec for d in pricer.devices.values())]
+        at = pricer.host if all(profile.regime(s).value == "cudagraphs" for s in every) \
+            else next(s for s in every if profile.regime(s).value != "cudagraphs")
+        settings, sources = engine_settings(profile, at, given)
+        pricer = pricer.regime(settings["execution"])
+        fit_options = _fit_options(settings, gpu_memory_utilization, block_size)
         table = step_table(args, dtype, pricer, load=load, **stored)
         plan, devices = placement_memory(table, dtype, **fit_options)
         spec, name = pricer.host, f"placement {mapping_name(mapping)}"
@@ -226,55 +179,36 @@ def deployment(model, device_spec="h100-sxm", *, mapping=None, precision="bfloat
     else:
         spec = resolve_spec(device_spec, dtype)
         check_links(spec, parallel)
-        plan = memory_plan(args, dtype, spec, **fit_options, **stored)
+        settings, sources = engine_settings(profile, spec, given)
+        fit_options = _fit_options(settings, gpu_memory_utilization, block_size)
+        plan = memory_plan(args, dtype, spec, **fit_options, **stored,
+                           kv_scales=settings["kv_scales"])
         table, name, prices = None, spec.name, [(spec, spec.name)]
     if check_fit and not plan.fits:
         raise ServeError(_no_fit(str(model), name, plan))
     if table is None:
-        table = step_table(args, dtype, pricer_for(spec, execution), load=load, **stored)
+        table = step_table(args, dtype, pricer_for(spec, settings["execution"]), load=load,
+                           **stored)
     source = "--usd_per_hour" if usd_per_hour is not None else None
     if usd_per_hour is None:
         usd_per_hour, source = listed_price(prices)
     if parallel.gpus > 1:  # one device's price x every GPU
         usd_per_hour = None if usd_per_hour is None else usd_per_hour * parallel.gpus
         name = f"{parallel.gpus} x {name} ({parallel.label()})"
-    engine = EngineConfig(plan.kv_blocks, max_num_batched_tokens, max_num_seqs, block_size,
-                          step_overhead_s)
+    engine_cfg = EngineConfig(plan.kv_blocks, settings["max_num_batched_tokens"],
+                              settings["max_num_seqs"], block_size, settings["step_overhead_s"],
+                              settings["admission"], settings["request_overhead_s"])
     model_name = model if isinstance(model, str) else type(model).__name__
-    return Deployment(name, args, str(model_name), dtype, spec, table, plan, engine,
-                      usd_per_hour, source, execution=execution, devices=devices,
-                      weights=weights, kv_dtype=kv, expert_load=load, parallel=parallel)
+    return Deployment(name, args, str(model_name), dtype, spec, table, plan, engine_cfg,
+                      usd_per_hour, source, execution=settings["execution"], devices=devices,
+                      weights=weights, kv_dtype=kv, expert_load=load, parallel=parallel,
+                      profile=profile, settings=settings, sources=sources)
 
 
-def is_gguf(model) -> bool:
-    return isinstance(model, (str, Path)) and str(model).endswith(".gguf")
-
-
-def gguf_file(model, args: ModelArgs, gguf_type, scheme, mapping) -> GgufFile:
-    """The weights of a .gguf `model` as its file stores them, or of `args` as stored in a
-    llama.cpp file of `gguf_type`; ServeError (one line) for both at once, either beside a
-    quantize scheme or a mapping (a placement's table repeats one layer on its devices, and
-    a file's layers differ), a mixture of experts."""
-    if is_gguf(model) and gguf_type is not None:
-        raise ServeError("--gguf_type prices a preset as a file type; a .gguf model is a file "
-                         "of its own types: drop --gguf_type")
-    given = "--gguf_type" if gguf_type is not None else "a .gguf model"
-    if mapping is not None:
-        raise ServeError(f"{given} and --mapping: a placement's step table repeats one layer "
-                         "on its devices, and a file's layers differ; give one of them")
-    if scheme is not None and is_gguf(model):
-        raise ServeError(f"--quantize {scheme.name} and a .gguf model: its weights are stored "
-                         "as the file stores them; drop --quantize")
-    if is_gguf(model) and args.num_experts:
-        raise ServeError(f"{model}: a mixture of experts stored as a GGUF is not priced by "
-                         "serve (its experts are no linears of ours); give its preset")
-    try:
-        if is_gguf(model):
-            return GgufFile.of_file(model, args)
-        return GgufFile.of_type(check_gguf_type(args, gguf_type, quantize=scheme), args)
-    except ValueError as e:
-        raise ServeError(str(e).replace("gguf_type", "--gguf_type", 1)
-                         .replace("quantize", "--quantize", 1)) from None
+def _fit_options(settings: dict, gpu_memory_utilization: float, block_size: int) -> dict:
+    return {"gpu_memory_utilization": gpu_memory_utilization, "block_size": block_size,
+            "max_num_batched_tokens": settings["max_num_batched_tokens"],
+            "max_num_seqs": settings["max_num_seqs"]}
 
 
 def mapping_name(mapping) -> str:
@@ -319,6 +253,8 @@ class ServeResult:
     def to_dict(self) -> dict:
         dep = self.deployment
         return {"deployment": dep.name, "model": dep.model_name,
+                "engine_profile": dep.profile.name if dep.profile else None,
+                "engine_sources": dict(dep.sources),
                 "precision": str(dep.dtype).replace("torch.", ""),
                 "weights": dep.weights.name if dep.weights else None, "kv_dtype": dep.kv_dtype,
                 "step_costs": dep.table.label, "execution": dep.execution,
@@ -341,7 +277,8 @@ def serve(dep: Deployment, workload: Workload, *, slo=None, usd_per_kwh: float |
             else pricer_for(dep.spec, execution)
         dep = replace(dep, table=step_table(dep.args, dep.dtype, pricer, weights=dep.weights,
                                             kv=dep.kv_dtype, load=dep.expert_load),
-                      execution=execution)
+                      execution=execution,
+                      sources={**dep.sources, "execution": "--execution (given)"})
     if not dep.plan.fits:
         raise ServeError(_no_fit(dep.model_name, dep.name, dep.plan))
     if usd_per_kwh is not None and not (usd_per_kwh >= 0 and math.isfinite(usd_per_kwh)):
@@ -355,32 +292,10 @@ def serve(dep: Deployment, workload: Workload, *, slo=None, usd_per_kwh: float |
     return ServeResult(dep, workload, m, run)
 
 
-def meets(result: ServeResult, attainment: float) -> bool:
-    m = result.metrics
-    return not m["overloaded"] and (m.get("slo_met_fraction") or 0.0) >= attainment
-
-
-def find_max_qps(dep: Deployment, make, slo, *, attainment: float = 0.9,
-                 iterations: int = 10) -> tuple[float | None, list[ServeResult]]:
+def find_max_qps(dep: Deployment, make, slo, *, attainment: float = 0.9) -> Search:
     """The highest rate whose workload `make(qps)` meets `slo` for `attainment` of its
-    requests, not overloaded: bisection between 0 and the saturated throughput."""
-    if not 0 < attainment <= 1:
-        raise ServeError(f"--slo_attainment {attainment}: expected a fraction in (0, 1]")
-    slo = parse_slo(slo)
-    tried = []
-    flood = serve(dep, make(1e9), slo=slo)  # every request at once: the most it serves
-    tried.append(flood)
-    hi = flood.metrics["request_throughput"] * 1.1
-    lo, best = 0.0, None
-    for _ in range(iterations):
-        mid = (lo + hi) / 2
-        result = serve(dep, make(mid), slo=slo)
-        tried.append(result)
-        if meets(result, attainment):
-            lo, best = mid, mid
-        else:
-            hi = mid
-    return best, tried
+    requests in steady state (search.py states how)."""
+    return _search(dep, make, slo, attainment=attainment, serve=serve)
 
 
 def qps_values(text) -> list[float]:
@@ -389,12 +304,16 @@ def qps_values(text) -> list[float]:
     try:
         if s.count(":") == 2:
             start, stop, count = s.split(":")
+            if not 1 <= int(count) <= MAX_RATES:
+                raise ServeError(f"--qps {s}: COUNT {count}; expected 1 to {MAX_RATES} rates")
             values = list(np.linspace(float(start), float(stop), int(count)))
         else:
             values = [float(v) for v in s.split(",") if v.strip()]
     except ValueError:
         raise ServeError(f"--qps {s!r}: expected a rate, a list (1,2,5) or a range "
                          "START:STOP:COUNT") from None
+    if len(values) > MAX_RATES:
+        raise ServeError(f"--qps {s}: {len(values):,} rates; at most {MAX_RATES}")
     if not values or any(not (v > 0 and math.isfinite(v)) for v in values):
         raise ServeError(f"--qps {s!r}: every rate must be > 0 requests a second")
     return [float(v) for v in values]

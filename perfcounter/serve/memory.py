@@ -5,19 +5,27 @@
     KV blocks = floor(capacity / (block_size x KV bytes per token))
 
 Llama-3-70B in bfloat16: 2 x 80 x 8 x 128 x 2 B = 327,680 B a token. A quantized cache
-(`kv="int8"` or `"fp8"`, quantize.QuantizedKVCache) stores 1 B an element plus a scale per
-token and KV head at the precision's element size (quantize.kv_cache_bytes): Llama-3-8B
-in int8 under bfloat16, 2 x 32 x 8 x (128 + 2) = 66,560 B a token against 131,072.
+(`kv="int8"` or `"fp8"`) stores 1 B an element plus its scales: with `kv_scales="tensor"`
+(what vLLM, TensorRT-LLM and SGLang ship: one scale per layer's K and V, engines.py) none
+a token, Llama-3-8B in int8 2 x 32 x 8 x 128 = 65,536 B a token against 131,072; with
+"token_head" (quantize.QuantizedKVCache, as `perfcounter count` stores it) a scale per token
+and KV head at the precision's element size (quantize.kv_cache_bytes): 2 x 32 x 8 x
+(128 + 2) = 66,560 B.
 Weights are the model's parameters at the precision's element size (perfcounter's model:
 embedding, per layer wqkv (+ bias), wo, the feed-forward or experts and their router, two
 norms; final norm; the output layer unless tied); quantized (`weights`, a
 quantize.WeightScheme), they are the bytes stored (data, scales and zero points:
 quant.stored_nbytes) of a fake model quantized as `perfcounter count --quantize` does it
 (every nn.Linear, the output layer included and untied), one layer built and repeated.
-The activation workspace is an estimate of
-the largest live set of one step at the token budget, which vLLM measures by a dummy
-run: max_num_batched_tokens x (4 x dim + q + 2 kv + 2 x intermediate) elements, plus the
-logits of max_num_seqs rows in float32. `plan(...)` answers before simulating: does it
+The activation workspace is the peak live set of the dummy step
+at the token budget T that vLLM profiles before sizing its cache (v0.10.0
+vllm/v1/worker/gpu_model_runner.py profile_run: one forward of T tokens, then the sampler
+on max_num_seqs rows; the peak of torch's allocator is reserved): within a layer the
+residual stream [T, dim] stays live beside, at attention, the fused qkv output and the
+attention output (2 q + 2 kv a token), at the feed-forward the fused gate-up output and
+its activation (3 x intermediate), whichever is larger; plus the logits of max_num_seqs
+rows in float32. Llama-3-8B at T = 8,192: 8,192 x (4,096 + max(12,288, 43,008)) x 2 B +
+256 x 128,256 x 4 B = 0.77 GB + 0.13 GB. `plan(...)` answers before simulating: does it
 fit, how many tokens of KV cache remain, the largest batch at a context and the
 longest context at a batch.
 """
@@ -41,9 +49,16 @@ def element_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def kv_bytes_per_token(args: ModelArgs, dtype: torch.dtype, kv: str | None = None) -> int:
+KV_SCALES = ("tensor", "token_head")  # a quantized KV cache's scale granularity
+
+
+def kv_bytes_per_token(args: ModelArgs, dtype: torch.dtype, kv: str | None = None,
+                       scales: str = "token_head") -> int:
     """2 x layers x KV heads x head_dim x element bytes; kv "int8" / "fp8": 2 x layers x KV
-    heads x (head_dim x 1 B + a scale of `dtype`'s element bytes)."""
+    heads x (head_dim x 1 B + a scale of `dtype`'s element bytes), or with scales="tensor"
+    (a scale per layer, nothing a token) 2 x layers x KV heads x head_dim x 1 B."""
+    if kv is not None and scales == "tensor":
+        return 2 * args.n_layer * args.n_local_heads * args.head_dim
     return kv_cache_bytes(args.n_layer, 1, args.n_local_heads, 1, args.head_dim, kv=kv,
                           itemsize=element_bytes(dtype))
 
@@ -84,7 +99,7 @@ def workspace_bytes(args: ModelArgs, dtype: torch.dtype, max_num_batched_tokens:
                     max_num_seqs: int) -> int:
     """The activation workspace estimate of the module doc."""
     q, kv = args.n_head * args.head_dim, args.n_local_heads * args.head_dim
-    per_token = 4 * args.dim + q + 2 * kv + 2 * args.intermediate_size
+    per_token = args.dim + max(2 * q + 2 * kv, 3 * args.intermediate_size)
     return (max_num_batched_tokens * per_token * element_bytes(dtype)
             + max_num_seqs * args.vocab_size * 4)
 
@@ -138,7 +153,7 @@ class MemoryPlan:
 def memory_plan(args: ModelArgs, dtype: torch.dtype, spec, *, gpu_memory_utilization: float = 0.9,
                 block_size: int = 16, max_num_batched_tokens: int = 8192,
                 max_num_seqs: int = 256, device_bytes: float | None = None, weights=None,
-                kv: str | None = None) -> MemoryPlan:
+                kv: str | None = None, kv_scales: str = "token_head") -> MemoryPlan:
     """The memory plan of `args` at `dtype` on `spec` (its vram, or device_bytes); weights
     (a quantize.WeightScheme) and kv ("int8", "fp8"): stored quantized (the module doc)."""
     total = device_bytes if device_bytes is not None else spec.vram
@@ -150,7 +165,7 @@ def memory_plan(args: ModelArgs, dtype: torch.dtype, spec, *, gpu_memory_utiliza
                          "fraction in (0, 1]")
     stored = weight_bytes(args, dtype, weights)
     work = workspace_bytes(args, dtype, max_num_batched_tokens, max_num_seqs)
-    per_token = kv_bytes_per_token(args, dtype, kv)
+    per_token = kv_bytes_per_token(args, dtype, kv, kv_scales)
     capacity = float(total) * gpu_memory_utilization - stored - work
     blocks = max(0, math.floor(capacity / (block_size * per_token)))
     return MemoryPlan(float(total), gpu_memory_utilization, stored, work, per_token, block_size,

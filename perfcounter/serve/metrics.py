@@ -4,7 +4,10 @@ As vLLM's benchmark_serving computes them: duration from the first arrival to th
 last finish; request_throughput = completed / duration; output_throughput = output
 tokens / duration; total_token_throughput = (prompt + output tokens) / duration; TTFT
 = first token - arrival; TPOT = (E2EL - TTFT) / (output tokens - 1), for requests of
-more than one output token; ITL = every gap between two tokens of a request; E2EL =
+more than one output token; ITL = every gap between two tokens of a request. A request
+of one output token has neither: it is left out of TPOT's and ITL's mean and percentiles
+(and when every request has one token, those figures are None: null in JSON, n/a in
+text), never counted as 0; E2EL =
 finish - arrival; mean, median (`median_*`), std, p90 and p99 (numpy.percentile) in
 ms. Goodput (vLLM's `request_goodput`): requests meeting every SLO given
 (`--slo ttft=200ms,tpot=50ms[,e2el=2s]`: units required) per second.
@@ -63,7 +66,13 @@ def parse_slo(text) -> dict[str, float]:
 
 
 def _stats(name: str, values_s: np.ndarray, out: dict) -> None:
-    ms = values_s * 1e3 if len(values_s) else np.zeros(1)
+    """mean, median, std, p90, p99 in ms; None when no request has the figure (a run of
+    one-token requests has no TPOT and no ITL)."""
+    if not len(values_s):
+        for key in ("mean", "median", "std", "p90", "p99"):
+            out[f"{key}_{name}_ms"] = None
+        return
+    ms = values_s * 1e3
     out[f"mean_{name}_ms"] = float(ms.mean())
     out[f"median_{name}_ms"] = float(np.median(ms))
     out[f"std_{name}_ms"] = float(ms.std())

@@ -7,18 +7,24 @@
   tokens, KV blocks held, joules); counter tracks of the batch size and KV blocks; one
   slice per request from arrival to finish on a "requests" track (its first token as an
   instant). Times in microseconds.
+- `--save_path`, `--csv` and `--trace` are replaced together (`write_all`): all new or
+  all old.
 - Plots (`--plot DIR`, the plot extra): `serve_MODEL_DEVICES_latency_cdf` (TTFT, TPOT and
   E2EL CDFs of each result) and, for a sweep, `..._throughput_latency` (output tokens/s
   against mean and P99 TPOT and TTFT), PNG and SVG.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
+import stat
+import tempfile
 
 import numpy as np
 
-from perfcounter._util import atomic_write
+from perfcounter._util import TMP_TAG, atomic_write, check_writable_target, remove_stale_temporaries
 from perfcounter.serve.metrics import per_request
 from perfcounter.serve.errors import ServeError
 from pathlib import Path
@@ -27,7 +33,45 @@ CSV_COLUMNS = ("index", "arrival_s", "first_token_s", "finish_s", "prompt_tokens
                "output_tokens", "ttft_ms", "tpot_ms", "e2el_ms", "preemptions")
 
 
+def _process_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_all(files: dict) -> None:
+    """{path: text} replaced together: every file written to a temporary beside its target
+    first, then all renamed over their targets (a failure before the renames leaves every
+    old file as it was)."""
+    staged = []
+    try:
+        for path, text in files.items():
+            target = check_writable_target(path)
+            remove_stale_temporaries(target)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".tmp",
+                                       prefix=f".{target.name}.{TMP_TAG}-{os.getpid()}-")
+            staged.append((tmp, target))
+            with os.fdopen(fd, "wb") as f:
+                f.write(text.encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, stat.S_IMODE(target.stat().st_mode) if target.exists()
+                     else 0o666 & ~_process_umask())
+        for tmp, target in staged:
+            os.replace(tmp, target)
+        staged = []
+    finally:
+        for tmp, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
 def write_csv(path, result) -> None:
+    atomic_write(path, csv_text(result))
+
+
+def csv_text(result) -> str:
+    """The per-request CSV (module doc); a one-token request's TPOT is empty."""
     rq = per_request(result.run)
     out = io.StringIO()
     out.write(",".join(CSV_COLUMNS) + "\n")
@@ -37,7 +81,7 @@ def write_csv(path, result) -> None:
                   f"{rq['prompt'][i]},{rq['output'][i]},{rq['ttft'][i] * 1e3:.6f},"
                   f"{'' if np.isnan(tpot) else f'{tpot * 1e3:.6f}'},{rq['e2el'][i] * 1e3:.6f},"
                   f"{rq['preemptions'][i]}\n")
-    atomic_write(path, out.getvalue())
+    return out.getvalue()
 
 
 def trace_events(result, max_requests: int = 2000) -> dict:
@@ -73,7 +117,11 @@ def trace_events(result, max_requests: int = 2000) -> dict:
 
 
 def write_trace(path, result) -> None:
-    atomic_write(path, json.dumps(trace_events(result), allow_nan=False))
+    atomic_write(path, trace_text(result))
+
+
+def trace_text(result) -> str:
+    return json.dumps(trace_events(result), allow_nan=False)
 
 
 def check_plotting() -> None:

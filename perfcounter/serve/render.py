@@ -14,7 +14,8 @@ def _num(v, digits: int = 2) -> str:
 
 def plan_text(dep, context: int | None = None, batch: int | None = None) -> str:
     p = dep.plan
-    lines = [f"memory plan: {dep.model_name} ({dep.precision}) on "
+    lines = [dep.engine_line,
+             f"memory plan: {dep.model_name} ({dep.precision}) on "
              f"{dep.name}" + (" (the KV cache's devices below)" if dep.devices else ""),
              f"  device memory {p.device_bytes / GB:.2f} GB x {p.gpu_memory_utilization:g} = "
              f"{p.usable_bytes / GB:.2f} GB usable",
@@ -41,7 +42,8 @@ def plan_text(dep, context: int | None = None, batch: int | None = None) -> str:
 def result_text(result) -> str:
     """One served workload, in vLLM's benchmark_serving layout plus our engine lines."""
     m, dep = result.metrics, result.deployment
-    rows = [f"serve: {dep.model_name} ({dep.precision}) on {dep.name}, "
+    rows = [dep.engine_line,
+            f"serve: {dep.model_name} ({dep.precision}) on {dep.name}, "
             f"{result.workload.source}, {len(result.workload):,} requests",
             f"step costs: {dep.table.label}" + (
                 f"; experts routed {dep.expert_load}" if dep.expert_load else ""),

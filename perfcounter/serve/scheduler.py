@@ -1,33 +1,43 @@
-"""The iteration-level scheduler: continuous batching as vLLM v1 and Sarathi-Serve run it.
+"""The iteration-level scheduler: continuous batching as vLLM v1, Sarathi-Serve and
+TensorRT-LLM run it.
 
-Time advances one engine step at a time. Each step (docs/serve.md states it in full):
+Time advances one engine step at a time. Each step (docs/serve.md states it in full) has
+four named parts:
 
-1. Requests whose arrival time has come join the waiting queue (FCFS).
-2. Running requests are scheduled first, decodes before unfinished prefills (each in
-   admission order), each taking min(tokens it still needs, the budget left) of the
-   step's token budget (`max_num_batched_tokens`): a prompt longer than the budget is
-   prefilled in chunks (chunked prefill). A request needs prompt + generated tokens in
-   its KV cache before it can emit its next token.
-3. The KV cache is paged: a request holds ceil(tokens in cache / block_size) blocks.
-   When a running request's new tokens need blocks that are not free, the running
-   request admitted last (and not yet scheduled this step) is preempted by recompute:
-   its blocks are freed, it goes back to the front of the waiting queue and will
-   prefill its prompt and the tokens it generated again; if it is the request itself,
-   it waits.
-4. If nothing was preempted, waiting requests are admitted in order while budget,
-   `max_num_seqs` and free blocks allow (a request's cached prefix tokens, on first
-   admission, need blocks but no compute).
-5. The step costs the step table's price of its pieces (pricing.py), plus
-   `step_overhead_s`. At its end a request whose cache reached prompt + generated emits
-   a token (the first: time to first token); one that emitted its last token finishes
-   and frees its blocks (closed loop: its successor arrives then).
-6. With nothing running or waiting, time jumps to the next arrival.
+1. Arrival: requests whose arrival time (+ the engine's fixed host cost a request,
+   `request_overhead_s`) has come join the waiting queue (FCFS).
+2. Running (`_schedule_running`, KV blocks): running requests are scheduled first,
+   decodes before unfinished prefills (each in admission order), each taking min(tokens
+   it still needs, the budget left) of the step's token budget
+   (`max_num_batched_tokens`): a prompt longer than the budget is prefilled in chunks. A
+   request needs prompt + generated tokens in its KV cache before it emits its next
+   token. The cache is paged: a request holds ceil(tokens in cache / block_size) blocks.
+   Under admission "recompute" (vLLM, SGLang), when a running request's new tokens need
+   blocks that are not free, the running request admitted last (and not yet scheduled
+   this step) is preempted: its blocks are freed, it goes back to the front of the
+   waiting queue and will prefill its prompt and the tokens it generated again; if it is
+   the request itself, it waits. Under "no_evict" (TensorRT-LLM's GUARANTEED_NO_EVICT)
+   nothing is ever preempted (admission below guarantees the blocks).
+3. Admission (`_admit`): if nothing was preempted, waiting requests are admitted in
+   order while budget, `max_num_seqs` and blocks allow: "recompute" admits a request
+   whose next chunk's blocks are free now; "no_evict" admits one only when the blocks of
+   its whole prompt + output fit beside every running request's whole prompt + output
+   (a request's cached prefix tokens, on first admission, need blocks but no compute).
+4. Step composition (`_compose`) and emission (`_emit`): the step's features (tokens,
+   sequences, KV positions, pairs; experts touched) priced by the step table plus
+   `step_overhead_s`. At its end a request whose cache reached prompt + generated emits a
+   token (the first: time to first token); one that emitted its last token finishes and
+   frees its blocks (closed loop: its successor arrives then).
+
+With nothing running or waiting, time jumps to the next arrival. A request's state is a
+`State`: waiting, running, preempted (within the step that preempted it) or finished.
 """
 from __future__ import annotations
 
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
@@ -35,6 +45,19 @@ from perfcounter.costs.attention import window_pairs
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.steps import EXPERTS, FEATURES
 from perfcounter.serve.workload import Workload
+
+ADMISSIONS = ("recompute", "no_evict")
+
+
+class State(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # freed in this step; waiting again from the next
+    FINISHED = "finished"
+
+
+WAITING, RUNNING, PREEMPTED, FINISHED = State.WAITING, State.RUNNING, State.PREEMPTED, \
+    State.FINISHED
 
 
 @dataclass(slots=True)
@@ -50,7 +73,7 @@ class Request:
     last_token: float = -1.0
     finish: float = -1.0
     preemptions: int = 0
-    done: bool = False
+    state: State = WAITING
 
 
 @dataclass(frozen=True)
@@ -60,6 +83,8 @@ class EngineConfig:
     max_num_seqs: int = 256
     block_size: int = 16
     step_overhead_s: float = 0.0
+    admission: str = "recompute"  # ADMISSIONS
+    request_overhead_s: float = 0.0  # host time before a request can be scheduled
 
 
 @dataclass
@@ -89,14 +114,154 @@ class Run:
     config: EngineConfig
 
 
-def simulate_engine(w: Workload, table, cfg: EngineConfig) -> Run:
-    """Run the workload through the scheduler (see the module doc)."""
-    bs, budget_max, seqs_max = cfg.block_size, cfg.max_num_batched_tokens, cfg.max_num_seqs
-    n = len(w)
+class _Engine:
+    """The scheduler's state between steps: queues, free and reserved blocks."""
+
+    def __init__(self, cfg: EngineConfig):
+        self.cfg = cfg
+        self.waiting: deque = deque()
+        self.running: list = []
+        self.free = cfg.kv_blocks
+        self.reserved = 0  # no_evict: blocks of running requests' whole prompt + output
+        self.preemptions = 0
+
+    # -- KV blocks and running requests -----------------------------------------------------
+    def schedule_running(self, budget: int) -> tuple[list, int, bool]:
+        """(scheduled (request, tokens), budget left, preempted?) of step part 2."""
+        bs = self.cfg.block_size
+        sched: list = []
+        taken: set = set()
+        preempted = False
+        running = self.running
+        order = [r for r in running if r.prompt + r.generated - r.computed == 1]
+        order += [r for r in running if r.prompt + r.generated - r.computed != 1]
+        for r in order:
+            if budget == 0:
+                break
+            if r.state is PREEMPTED:
+                continue
+            todo = min(r.prompt + r.generated - r.computed, budget)
+            need = (r.computed + todo + bs - 1) // bs - r.blocks
+            while need > self.free:
+                victim = next(v for v in reversed(running)
+                              if v.state is RUNNING and v.index not in taken)
+                self._preempt(victim)
+                preempted = True
+                if victim is r:
+                    break
+            if r.state is PREEMPTED:
+                continue
+            self.free -= need
+            r.blocks += need
+            sched.append((r, todo))
+            taken.add(r.index)
+            budget -= todo
+        if preempted:
+            self.running = [r for r in running if r.state is RUNNING]
+            for r in self.waiting:
+                r.state = WAITING
+        return sched, budget, preempted
+
+    def _preempt(self, victim: Request) -> None:
+        if self.cfg.admission == "no_evict":  # admission reserved every block: never here
+            raise AssertionError("no_evict admission ran out of reserved KV blocks")
+        self.free += victim.blocks
+        victim.blocks, victim.computed, victim.state = 0, 0, PREEMPTED
+        victim.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(victim)
+
+    # -- admission -------------------------------------------------------------------------
+    def admit(self, sched: list, budget: int) -> None:
+        """Step part 3: waiting requests admitted in order while they fit."""
+        cfg, bs, waiting, running = self.cfg, self.cfg.block_size, self.waiting, self.running
+        no_evict = cfg.admission == "no_evict"
+        while waiting and budget and len(running) < cfg.max_num_seqs:
+            r = waiting[0]
+            todo = min(r.prompt + r.generated - r.computed, budget)
+            need = (r.computed + todo + bs - 1) // bs - r.blocks
+            if no_evict:
+                whole = (r.prompt + r.output + bs - 1) // bs
+                if self.reserved + whole > cfg.kv_blocks:
+                    break
+                self.reserved += whole
+            elif need > self.free:
+                break
+            waiting.popleft()
+            self.free -= need
+            r.blocks += need
+            r.state = RUNNING
+            running.append(r)
+            sched.append((r, todo))
+            budget -= todo
+
+    def finish(self, r: Request) -> None:
+        self.free += r.blocks
+        r.blocks = 0
+        r.state = FINISHED
+        if self.cfg.admission == "no_evict":
+            self.reserved -= (r.prompt + r.output + self.cfg.block_size - 1) // self.cfg.block_size
+
+
+def _compose(sched: list, f: np.ndarray, window, touched) -> tuple[int, int, int]:
+    """Step part 4a: the step's features into `f` (steps.FEATURES); (tokens, prefill
+    tokens, decodes)."""
+    tokens = kv = dense = causal = 0
+    prefill = decodes = 0
+    for r, m in sched:
+        c = r.computed
+        tokens += m
+        kv += c + m
+        dense += m * (c + m)
+        if window is None:
+            causal += m * c + m * (m + 1) // 2
+        else:
+            causal += window_pairs(m, c + m, window)
+        if m == 1 and c >= r.prompt:
+            decodes += 1
+        else:
+            prefill += m
+    f[1], f[2], f[3], f[4], f[5] = tokens, len(sched), kv, dense, causal
+    if touched is not None:
+        f[EXPERTS] = touched(tokens)
+    return tokens, prefill, decodes
+
+
+def _emit(engine: _Engine, sched: list, end: float, itl: array) -> list:
+    """Step part 4b: tokens emitted at `end`; the requests that finished."""
+    finished = []
+    for r, m in sched:
+        r.computed += m
+        if r.computed < r.prompt + r.generated:
+            continue
+        r.generated += 1
+        if r.first_token < 0:
+            r.first_token = end
+        else:
+            itl.append(end - r.last_token)
+        r.last_token = end
+        if r.generated == r.output:
+            r.finish = end
+            engine.finish(r)
+            finished.append(r)
+    return finished
+
+
+def check_fits_blocks(w: Workload, cfg: EngineConfig) -> None:
+    """Every request's prompt + output within the KV blocks (one line ServeError else)."""
+    bs = cfg.block_size
     worst = int(((w.prompt + w.output + bs - 1) // bs).max())
     if worst > cfg.kv_blocks:
         raise ServeError(f"a request of {int((w.prompt + w.output).max())} tokens needs {worst} "
                          f"KV blocks of {bs}; the device holds {cfg.kv_blocks}: it can never fit")
+
+
+def simulate_engine(w: Workload, table, cfg: EngineConfig) -> Run:
+    """Run the workload through the scheduler (see the module doc)."""
+    if cfg.admission not in ADMISSIONS:
+        raise ServeError(f"admission {cfg.admission!r}; valid: {', '.join(ADMISSIONS)}")
+    check_fits_blocks(w, cfg)
+    n = len(w)
     arrival = w.arrival.astype(float).copy()
     released = n if w.concurrency is None else min(w.concurrency, n)
     reqs = [Request(i, float(arrival[i]), int(w.prompt[i]), int(w.output[i]),
@@ -108,87 +273,25 @@ def simulate_engine(w: Workload, table, cfg: EngineConfig) -> Run:
     touched = table.counts.experts_touched if table.counts.experts else None
     itl = array("d")
     log = Steps()
-    waiting: deque = deque()
-    running: list = []
-    free = cfg.kv_blocks
-    t, nxt, finished, preemptions = 0.0, 0, 0, 0
+    engine = _Engine(cfg)
+    late, overhead, budget_max = cfg.request_overhead_s, cfg.step_overhead_s, \
+        cfg.max_num_batched_tokens
+    t, nxt, finished = 0.0, 0, 0
     while finished < n:
-        while nxt < released and arrival[nxt] <= t:
-            waiting.append(reqs[nxt])
+        while nxt < released and arrival[nxt] + late <= t:
+            engine.waiting.append(reqs[nxt])
             nxt += 1
-        if not running and not waiting:
-            t = max(t, float(arrival[nxt]))
+        if not engine.running and not engine.waiting:
+            t = max(t, float(arrival[nxt]) + late)
             continue
-        budget = budget_max
-        sched: list = []
-        taken: set = set()
-        preempted = False
-        order = [r for r in running if r.prompt + r.generated - r.computed == 1]
-        order += [r for r in running if r.prompt + r.generated - r.computed != 1]
-        for r in order:
-            if budget == 0:
-                break
-            if r.done:  # preempted earlier in this step
-                continue
-            todo = min(r.prompt + r.generated - r.computed, budget)
-            need = (r.computed + todo + bs - 1) // bs - r.blocks
-            while need > free:
-                victim = next((v for v in reversed(running) if not v.done and v.index not in taken),
-                              None)
-                free += victim.blocks
-                victim.blocks, victim.computed, victim.done = 0, 0, True
-                victim.preemptions += 1
-                preemptions += 1
-                preempted = True
-                waiting.appendleft(victim)
-                if victim is r:
-                    break
-            if r.done:
-                continue
-            free -= need
-            r.blocks += need
-            sched.append((r, todo))
-            taken.add(r.index)
-            budget -= todo
-        if preempted:
-            running = [r for r in running if not r.done]
-            for r in waiting:
-                r.done = False
-        else:
-            while waiting and budget and len(running) < seqs_max:
-                r = waiting[0]
-                todo = min(r.prompt + r.generated - r.computed, budget)
-                need = (r.computed + todo + bs - 1) // bs - r.blocks
-                if need > free:
-                    break
-                waiting.popleft()
-                free -= need
-                r.blocks += need
-                running.append(r)
-                sched.append((r, todo))
-                budget -= todo
+        sched, budget, preempted = engine.schedule_running(budget_max)
+        if not preempted:
+            engine.admit(sched, budget)
         if not sched:
             raise ServeError("the scheduler could not run any request: a request needs more "
                              "KV blocks than the device holds")
-        tokens = kv = dense = causal = 0
-        prefill = decodes = 0
-        for r, m in sched:
-            c = r.computed
-            tokens += m
-            kv += c + m
-            dense += m * (c + m)
-            if window is None:
-                causal += m * c + m * (m + 1) // 2
-            else:
-                causal += window_pairs(m, c + m, window)
-            if m == 1 and c >= r.prompt:
-                decodes += 1
-            else:
-                prefill += m
-        f[1], f[2], f[3], f[4], f[5] = tokens, len(sched), kv, dense, causal
-        if touched is not None:
-            f[EXPERTS] = touched(tokens)
-        dt = seconds(f) + cfg.step_overhead_s
+        tokens, prefill, decodes = _compose(sched, f, window, touched)
+        dt = seconds(f) + overhead
         end = t + dt
         log.start.append(t)
         log.seconds.append(dt)
@@ -196,31 +299,17 @@ def simulate_engine(w: Workload, table, cfg: EngineConfig) -> Run:
         log.seqs.append(len(sched))
         log.prefill_tokens.append(prefill)
         log.decode_seqs.append(decodes)
-        log.kv_blocks.append(cfg.kv_blocks - free)
+        log.kv_blocks.append(cfg.kv_blocks - engine.free)
         log.in_system.append(nxt - finished)
         log.energy_j.append(energy(f, dt))
-        done_any = False
-        for r, m in sched:
-            r.computed += m
-            if r.computed < r.prompt + r.generated:
-                continue
-            r.generated += 1
-            if r.first_token < 0:
-                r.first_token = end
-            else:
-                itl.append(end - r.last_token)
-            r.last_token = end
-            if r.generated == r.output:
-                r.finish, r.done = end, True
-                free += r.blocks
-                r.blocks = 0
-                finished += 1
-                done_any = True
+        done = _emit(engine, sched, end, itl)
+        if done:
+            finished += len(done)
+            for _ in done:
                 if released < n:  # closed loop: its successor arrives now
                     arrival[released] = end
                     reqs[released].arrival = end
                     released += 1
-        if done_any:
-            running = [r for r in running if not r.done]
+            engine.running = [r for r in engine.running if r.state is RUNNING]
         t = end
-    return Run(reqs, itl, log, preemptions, t, cfg)
+    return Run(reqs, itl, log, engine.preemptions, t, cfg)

@@ -1,0 +1,125 @@
+"""The highest request rate a deployment holds under an SLO (`--find_max_qps`).
+
+1. The steady throughput mu: a flood of the workload's requests (every one at time 0;
+   at least FLOOD_SEQS x max_num_seqs of them, the workload's requests repeated, so that
+   the batch is full for most of the run) and its completions counted between the 20th
+   and the 80th percentile of finish times (the batch filling and draining left out):
+   mu = 0.6 n / (t80 - t20). Above mu the queue grows without bound, so mu is the upper
+   bound of the search (and the answer when the SLO holds there).
+2. A probe at rate q serves `make(q)` and meets the SLO when the run is not overloaded
+   (metrics.overload) and at least `attainment` of its requests, the first WARMUP of them
+   by arrival left out (they find an empty engine), meet every target.
+3. If mu meets the SLO, mu is the answer ("limited by throughput"); otherwise bisection
+   between 0 and mu until the bracket is within TOLERANCE of its top (at most ITERATIONS
+   probes): the answer is the highest rate that met. A tighter SLO never gives a higher
+   rate (each probe it fails the looser one may pass, never the reverse).
+
+A trace file is replayed at rate q with its arrival times scaled by (its own rate / q),
+its own rate being (requests - 1) / (last arrival - first arrival); a closed loop
+(--concurrency) has no rate to search and is refused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from perfcounter.serve.errors import ServeError
+from perfcounter.serve.metrics import parse_slo, per_request
+from perfcounter.serve.workload import Workload
+
+FLOOD_SEQS = 4  # a flood holds at least this many batches of max_num_seqs requests
+WARMUP = 0.1  # share of the requests, first by arrival, left out of the attainment
+TOLERANCE = 0.005  # bracket width at which the bisection stops, relative to its top
+ITERATIONS = 16
+FLOOD_MAX = 20_000  # requests a flood is capped at (the simulation's time)
+
+
+@dataclass
+class Search:
+    """The search's answer and what it tried: rate (None: not even the lowest tried),
+    mu, whether mu bound it, and (rate, met) of each probe."""
+
+    rate: float | None
+    throughput: float
+    limited_by_throughput: bool
+    probes: list
+    results: list  # ServeResult of each probe, in order
+
+
+def flood(w: Workload, at_least: int) -> Workload:
+    """Every request of `w` at time 0, repeated until there are at least `at_least`."""
+    reps = max(1, -(-at_least // len(w)))
+    n = min(len(w) * reps, max(len(w), FLOOD_MAX))
+    tile = lambda a: np.tile(a, reps)[:n]  # noqa: E731
+    return Workload(np.zeros(n), tile(w.prompt), tile(w.output), tile(w.cached), None,
+                    f"flood of {n} requests")
+
+
+def steady_throughput(run) -> float:
+    """Requests a second between the 20th and 80th percentile of finish times."""
+    finish = np.sort(np.array([r.finish for r in run.requests]))
+    n = len(finish)
+    lo, hi = int(0.2 * n), max(int(0.8 * n) - 1, int(0.2 * n))
+    span = finish[hi] - finish[lo]
+    if hi <= lo or span <= 0:
+        return n / run.end
+    return (hi - lo) / span
+
+
+def attained(result, slo: dict, warmup: float = WARMUP) -> float:
+    """Share of the requests after the first `warmup` share (by arrival) meeting `slo`."""
+    rq = per_request(result.run)
+    order = np.argsort(rq["arrival"], kind="stable")
+    keep = order[int(warmup * len(order)):]
+    good = np.ones(len(keep), dtype=bool)
+    for name, limit in slo.items():
+        values = np.nan_to_num(rq[name][keep], nan=0.0)  # a one-token request has no TPOT
+        good &= values <= limit
+    return float(good.mean()) if len(good) else 0.0
+
+
+def scaled_trace(w: Workload, qps: float) -> Workload:
+    """A trace replayed at `qps`: its arrivals scaled by (its own rate / qps)."""
+    span = float(w.arrival[-1] - w.arrival[0])
+    if len(w) < 2 or span <= 0:
+        raise ServeError("--find_max_qps with --trace_file scales the trace's arrival times; "
+                         "this trace's requests all arrive at once (no rate to scale)")
+    own = (len(w) - 1) / span
+    return replace(w, arrival=(w.arrival - w.arrival[0]) * (own / qps),
+                   source=f"{w.source} at qps {qps:g}")
+
+
+def find_max_qps(dep, make, slo, *, attainment: float = 0.9, serve=None) -> Search:
+    """The search of the module doc; `make(qps)` builds the workload at a rate, `serve`
+    is api.serve (passed in: api imports this module)."""
+    if not 0 < attainment <= 1:
+        raise ServeError(f"--slo_attainment {attainment}: expected a fraction in (0, 1]")
+    slo = parse_slo(slo)
+    base = make(1.0)
+    if base.concurrency is not None:
+        raise ServeError("--find_max_qps searches an arrival rate; --concurrency is a closed "
+                         "loop with none: give --qps-free synthetic or a --trace_file")
+    at_least = FLOOD_SEQS * dep.engine.max_num_seqs
+    mu = steady_throughput(serve(dep, flood(base, at_least)).run)
+    probes, results = [], []
+
+    def meets(q: float) -> bool:
+        result = serve(dep, make(q), slo=slo)
+        ok = not result.metrics["overloaded"] and attained(result, slo) >= attainment
+        probes.append((q, ok))
+        results.append(result)
+        return ok
+
+    if meets(mu):
+        return Search(mu, mu, True, probes, results)
+    lo, hi, best = 0.0, mu, None
+    for _ in range(ITERATIONS):
+        if best is not None and hi - lo <= TOLERANCE * hi:
+            break
+        mid = (lo + hi) / 2
+        if meets(mid):
+            lo, best = mid, mid
+        else:
+            hi = mid
+    return Search(best, mu, False, probes, results)
