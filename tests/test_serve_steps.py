@@ -93,9 +93,21 @@ def test_step_price_equals_pricing_the_counted_step(spec, table):
     for shape in HELD_OUT:
         counted = count_step(TINY, [Piece(*p) for p in shape])
         assert table.price(shape) == pytest.approx(table.price_trace(counted), rel=1e-9)
-    # one piece: each group is one record, so the table's price is perfcounter's roofline
+    # one piece: each group is one record, so the table's price is the counted step's bound
+    # (pricing/price.py): max(Σ executed FLOPs / peak, the fewest bytes any regime moves /
+    # bandwidth) + the host link; the fewest here: the matmuls' and attention's bytes + the
+    # fused IO (compiled), below the compulsory bytes and the per-op roofline's
+    from perfcounter.pricing.figures import figures_of
+    from perfcounter.pricing.roofline import peak_flops
     single = count_step(TINY, [Piece(100, 0)])
-    assert table.price([(100, 0)]) == pytest.approx(roofline(single, spec).latency_s, rel=1e-9)
+    fig, _ = figures_of(single)
+    ext = np.array([k in ("matmul", "attention") for k in fig.kind])
+    least = fig.bytes[ext].sum() + single.fused_bytes
+    assert least < single.compulsory_bytes < fig.bytes.sum()
+    compute = sum(r.executed_flops / peak_flops(spec, r.dtype) for r in single.records)
+    want = max(compute, least / spec.bandwidth) + roofline(single, spec).host_link_s
+    assert table.price([(100, 0)]) == pytest.approx(want, rel=1e-9)
+    assert want < roofline(single, spec).latency_s
 
 
 def test_seconds_and_energy_are_positive_and_grow_with_work(table):

@@ -127,12 +127,16 @@ class _OnDevice(RooflinePricer):
     """A device's share of a placed step: its roofline, no host link of its own (the
     placement's transfers are charged once, by the simulation's replay)."""
 
+    has_host_link = False
+
     def host_link(self, trace: Trace) -> tuple[float, float]:
         return 0.0, 0.0
 
 
 class _PredictedOnDevice(PredictionPricer):
     """A device's share of a placed step as predicted in a regime, no host link of its own."""
+
+    has_host_link = False
 
     def __init__(self, spec, execution: str):
         super().__init__(spec, execution)

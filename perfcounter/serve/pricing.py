@@ -1,28 +1,20 @@
-"""A step's seconds and joules on a device: the pricer seam and the priced step table.
+"""A step's seconds and joules on a device: the pricers and the cache of priced step tables.
 
-The seam is the pricer. `pricer.record_costs(trace)` gives each record of a counted
-trace (fixed_s, compute_s, memory_s); a step costs
-
-    Σ_groups fixed + max(Σ compute, Σ memory)  +  host link
-
-where a group holds one op of every piece of the step (steps.py: in an engine the
-pieces' attention is one varlen kernel, one roofline). `RooflinePricer` is the
-roofline bound: fixed 0, executed FLOPs / peak at the op's dtype, bytes / bandwidth
-(roofline.op_costs, per-element costs of the spec included), the host link as
-roofline.py charges it (the step's inputs in, its output back). Its output says
-"step costs: roofline bound". A prediction with an execution regime (eager,
-compiled, cudagraphs) is predicted.py's `PredictionPricer`, the same three methods
-and its own table. A placement mapping (placement.py) prices each device's share with
-a PricedTable of the records placed there, plus the transfers perfcounter.simulation
+A pricer names a device spec and a regime (pricing.price.REGIMES); its `make_table(counts)`
+is a table.StepTable, whose every step is `pricing.price.price(figures, spec, execution)`
+of the step's figures. `RooflinePricer(spec)` prices the bound ("bound": the least any regime
+can take, docs/predictions.md#the-bound: the step's executed FLOPs at the peak FLOP/s, the
+fewest bytes any regime moves at the peak bandwidth, the larger of the two, + the host
+link); its output says "step costs: roofline bound". A prediction in a regime (eager,
+compiled, cudagraphs) is predicted.py's `PredictionPricer`. Both give a step's energy as the
+roofline's dynamic joules of its bytes and FLOPs (energy.py) and the host link's, which the
+table fits over the step features. A placement mapping (placement.py) prices each device's
+share with a table of the records placed there, plus the transfers perfcounter.simulation
 charges at the placement's boundaries.
 
-`pricer.make_table(counts)` prices the counted steps once. `PricedTable(counts, pricer)`
-(the roofline's) prices the counted one-layer FIT traces, sums each group (times the
-layers it stands for) and fits compute, memory, fixed, host-link and energy coefficients
-over the step features, so that pricing a step in the scheduler's loop is two small
-matrix-vector products. `step_table(args, dtype, pricer)` builds it once per (model,
-dtype, pricer: its device and regime) and caches it: the counts per (model, dtype), the
-priced table per pricer key as well (`cache_info()`, `cache_clear()`).
+`step_table(args, dtype, pricer)` builds a table once per (model, dtype, pricer: its device
+and regime) and caches it: the counts per (model, dtype), the priced table per pricer key as
+well (`cache_info()`, `cache_clear()`).
 """
 from __future__ import annotations
 
@@ -30,23 +22,25 @@ import dataclasses
 
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from perfcounter.models.args import ModelArgs
 from perfcounter.pricing.energy import PJ, record_energies
-from perfcounter.pricing.roofline import crosses_host_link, host_link_bytes, op_costs
-from perfcounter.serve.steps import FEATURES, StepCounts, count_table, fit, group_key
+from perfcounter.pricing.roofline import crosses_host_link, host_link_bytes
+from perfcounter.serve.steps import FEATURES, StepCounts, count_table
+from perfcounter.serve.table import StepTable
 from perfcounter.trace import Trace
 
 ROOFLINE_LABEL = "roofline bound"
 
 
 class RooflinePricer:
-    """Each record at the device's roofline: (0, executed FLOPs / peak, bytes / bandwidth)."""
+    """Steps at the bound on `spec` (the module doc); its energy and host link are every
+    pricer's."""
 
     label = ROOFLINE_LABEL
     execution = "bound"
+    has_host_link = True  # a placement's device has none of its own (placement.py)
 
     def __init__(self, spec):
         self.spec = spec
@@ -54,11 +48,8 @@ class RooflinePricer:
         self.key = f"{spec.name}:{spec.dtype}:{hash(repr(spec)):x}"
         self.static_w = float(spec.static_w or 0.0)
 
-    def make_table(self, counts: StepCounts) -> "PricedTable":
-        return PricedTable(counts, self)
-
-    def record_costs(self, trace: Trace) -> list[tuple[float, float, float]]:
-        return [(0.0, c.compute_s, c.memory_s) for c in op_costs(trace, self.spec)]
+    def make_table(self, counts: StepCounts) -> StepTable:
+        return StepTable(counts, self)
 
     def record_energy_j(self, trace: Trace) -> list[float] | None:
         """Dynamic joules per record (compute + memory); None when the spec lacks a figure."""
@@ -83,70 +74,7 @@ class RooflinePricer:
         return seconds, joules
 
 
-class PricedTable:
-    """A step's seconds and dynamic joules as functions of its features (module doc)."""
-
-    def __init__(self, counts: StepCounts, pricer, repeats=None):
-        """repeats(record): how many times a record of a one-layer trace stands in what this
-        table prices (default counts.repeats: the whole model; a placement: one device's
-        share, placement.py)."""
-        self.counts, self.pricer = counts, pricer
-        repeats = counts.repeats if repeats is None else repeats
-        self.label = pricer.label
-        self.static_w = float(getattr(pricer, "static_w", 0.0) or 0.0)
-        index = {k: g for g, k in enumerate(counts.keys)}
-        groups, shapes = len(index), len(counts.fit_traces)
-        comp, mem = np.zeros((shapes, groups)), np.zeros((shapes, groups))
-        base, joules = np.zeros((shapes, 1)), np.zeros((shapes, 1))
-        self.has_energy = True
-        for s, trace in enumerate(counts.fit_traces):
-            live = [r for r in trace.records if r.bytes or r.flops or r.executed_flops]
-            sub = Trace(records=live, compulsory_read=trace.compulsory_read,
-                        compulsory_written=trace.compulsory_written)
-            energy = pricer.record_energy_j(sub)
-            if energy is None:
-                self.has_energy = False
-            for i, (r, (fixed, c, m)) in enumerate(zip(live, pricer.record_costs(sub))):
-                k, n = index[group_key(r)], repeats(r)
-                comp[s, k] += c * n
-                mem[s, k] += m * n
-                base[s, 0] += fixed * n
-                if energy is not None:
-                    joules[s, 0] += energy[i] * n
-            link_s, link_j = pricer.host_link(sub)
-            base[s, 0] += link_s
-            joules[s, 0] += link_j
-        xs = counts.xs
-        self.compute = fit(xs, comp, "compute seconds")  # [groups, features]
-        self.memory = fit(xs, mem, "memory seconds")
-        self.base = fit(xs, base, "fixed and host-link seconds")[0]  # [features]
-        self.joules = fit(xs, joules, "joules")[0]
-
-    def seconds(self, f: np.ndarray) -> float:
-        """Seconds of a step with features f (steps.features)."""
-        return float(self.base @ f + np.maximum(self.compute @ f, self.memory @ f).sum())
-
-    def energy_j(self, f: np.ndarray, seconds: float) -> float:
-        """Joules of that step: dynamic (compute, memory, host link) + static W x seconds."""
-        return float(self.joules @ f) + self.static_w * seconds
-
-    def price(self, pieces) -> float:
-        return self.seconds(self.counts.features(pieces))
-
-    def price_trace(self, trace: Trace) -> float:
-        """The same rule applied to a counted step trace (records grouped as the table does)."""
-        live = [r for r in trace.records if r.bytes or r.flops or r.executed_flops]
-        sub = Trace(records=live, compulsory_read=trace.compulsory_read,
-                    compulsory_written=trace.compulsory_written)
-        groups: dict = {}
-        total = 0.0
-        for r, (fixed, c, m) in zip(live, self.pricer.record_costs(sub)):
-            key = (group_key(r), r.module)
-            acc = groups.setdefault(key, [0.0, 0.0])
-            acc[0] += c
-            acc[1] += m
-            total += fixed
-        return total + sum(max(c, m) for c, m in groups.values()) + self.pricer.host_link(sub)[0]
+PricedTable = StepTable  # the bound's table is the step table
 
 
 # -- the cache: one table per (model, dtype) and pricer -------------------------------------
@@ -165,7 +93,7 @@ class TableKey(NamedTuple):
 
 
 _COUNTS: dict[CountsKey, StepCounts] = {}
-_TABLES: dict[TableKey, PricedTable] = {}
+_TABLES: dict[TableKey, StepTable] = {}
 _STATS = {"hits": 0, "misses": 0}
 
 
@@ -187,7 +115,7 @@ def cache_clear() -> None:
 
 
 def step_table(args: ModelArgs, dtype: torch.dtype, pricer, *, weights=None,
-               kv=None, load=None) -> PricedTable:
+               kv=None, load=None) -> StepTable:
     """The priced step table of `args` at `dtype` under `pricer` (its key names the device
     and the regime), counted once per (model, dtype, weights, kv) and priced once per
     pricer and routing. weights: a quantize.WeightScheme (None: float); kv: "int8", "fp8" or
@@ -209,5 +137,5 @@ def step_table(args: ModelArgs, dtype: torch.dtype, pricer, *, weights=None,
     return table
 
 
-__all__ = ["FEATURES", "ROOFLINE_LABEL", "PricedTable", "RooflinePricer", "cache_clear",
-           "cache_info", "step_table"]
+__all__ = ["FEATURES", "ROOFLINE_LABEL", "PricedTable", "RooflinePricer", "StepTable",
+           "cache_clear", "cache_info", "step_table"]
