@@ -42,7 +42,8 @@ from contextlib import contextmanager
 from perfcounter._util import VERSION, atomic_write, did_you_mean, sum_or_none
 from perfcounter.counting.mode import PerformanceCounterMode
 from perfcounter.counting.module_path import check_depth
-from perfcounter.counts_doc import META_KEY, SCHEMA, SCHEMA_VERSION, read_counts
+from perfcounter.counts_doc import (META_KEY, SCHEMA, SCHEMA_VERSION, read_counts,
+                                    read_counts_file)
 from perfcounter.devices import get_device_spec
 from perfcounter.pricing.predict import check_execution
 from perfcounter.report.phase import Comparison, format_stats
@@ -361,21 +362,7 @@ class TransformerPerformanceCounter:
     def from_json(cls, path) -> "TransformerPerformanceCounter":
         """A counter from a file to_json() (or torchao's to_json()) wrote."""
         path = os.fspath(path)
-        try:
-            with open(path, encoding="utf-8") as f:
-                doc = json.load(f)
-        except UnicodeDecodeError:
-            raise ValueError(f"{path}: not a JSON text file (not UTF-8; a binary file?)") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
-        except IsADirectoryError:
-            raise ValueError(f"{path}: is a directory, not a JSON file") from None
-        except FileNotFoundError:
-            raise ValueError(f"{path}: no such counts file (--save_path of `perfcounter count` "
-                             "or generate.py writes one)") from None
-        except OSError as e:
-            raise ValueError(f"{path}: cannot be read ({e.strerror or e})") from None
-        return cls.from_dict(doc, source=path)
+        return cls.from_dict(read_counts_file(path), source=path)
 
 
 def _sum_totals(phases: list[PerformanceStats], device_spec) -> PerformanceStats:

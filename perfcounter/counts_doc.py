@@ -10,6 +10,7 @@ counter's settings as plain data; every malformed document is one ValueError nam
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 
 from perfcounter.counting.module_path import check_depth
@@ -50,12 +51,36 @@ def _check_meta(meta, where: str) -> None:
                          f"(this perfcounter reads version {SCHEMA_VERSION})")
 
 
+def read_counts_file(path: str):
+    """The JSON document in a counts file; every failure to read one is one ValueError."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a JSON text file (not UTF-8; a binary file?)") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:  # json nests by recursion: a counts document is a few levels deep
+        raise ValueError(f"{path}: JSON nested too deep to be a counts document (a counts "
+                         "file holds phases of stats, a few levels deep)") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: is a directory, not a JSON file") from None
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such counts file (--save_path of `perfcounter count` "
+                         "or generate.py writes one)") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot be read ({e.strerror or e})") from None
+
+
 def read_counts(doc, source: str = "document") -> ReadCounts:
     """The phases and settings of a counts document (see the module doc)."""
     if not isinstance(doc, dict):
         raise ValueError(f"{source}: expected a JSON object of phases by label, got "
                          f"{type(doc).__name__}")
-    if isinstance(doc.get("schema"), str):  # the version-1 envelope (a label maps to a dict)
+    if "schema" in doc and not isinstance(doc["schema"], dict):  # the version-1 envelope
+        if not isinstance(doc["schema"], str):  # (a label maps to a dict)
+            raise ValueError(f"{source}: not a perfcounter counts document (schema "
+                             f"{doc['schema']!r:.40}; expected {SCHEMA!r})")
         return _read_envelope(doc, source)
     read = None
     for label, d in doc.items():

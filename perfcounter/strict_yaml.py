@@ -109,3 +109,15 @@ def _expanded_size(root, budget: int) -> int:
 def load_yaml(text: str):
     """The document in `text`, read strictly (see the module doc)."""
     return yaml.load(text, Loader=StrictLoader)
+
+
+def one_line(exc: Exception) -> str:
+    """A YAML (or JSON) error as one line: PyYAML's problem and where, not its three-line
+    excerpt of the text."""
+    problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)
+    if problem and mark is not None:
+        context = getattr(exc, "context", None)
+        return (f"{f'{context}: ' if context else ''}{problem} (line {mark.line + 1}, "
+                f"column {mark.column + 1})")
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__

@@ -177,6 +177,10 @@ def _profile(args) -> int:
                       for f in ("--device_spec", "--execution")})
     if args.counts is not None:
         counter = TransformerPerformanceCounter.from_json(args.counts)
+        if not counter.counts:  # torchao's to_json of a counter that counted nothing
+            raise ValueError(f"{args.counts}: no phase in it (an empty object); nothing to "
+                             "profile (--save_path of `perfcounter count` or generate.py "
+                             "writes a count)")
     else:
         counter = count_from_flags(args)
         _save(args, counter)

@@ -46,8 +46,8 @@ def model_source(text) -> str:
                              f"of {expected}; {ACCEPTS}")
         return "checkpoint"
     if path.is_dir():
-        weights = [p for s in CHECKPOINT_SUFFIXES for p in path.glob(f"*{s}")]
-        if weights:
+        weights = [p for s in (*CHECKPOINT_SUFFIXES, ".index.json") for p in path.glob(f"*{s}")]
+        if weights:  # an index of shards names weights, wherever they are: a checkpoint
             return "checkpoint"
         if (path / "config.json").is_file():
             return "config"

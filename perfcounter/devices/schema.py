@@ -57,7 +57,7 @@ import yaml
 from perfcounter._util import did_you_mean
 from perfcounter.devices.dtypes import DeviceSpecError, as_dtype, dtype_name, rate_key
 from perfcounter.devices.spec import DeviceSpec
-from perfcounter.strict_yaml import DuplicateKey, YamlTooLarge, load_yaml
+from perfcounter.strict_yaml import DuplicateKey, YamlTooLarge, load_yaml, one_line
 
 
 class Figure(NamedTuple):
@@ -386,7 +386,7 @@ def load_device_specs(path) -> list[DeviceSpec]:
     except YamlTooLarge as exc:
         raise DeviceSpecError(f"{path}: {exc}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise DeviceSpecError(f"{path}: not a valid YAML file: {exc}") from None
+        raise DeviceSpecError(f"{path}: not a valid YAML file: {one_line(exc)}") from None
     except OSError as exc:
         raise DeviceSpecError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     return parse_device_specs(data, str(path))

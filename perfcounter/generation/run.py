@@ -232,10 +232,12 @@ def check_options(o: Options) -> Options:
         if o.args is not None:  # config only: the group size checked before the run
             apply_quantization(o.args, o.scheme, o.kv)
     device = o.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:  # config-only counts run on fake tensors: the device need not be here
-        o.device = check_device(device, present=not o.config_only)
+    try:  # config-only counts run on fake tensors, on a device that is here when one is named
+        o.device = check_device(device, present=not o.config_only or o.device is not None)
     except ValueError as e:
-        raise GenerateArgumentError(f"--{e}") from None
+        priced = ("; a config-only count prices any device by --device_spec (drop --device)"
+                  if o.config_only else "")
+        raise GenerateArgumentError(f"--{e}{priced}") from None
     if not o.config_only and o.prompt_length is None and not o.prompt:
         raise GenerateArgumentError("--prompt is empty; give some text, or --prompt_length N for a "
                                     "synthetic prompt")

@@ -17,7 +17,7 @@ from pathlib import Path
 from perfcounter.models.args import ModelArgs, UnknownModelError
 from perfcounter.models.checkpoint_files import (CheckpointError, CheckpointNotFoundError,
                                                  model_args_from_dict, read_json)
-from perfcounter.models.hf_checkpoint import model_args_from_hf
+from perfcounter.models.hf_checkpoint import hf_weight_files, model_args_from_hf
 from perfcounter.models.tokenizer import offline_transformers
 
 META_KEY = "perfcounter_model_args"  # the ModelArgs JSON in our safetensors' metadata
@@ -145,6 +145,7 @@ def checkpoint_config(path, *, model_name=None, config_path=None):
         return kind, weights, gguf_config(weights)
     if kind == "hf":
         folder = path if path.is_dir() else path.parent
+        hf_weight_files(folder)  # an index's shards named inside the folder, and present
         return kind, folder, read_config(config_path or folder / "config.json")
     meta = safetensors_metadata(weights) if kind == "safetensors" else {}
     return kind, weights, weights_args(weights, meta, model_name=model_name,

@@ -101,25 +101,39 @@ def model_args_from_hf(cfg: dict, source) -> ModelArgs:
         raise CheckpointError(f"{source}: {message}") from None
 
 
-def read_hf_weights(folder: Path) -> dict:
-    """All tensors of a Hugging Face model folder, shards merged."""
-    for index_name, reader in (("model.safetensors.index.json", lambda p: read_safetensors(p)[0]),
-                               ("pytorch_model.bin.index.json", read_pth)):
-        if (folder / index_name).is_file():
-            weight_map = read_json(folder / index_name).get("weight_map", {})
+INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def hf_weight_files(folder: Path) -> list[Path]:
+    """The files holding a Hugging Face folder's tensors, found without reading any: an
+    index's shards (each named inside the folder and present), else the one weights file."""
+    for index_name in INDEXES:
+        index = folder / index_name
+        if index.is_file():
+            weight_map = read_json(index).get("weight_map", {})
             if not isinstance(weight_map, dict) or not weight_map:
-                raise CheckpointError(f"{folder / index_name}: 'weight_map' must be a non-empty "
+                raise CheckpointError(f"{index}: 'weight_map' must be a non-empty "
                                       "object of tensor name -> shard file name")
-            state = {}
-            for shard in sorted(set(map(str, weight_map.values()))):
-                state.update(reader(folder / _shard_name(shard, folder / index_name)))
-            return state
-    if (folder / "model.safetensors").is_file():
-        return read_safetensors(folder / "model.safetensors")[0]
-    if (folder / "pytorch_model.bin").is_file():
-        return read_pth(folder / "pytorch_model.bin")
+            files = [folder / _shard_name(s, index) for s in sorted(set(map(str, weight_map.values())))]
+            for file in files:
+                if not file.is_file():
+                    raise CheckpointNotFoundError(f"{file}: no such file (a shard {index_name} "
+                                                  "names)")
+            return files
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return [folder / name]
     raise CheckpointNotFoundError(f"{folder}: no weights; expected model.safetensors, "
                                   "model.safetensors.index.json or pytorch_model.bin")
+
+
+def read_hf_weights(folder: Path) -> dict:
+    """All tensors of a Hugging Face model folder, shards merged."""
+    state = {}
+    for file in hf_weight_files(folder):
+        state.update(read_safetensors(file)[0] if file.suffix == ".safetensors"
+                     else read_pth(file))
+    return state
 
 
 def _shard_name(shard: str, index: Path) -> str:
