@@ -65,3 +65,20 @@ def test_bad_parallel_flags_are_one_line_exit_2(capsys, extra, message):
     assert main(argv=[*SMALL, *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_sweep_prices_one_rank(capsys, tmp_path):
+    argv = ["sweep", "--model", "smollm2-135m", "--batch_size", "1", "--prompt_length", "8",
+            "--max_new_tokens", "2", "--device_spec", "h100-sxm"]
+    rows = {}
+    for name, extra in (("base", []), ("tp1", ["--tp", "1"]), ("tp3", ["--tp", "3"])):
+        out = tmp_path / f"{name}.json"
+        assert main(argv=[*argv, *extra, "--save_path", str(out)]) == 0
+        rows[name] = json.loads(out.read_text())
+    capsys.readouterr()
+    assert rows["tp1"] == rows["base"]  # the same rows, no parallel column
+    three = {r["phase"]: r for r in rows["tp3"]}
+    base = {r["phase"]: r for r in rows["base"]}
+    assert three["prefill"]["parallel"] == "TP3"
+    # a rank's weights: about a third (9 heads, 3 KV heads, 1536 and 49152 / 3; norms whole)
+    assert 0.3 < three["prefill"]["weights_bytes"] / base["prefill"]["weights_bytes"] < 0.36

@@ -17,8 +17,9 @@ prediction), tokens/s by each, J/token, the KV cache's size, and the memory foot
 weights + KV cache + the largest op's activations (inputs and outputs of one
 call, the peak an eager run needs at least) — against the device's memory
 (`fits`: no when it exceeds it, n/a when the spec has no size).
-Models are presets or config.json files (ours or Hugging Face). `cli.py`
-registers `add_parser`.
+Models are presets or config.json files (ours or Hugging Face). With vLLM's parallel flags
+(--tensor_parallel_size, ...: perfcounter/parallel) one rank of each model is counted, priced
+and fitted (a `parallel` column says its sizes). `cli.py` registers `add_parser`.
 """
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ from pathlib import Path
 import torch
 
 from perfcounter._util import atomic_write
-from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output,
-                                   config_of, precision_of)
+from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output, add_parallel_flags,
+                                   config_of, parallel_of, precision_of)
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.format import format_table, rate, scaled, si
@@ -44,6 +45,7 @@ from perfcounter.generation.derive import count_generation
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.hf_checkpoint import model_args_from_hf
 from perfcounter.models.loading import fake_model, read_config
+from perfcounter.parallel import check_links, rank_args, shard
 from perfcounter.quant import quantize as quantization
 from perfcounter.quant.gguf_types import FILE_TYPES, GgufFile, check_file_type, check_gguf_type
 from perfcounter.quant.quantize import kv_cache_bytes
@@ -132,13 +134,15 @@ def footprint(args, model, counter, batch: int, max_seq: int, itemsize: int,
 def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=None,
           dtype=torch.bfloat16, io_model: str = "per_op", progress: bool = False,
           quantize=(None,), kv_dtypes=(None,), execution: str = "eager",
-          gguf_types=()) -> list[dict]:
+          gguf_types=(), parallel=None) -> list[dict]:
     """One dict per (model, batch, prompt, new tokens, weight scheme, KV dtype, device, phase);
     see the module doc. quantize: weight schemes (None: float; "int8", "int4-32", ... or
     quantize.WeightScheme); gguf_types: llama.cpp file types ("Q4_K_M", ...) priced beside
     them, each a preset's weights as stored in such a file (quant/gguf_types.py, every layer
     counted); kv_dtypes: None (float), "int8", "fp8"; execution: the program the predicted
-    latency prices (eager, compiled, cudagraphs)."""
+    latency prices (eager, compiled, cudagraphs). parallel: a ParallelConfig (perfcounter/
+    parallel): one rank of each model is counted and priced (its sharded shapes, collectives
+    and memory), the rows saying its sizes."""
 
     specs = [get_device_spec(d, dtype=dtype) for d in devices]  # a bad name fails first
     schemes = [q if isinstance(q, quantization.WeightScheme) else quantization.parse_scheme(q)
@@ -148,6 +152,15 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
     for name in models if files else ():  # a model no file type can store fails first
         check_gguf_type(_model_args(name), files[0])
     schemes = [(s, None) for s in schemes] + [(None, t) for t in files]
+    sharded = parallel is not None and (parallel.sharded or parallel.enable_expert_parallel)
+    for name in models if sharded else ():  # every model and device checked before counting
+        shard(_model_args(name), name, tensor_parallel_size=parallel.tensor_parallel_size,
+              pipeline_parallel_size=parallel.pipeline_parallel_size,
+              data_parallel_size=parallel.data_parallel_size,
+              enable_expert_parallel=parallel.enable_expert_parallel,
+              gguf=bool(files) or str(config_of(name)).endswith(".gguf"))
+        for spec in specs:
+            check_links(spec, parallel)
     kvs = [quantization.parse_kv_dtype(k) for k in kv_dtypes]  # bad names fail before counting
     combos = list(itertools.product(models, batch_sizes, prompt_lengths, new_tokens, schemes, kvs))
     if progress:
@@ -157,6 +170,8 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
     rows = []
     for name, batch, prompt, new, (scheme, file_type), kv in combos:
         args = _model_args(name)
+        if sharded:  # one rank (checked above)
+            args = rank_args(args, parallel, name)
         gguf = _file(name, args, file_type)
         counter = TransformerPerformanceCounter(io_model=io_model, execution=execution)
         make = None if scheme is None and kv is None else partial(
@@ -197,7 +212,8 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
                     "kv_cache_bytes": need.kv_cache, "footprint_bytes": need.total,
                     "weights_bytes": need.weights, "activations_bytes": need.activations,
                     "memory_bytes": spec.vram,
-                    "fits": None if not spec.vram else need.total <= spec.vram})
+                    "fits": None if not spec.vram else need.total <= spec.vram,
+                    **({"parallel": parallel.label()} if sharded else {})})
     return rows
 
 
@@ -234,6 +250,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("sweep", help="count models config-only and price every combination "
                        "of batch, lengths and devices", description=__doc__.split("\n\n")[0])
     add_model_flags(p, lists=True)  # the roofline, a bound; the prediction in --execution
+    add_parallel_flags(p)
     p.add_argument("--mapping", default=None, help="layer -> device mapping (YAML/JSON): price "
                    "the placement, each --device_spec running the modules it does not place")
     p.add_argument("--io_model", default="per_op", choices=["per_op", "compulsory"],
@@ -276,7 +293,8 @@ def run(args) -> int:
                  progress=sys.stderr.isatty(),
                  quantize=[None if q == "none" else q for q in schemes], gguf_types=files,
                  kv_dtypes=[None if k == "none" else k for k in parse_list(args.kv_dtype or "none",
-                                                                             "kv_dtype")], **pos)
+                                                                             "kv_dtype")],
+                 parallel=parallel_of(args), **pos)
     print(to_text(rows))
     if args.csv:
         atomic_write(args.csv, to_csv(rows))
