@@ -40,6 +40,8 @@ def si(value, unit: str, digits: int = 2, *, prefix: str | None = None, nearest:
         return f"{scaled(value, prefix, digits)} {prefix}{unit}"
     if value == 0:
         return f"0 {unit}"
+    if not math.isfinite(value):  # an overflowed product of figures: said as it is, never a crash
+        return f"{value} {unit}"
     power = math.floor(math.log10(abs(value)))
     if power >= 0 and not nearest:  # 148 B, 13.25 GB
         chosen = min(3 * (power // 3), max(_PREFIXES))

@@ -211,17 +211,22 @@ devices:
 @pytest.mark.parametrize("entry, expect", [
     ("    bandwith_GBs: 1000\n", ["unknown field 'bandwith_GBs'", "did you mean 'bandwidth_GBs'"]),
     ("    tdp_W: fast\n", ["field 'tdp_W'", "got 'fast'", "expected a positive number"]),
-    ("    mem_pj_per_bit: -3\n", ["field 'mem_pj_per_bit'", "got -3", "positive number"]),
-    ("    mem_pj_per_bit: 0\n", ["field 'mem_pj_per_bit'", "got 0", "positive number"]),
-    ("    tflops: {bfloat16: 0}\n", ["field 'tflops.bfloat16'", "got 0", "positive number"]),
+    ("    mem_pj_per_bit: -3\n", ["field 'mem_pj_per_bit'", "got -3",
+                                 "expected pJ per bit in [0.001, 100000] (a plausible range)"]),
+    ("    mem_pj_per_bit: 0\n", ["field 'mem_pj_per_bit'", "got 0", "pJ per bit in [0.001, "]),
+    ("    tflops: {bfloat16: 0}\n", ["field 'tflops.bfloat16'", "got 0",
+                                    "TFLOP/s in [1e-06, 1e+06]"]),
+    ("    pj_per_flop: 1.0e300\n", ["field 'pj_per_flop'", "got 1e+300",
+                                   "expected pJ per FLOP in [0.001, 100000]"]),
+    ("    vram_GB: .nan\n", ["field 'vram_GB'", "got nan", "GB in [0.001, 1e+06]"]),
     ("    aliases: 7\n", ["field 'aliases'", "got 7", "list of non-empty strings"]),
     ("    dtype: int8\n", ["field 'dtype'", "got 'int8'", "one of the tflops dtypes"]),
     ("    peak_fraction: 1.5\n", ["field 'peak_fraction'", "got 1.5", "a number in (0, 1]"]),
     ("    peak_fraction: 0\n", ["field 'peak_fraction'", "got 0", "a number in (0, 1]"]),
-    ("    device_link_GBs: 0\n", ["field 'device_link_GBs'", "got 0", "a positive number"]),
+    ("    device_link_GBs: 0\n", ["field 'device_link_GBs'", "got 0", "GB/s in [0.01, 1e+06]"]),
     ("    interconnect_GBs: fast\n", ["field 'interconnect_GBs'", "got 'fast'", "positive"]),
     ("    device_link_pj_per_bit: -1\n", ["field 'device_link_pj_per_bit'", "got -1",
-                                        "non-negative"]),
+                                        "pJ per bit in [0, 100000]"]),
     ("    profile: upmen\n", ["field 'profile'", "got 'upmen'", "one of upmem"]),
 ])
 def test_bad_entry_errors_name_file_entry_field_value_and_expectation(tmp_path, entry, expect):
@@ -235,6 +240,23 @@ def test_bad_entry_errors_name_file_entry_field_value_and_expectation(tmp_path, 
     message = str(info.value)
     for part in [str(path), "entry 'my-gpu'", *expect]:
         assert part in message
+
+
+def test_a_figure_out_of_its_range_is_refused_before_it_can_break_a_report(tmp_path):
+    """GOOD with bandwidth 1e-300 GB/s: refused, the range named (it would print 300-digit
+    times); every shipped figure lies within its range."""
+    path = _write(tmp_path, GOOD.replace("bandwidth_GBs: 1000", "bandwidth_GBs: 1.0e-300"))
+    with pytest.raises(DeviceSpecError) as info:
+        get_device_spec(path)
+    assert str(info.value) == (f"{path}: entry 'my-gpu': field 'bandwidth_GBs': got 1e-300; "
+                               "expected GB/s in [0.01, 1e+06] (a plausible range)")
+    for name in list_device_specs():  # the registry loads: none of its figures is refused
+        assert get_device_spec(name).bandwidth >= 1e7
+
+
+def test_a_figure_past_a_floats_range_prints_as_it_is():
+    from perfcounter.format import si
+    assert si(float("inf"), "J") == "inf J" and si(-float("inf"), "s") == "-inf s"
 
 
 def test_missing_field_and_missing_source_are_errors(tmp_path):

@@ -57,6 +57,7 @@ import yaml
 from perfcounter._util import did_you_mean
 from perfcounter.devices.dtypes import DeviceSpecError, as_dtype, dtype_name, rate_key
 from perfcounter.devices.spec import DeviceSpec
+from perfcounter.devices.figure_ranges import RANGES, out_of_range
 from perfcounter.strict_yaml import DuplicateKey, YamlTooLarge, load_yaml, one_line
 
 
@@ -258,6 +259,10 @@ def _dtype(ctx: _Entry, value):
 def _build(ctx: _Entry, name: str, entry: dict, device_type: str, aliases, source,
            profile=None) -> DeviceSpec:
     given: dict = {}  # (DeviceSpec field, dtype or None) -> (YAML key, YAML value)
+    for key in sorted(RANGES.keys() & entry.keys()):  # each figure within its plausible range
+        bad = out_of_range(key, entry[key])
+        if bad is not None:
+            raise ctx.bad(*bad)
     dtype = _dtype(ctx, entry["dtype"]) if "dtype" in entry else None
     flops = _per_dtype(ctx, "tflops", entry["tflops"], [dtype or as_dtype("bfloat16")], given)
     if dtype is None:
