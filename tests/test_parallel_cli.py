@@ -82,3 +82,21 @@ def test_sweep_prices_one_rank(capsys, tmp_path):
     assert three["prefill"]["parallel"] == "TP3"
     # a rank's weights: about a third (9 heads, 3 KV heads, 1536 and 49152 / 3; norms whole)
     assert 0.3 < three["prefill"]["weights_bytes"] / base["prefill"]["weights_bytes"] < 0.36
+
+
+def test_simulate_places_one_rank(capsys, tmp_path):
+    argv = ["simulate", "--model", "smollm2-135m", "--prompt_length", "8", "--max_new_tokens",
+            "2", "--default_device", "h100-sxm"]
+    flops = {}
+    for name, extra in (("base", []), ("tp3", ["--tp", "3"])):
+        out = tmp_path / f"{name}.json"
+        assert main(argv=[*argv, *extra, "--save_counts", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        flops[name] = sum(r["flops"] for r in doc["prefill"]["trace"]["records"]
+                          if r["op"] == "aten.mm.default")
+    capsys.readouterr()
+    # every matmul of a rank is a third of the model's: heads, KV heads, 1536 and vocab / 3
+    assert flops["tp3"] * 3 == flops["base"]
+    assert main(argv=[*argv, "--tp", "3", "--hf"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "leave out --hf" in err[0]

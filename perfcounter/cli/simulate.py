@@ -37,7 +37,8 @@ from pathlib import Path
 import torch
 
 from perfcounter._util import atomic_write
-from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output,
+from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output, add_parallel_flags,
+                                   parallel_of,
                                    model_source, precision_of, refuse)
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.generation.config_only import count_hf_config, greedy_generate
@@ -45,6 +46,7 @@ from perfcounter.generation.derive import count_generation
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import fake_model, load_hf_model, load_model, read_config
 from perfcounter.models.tokenizer import cache_keyword
+from perfcounter.parallel import shard
 from perfcounter.quant import quantize as quantization
 from perfcounter.quant.gguf_types import check_gguf_type, stored_as
 from perfcounter.report.plots import check_outputs, source_name, write_outputs
@@ -100,6 +102,12 @@ def count(args):
     if (scheme is not None or kv is not None) and (args.hf or args.checkpoint_path is not None):
         raise MappingError("--quantize, --weight_dtype and --kv_dtype price perfcounter's model "
                            "counted from a config: leave out --hf and checkpoints")
+    parallel = parallel_of(args)  # one rank of our model (perfcounter/parallel)
+    sharded = parallel.sharded or parallel.enable_expert_parallel
+    if sharded and (args.hf or args.checkpoint_path is not None or args.gguf_type):
+        raise MappingError(f"{parallel.label() or '--enable_expert_parallel'}: one rank of "
+                           "perfcounter's model is counted from its config; leave out --hf, "
+                           "checkpoints and --gguf_type")
     if args.checkpoint_path is not None:
         _count_checkpoint(args, counter, dtype, sizes)
     elif args.hf:
@@ -107,6 +115,12 @@ def count(args):
                         dtype=dtype, cache="static", derive=True, **sizes)
     else:
         model_args = read_config(args.config) if args.config else ModelArgs.from_name(args.model)
+        if sharded:  # its sharded shapes and collectives, placed as the mapping says
+            model_args = shard(model_args, str(args.config or args.model),
+                               tensor_parallel_size=parallel.tensor_parallel_size,
+                               pipeline_parallel_size=parallel.pipeline_parallel_size,
+                               data_parallel_size=parallel.data_parallel_size,
+                               enable_expert_parallel=parallel.enable_expert_parallel)[1]
         make = None if scheme is None and kv is None else partial(fake_model, weights=scheme,
                                                                      kv=kv, dtype=dtype)
         file = args.gguf_type and check_gguf_type(model_args, args.gguf_type, quantize=scheme)
@@ -159,7 +173,8 @@ def _link(bw_gbs, pj, name: str):
 # the flags that count a model: what a saved count (--counts) cannot honour
 COUNTING = ("--model", "--config", "--checkpoint_path", "--prompt_length", "--max_new_tokens",
             "--batch_size", "--precision", "--quantize", "--weight_dtype", "--group_size",
-            "--kv_dtype", "--hf", "--depth", "--gguf_type")
+            "--kv_dtype", "--hf", "--depth", "--gguf_type", "--tensor_parallel_size",
+            "--pipeline_parallel_size", "--data_parallel_size", "--enable_expert_parallel")
 
 
 def _unused(args) -> dict:
@@ -226,6 +241,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("simulate", help="place layers on devices (UPMEM's layer mapping) and "
                        "price time and energy per phase", description=__doc__.split("\n\n")[0])
     add_model_flags(p, legacy_paths=True)  # the bound, and the prediction run --execution
+    add_parallel_flags(p)
     g = p.add_argument_group("model")
     g.add_argument("--counts", type=Path, help="a counter saved with to_json or --save_counts: "
                    "price it, don't count")
