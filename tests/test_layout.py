@@ -14,8 +14,8 @@ PACKAGE = ROOT / "perfcounter"
 
 # Lowest first: a unit may import its own and lower units, never a higher one.
 LAYERS = ["_util", "console", "format", "strict_yaml", "trace_args", "trace", "quant", "costs", "counting", "models",
-          "devices", "pricing", "simulation", "report", "stats_dict", "stats", "counts_doc", "timer",
-          "counter", "generation", "parallel", "serve", "plan", "cli", "__init__"]
+          "devices", "pricing", "parallel", "simulation", "report", "stats_dict", "stats",
+          "counts_doc", "timer", "counter", "generation", "serve", "plan", "cli", "__init__"]
 MAX_LINES = 400
 
 

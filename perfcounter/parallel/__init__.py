@@ -6,8 +6,8 @@ pipeline micro-batch streams splitting a request stream (replicas.py), and the m
 rank needs with the smallest tensor-parallel size that fits (memory.py). The collectives are
 ops of the cost registry (costs/collectives.py), priced on the devices' link by
 pricing/collectives.py; the model calls them (models/model.py). May import: models, costs,
-counting, quant, devices, pricing, generation (everything below serve); serve and the
-commands import it.
+counting, quant, devices, pricing (the layers below it); generation, serve, plan and the
+commands import it. serve's scheduler reaches replicas.py as an argument, not an import.
 
 Python API:
 
