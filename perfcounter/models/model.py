@@ -94,6 +94,8 @@ class Transformer(nn.Module):
         # idx: [B, S] token ids, input_pos: [S] positions -> logits [B, S, vocab]
         if self.max_seq_length < 0:
             raise RuntimeError("call setup_caches(max_batch_size, max_seq_length) before forward")
+        if input_pos.dtype != torch.long:  # int32 positions, as gpt-fast's caches take them
+            input_pos = input_pos.long()  # index_copy_ into the cache takes int64 only
         mask = self.causal_mask[None, None, input_pos]  # [1, 1, S, max_seq]
         x = self.embed(idx)  # [B, S, dim]
         freqs_cis = self.freqs_cis[input_pos].to(x.dtype)  # [S, D/2, 2], rotations in x's dtype
@@ -311,14 +313,17 @@ def _params(module: nn.Module, seen: set) -> int:
 def count_params(model: nn.Module) -> tuple[int, int]:
     """(active, total) parameters, as the model has them whatever their storage (see
     `_params`; the bytes they are stored in are quantize.model_size_bytes' figure): total
-    counts shared tensors once; active leaves out the embedding table (a row lookup) unless
-    the output head shares it, and the experts a token does not route to."""
+    counts shared tensors once (a tied head stored apart, as quantization stores it, too);
+    active leaves out the embedding table (a row lookup) unless the output head shares it,
+    and the experts a token does not route to."""
     total = _params(model, set())
     active = total
     config = getattr(model, "config", None)
     embed, output = getattr(model, "tok_embeddings", None), getattr(model, "output", None)
     if isinstance(embed, nn.Embedding) and getattr(output, "weight", None) is not embed.weight:
         active -= embed.weight.numel()
+        if getattr(config, "tie_embeddings", False):  # a tied head stored apart (quantized):
+            total -= embed.weight.numel()  # the same parameters, stored twice, counted once
     for module in model.modules():
         if isinstance(module, (ConditionalFeedForward, QuantizedExperts)):
             experts = _params(module, set())

@@ -16,6 +16,7 @@ object with PerformanceStats' attributes (stats.py imports this module for
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -31,8 +32,12 @@ def _device_line(stats) -> str:
 
 
 def _utilization(fraction) -> str:
-    """'1.13 % (0.0113 of peak)': the percent, and the fraction torchao printed."""
-    return NA if fraction is None else f"{percent(fraction)} ({fraction:.4f} of peak)"
+    """'1.13 % (0.0113 of peak)': the percent, and the fraction torchao printed (to four
+    places, or two significant digits where those would read 0.0000: 3.2e-07 of peak)."""
+    if fraction is None:
+        return NA
+    share = f"{fraction:.4f}" if fraction == 0 or abs(fraction) >= 1e-4 else f"{fraction:.2g}"
+    return f"{percent(fraction)} ({share} of peak)"
 
 
 def format_stats(stats, module_depth: int | None = 4) -> str:
@@ -99,8 +104,9 @@ def format_stats(stats, module_depth: int | None = 4) -> str:
         lines += ["  Scopes", _table(scopes, s, indent=4)]
     if module_depth is not None:
         rows = merged_modules(s, module_depth)
-        if rows:
-            lines += [f"  Modules (depth {module_depth}, layer indices merged as *)",
+        if rows:  # the depth the rows reach: the counter's, where it tracked less than asked
+            deepest = max(len(path.split(".")) for path in rows)
+            lines += [f"  Modules (depth {deepest}, layer indices merged as *)",
                       _table(rows, s, indent=4)]
     return "\n".join(lines)
 
@@ -116,11 +122,17 @@ def _prediction_lines(s) -> list[str]:
     if s.latency is not None:
         lines.append(f"    Measured ÷ predicted: {ratio(s.latency, p.latency_s)} (measured ÷ "
                      f"roofline {ratio(s.latency, s.roofline_latency)})")
+        if s.device_spec.device_type != "cpu" and s.timing.startswith("time.perf_counter"):
+            lines.append(f"    NB: timed by the host's clock, priced on {s.device_spec.name} "
+                         f"({s.device_spec.device_type}): where the run did not run on it, the "
+                         "ratio compares two devices, not the prediction with its run")
     return lines
 
 
 def merged_modules(stats, depth: int) -> dict[str, dict]:
-    """stats.modules(depth) with numeric path components (layer indices) merged."""
+    """stats.modules(depth) with numeric path components (layer indices) merged; a list of
+    layers whose row is its merged layers' row (`layers` beside `layers.*`: a container with
+    no work of its own) is left out, its `.*` row says it."""
     out: dict[str, dict] = {}
     for path, row in stats.modules(depth).items():
         key = re.sub(r"(?<=\.)\d+(?=\.|$)", "*", path)
@@ -129,7 +141,14 @@ def merged_modules(stats, depth: int) -> dict[str, dict]:
                 out[key][k] += v
         else:
             out[key] = dict(row)
-    return out
+    return {k: v for k, v in out.items() if not _same(out.get(f"{k}.*"), v)}
+
+
+def _same(a: dict | None, b: dict) -> bool:
+    """Two module rows with the same figures (sums in another order: to 1e-9)."""
+    return a is not None and a.keys() == b.keys() and all(
+        a[k] == b[k] if isinstance(b[k], int) else math.isclose(a[k], b[k], rel_tol=1e-9)
+        for k in b)
 
 
 def _table(rows: dict[str, dict], stats, indent: int) -> str:
@@ -167,17 +186,19 @@ class Comparison:
 
     rows: list[tuple]  # (DeviceSpec, PerformanceStats)
 
-    _HEAD = ["Device", "Phase", "Roofline", "Bound", "Predicted", "Tokens/s", "Energy",
-             "Energy/token"]
+    _HEAD = ["Device", "Phase", "Roofline", "Bound", "Roofline tok/s", "Predicted",
+             "Predicted tok/s", "Energy", "Energy/token"]
 
     def _cells(self) -> list[list[str]]:
         return [[spec.name, s.label, si(s.roofline_latency, "s"), s.bound or NA,
-                 si(s.predicted_latency, "s"), rate(s.roofline_token_throughput, "tok/s"),
+                 rate(s.roofline_token_throughput, "tok/s"), si(s.predicted_latency, "s"),
+                 rate(_per_s(s.num_tokens, s.predicted_latency), "tok/s"),
                  si(s.energy_j, "J"), si(s.energy_per_token_j, "J")] for spec, s in self.rows]
 
     def to_dict(self) -> list[dict]:
         return [{"device": spec.name, "phase": s.label, "roofline_latency": s.roofline_latency,
                  "predicted_latency": s.predicted_latency,
+                 "predicted_tokens_per_s": _per_s(s.num_tokens, s.predicted_latency),
                  "bound": s.bound, "tokens_per_s": s.roofline_token_throughput,
                  "energy_j": s.energy_j, "energy_per_token_j": s.energy_per_token_j}
                 for spec, s in self.rows]
@@ -186,4 +207,9 @@ class Comparison:
         return format_table(self._cells(), self._HEAD, markdown=True)
 
     def __str__(self) -> str:
-        return format_table(self._cells(), self._HEAD, align="llrrrrrr")
+        return format_table(self._cells(), self._HEAD, align="llrrrrrrr")
+
+
+def _per_s(tokens: int, seconds) -> float | None:
+    """Tokens a second at `seconds` a phase (None where the time is unknown or zero)."""
+    return tokens / seconds if seconds else None
