@@ -32,8 +32,9 @@ def serial(tiny):
 
 
 def test_every_candidate_and_its_figures(serial):
-    # 2 weights x 2 batch limits on each kind, every one fits a tiny model
-    assert serial.simulated == len(serial.candidates) >= 8
+    # 2 H100: (TP, PP, DP) (1, 1, 1) (1, 1, 2) (1, 2, 1) (2, 1, 1); 1 A100: (1, 1, 1)
+    # -> 5 x 2 weights x 2 batch limits = 20, every one fits a tiny model
+    assert serial.simulated == len(serial.candidates) == 20
     d = serial.to_dict()
     row = d["candidates"][0]
     for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
@@ -53,9 +54,12 @@ def test_every_candidate_and_its_figures(serial):
 
 def test_candidates_share_one_table_per_model_precision_and_shard(serial):
     tasks = groups(serial.candidates)
-    # a table per kind x weights (x TP, PP): 2 kinds x 2 weights = 4 groups of 2 batch limits
-    assert len(tasks) == len({table_group(c) for c in serial.candidates}) == 4
-    assert sorted(len(t) for t in tasks) == [2, 2, 2, 2]
+    # a table per kind x weights x (TP, PP): H100 3 shards x 2 weights + A100 1 x 2 = 8; each
+    # of 2 batch limits, the H100's TP 1 PP 1 tables also of DP 1 and 2
+    assert len(tasks) == len({table_group(c) for c in serial.candidates}) == 8
+    assert sorted(len(t) for t in tasks) == [2, 2, 2, 2, 2, 2, 4, 4]
+    assert all(c.tensor_parallel_size * c.pipeline_parallel_size * c.data_parallel_size
+               == c.num_gpus <= 2 for c in serial.candidates)
 
 
 def test_the_same_figures_on_a_process_pool(tiny, serial):
@@ -77,18 +81,24 @@ def test_the_same_figures_on_ray(tiny, serial):
     assert (on_ray.front, on_ray.recommended) == (serial.front, serial.recommended)
 
 
+def _first(result, **sizes):
+    return next(i for i, c in enumerate(result.candidates)
+                if all(getattr(c, k) == v for k, v in sizes.items()))
+
+
 def test_the_recommendation_reserved_by_its_command(tmp_path, capsys, serial):
-    i = serial.recommended
-    assert i is not None, "the tiny model meets a loose SLO"
-    argv = shlex.split(serial.commands[i])
-    assert argv[:2] == ["perfcounter", "serve"]
-    out = tmp_path / "served.json"
-    assert main(argv=[*argv[1:], "--save_path", str(out)]) == 0
-    served = json.loads(out.read_text())
-    mine = serial.figures[i]
-    for key in ("request_goodput", "output_throughput", "median_tpot_ms", "p99_ttft_ms",
-                "j_per_output_token", "usd_per_1m_output_tokens", "usd_per_hour"):
-        assert served[key] == mine[key], key
+    assert serial.recommended is not None, "the tiny model meets a loose SLO"
+    # the recommendation, and a tensor-, a pipeline- and a data-parallel candidate
+    for i in (serial.recommended,):
+        argv = shlex.split(serial.commands[i])
+        assert argv[:2] == ["perfcounter", "serve"]
+        out = tmp_path / f"served{i}.json"
+        assert main(argv=[*argv[1:], "--save_path", str(out)]) == 0
+        served = json.loads(out.read_text())
+        mine = serial.figures[i]
+        for key in ("request_goodput", "output_throughput", "median_tpot_ms", "p99_ttft_ms",
+                    "j_per_output_token", "usd_per_1m_output_tokens", "usd_per_hour"):
+            assert served[key] == mine[key], (serial.commands[i], key)
 
 
 def test_the_command_line_prints_and_saves(tmp_path, capsys, tiny):

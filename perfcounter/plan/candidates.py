@@ -9,12 +9,15 @@ prefilled on instances of one kind and decoded on instances of another (or the s
       x aggregated | disaggregated (prefill:decode instances)
       x max_num_seqs
 
-Degrees are powers of two; TP divides the query heads (as vLLM requires) and goes no higher
-than 8 (one NVLink domain), PP no higher than the layers; TP x PP x DP GPUs of a kind at
-most as many as the pool holds (a disaggregated candidate: TP x PP x (P + D)). fp8 weights
-need a device with an fp8 peak. Before anything is simulated, a candidate whose weights and
-workspace leave no KV cache on a rank (serve/memory.py's plan) is left out, and counted as
-such.
+Degrees are powers of two; TP one that shards the model (parallel/sharding.py: it divides
+the heads and the intermediate size, and divides or is a multiple of the KV heads) and no
+higher than 8 (one NVLink domain), PP no higher than the layers, EP only where TP x DP
+divides the experts; TP x PP x DP GPUs of a kind at most as many as the pool holds (a
+disaggregated candidate: TP x PP x (P + D)). A device without a link between its GPUs
+(pricing/collectives.py) runs one-GPU instances only; fp8 weights need a device with an fp8
+peak. Before anything is simulated, a candidate whose rank's weights and workspace leave no
+KV cache (serve/memory.py's plan of the rank's args, parallel/sharding.py) is left out, and
+counted as such.
 """
 from __future__ import annotations
 
@@ -24,7 +27,9 @@ from dataclasses import asdict, dataclass, fields
 import torch
 
 from perfcounter.models.args import ModelArgs
+from perfcounter.parallel.sharding import ParallelConfig, rank_args, valid_tensor_parallel_sizes
 from perfcounter.plan.pool import DeviceKind
+from perfcounter.pricing.collectives import LinkError, check_link
 from perfcounter.serve.api import resolve_quantization
 from perfcounter.serve.memory import memory_plan
 
@@ -109,11 +114,21 @@ def has_fp8(spec) -> bool:
     return torch.float8_e4m3fn in getattr(spec, "flops_by_dtype", {})
 
 
+def linked(spec) -> bool:
+    """Whether `spec`'s GPUs have a link to run collectives over."""
+    try:
+        check_link(spec, 2)
+    except LinkError:
+        return False
+    return True
+
+
 def shards(args: ModelArgs, gpus: int, parallel: bool) -> list[tuple[int, int]]:
     """(TP, PP) pairs of one instance on at most `gpus` GPUs (module doc)."""
     if not parallel:
         return [(1, 1)]
-    return [(tp, pp) for tp in powers_of_two(min(gpus, MAX_TP)) if args.n_head % tp == 0
+    valid = set(valid_tensor_parallel_sizes(args))
+    return [(tp, pp) for tp in powers_of_two(min(gpus, MAX_TP)) if tp in valid
             for pp in powers_of_two(min(gpus // tp, args.n_layer))]
 
 
@@ -124,11 +139,13 @@ def enumerate_candidates(args: ModelArgs, kinds: list[DeviceKind], dtype: str,
     moe = bool(args.num_experts)
     for kind in kinds:
         quants = [q for q in space.quantizations if q != "fp8" or has_fp8(kind.spec)]
+        parallel = space.parallel and linked(kind.spec)
         for q, kv, (tp, pp) in itertools.product(quants, space.kv_cache_dtypes,
-                                                 shards(args, kind.count, space.parallel)):
-            dps = powers_of_two(kind.count // (tp * pp)) if space.parallel else [1]
+                                                 shards(args, kind.count, parallel)):
+            dps = powers_of_two(kind.count // (tp * pp)) if parallel else [1]
             for dp, seqs in itertools.product(dps, space.max_num_seqs):
-                for ep in ((False, True) if moe and tp * dp > 1 else (False,)):
+                split = moe and tp * dp > 1 and args.num_experts % (tp * dp) == 0
+                for ep in ((False, True) if split else (False,)):
                     out.append(Candidate(kind.name, dtype, q, kv, tp, pp, dp, ep, seqs))
     if space.disaggregated:
         out += disaggregated_candidates(args, kinds, dtype, space)
@@ -145,8 +162,9 @@ def disaggregated_candidates(args: ModelArgs, kinds: list[DeviceKind], dtype: st
         quants = [q for q in space.quantizations
                   if q != "fp8" or (has_fp8(pk.spec) and has_fp8(dk.spec))]
         gpus = min(pk.count, dk.count) if pk.name != dk.name else pk.count
+        parallel = space.parallel and linked(pk.spec) and linked(dk.spec)
         for q, kv, (tp, pp) in itertools.product(quants, space.kv_cache_dtypes,
-                                                 shards(args, gpus, space.parallel)):
+                                                 shards(args, gpus, parallel)):
             per = tp * pp
             for p, d in _ratios(pk, dk, per):
                 for seqs in space.max_num_seqs:
@@ -175,19 +193,17 @@ class Fit:
 
 def memory_fit(args: ModelArgs, dtype: torch.dtype, c: Candidate, spec, *, cache: dict,
                **options) -> Fit:
-    """The memory plan of `c`'s largest rank on `spec` (options: memory_plan's), cached in
-    `cache` by what the plan depends on."""
+    """The memory plan of `c`'s rank (its sharded args) on `spec` (options: memory_plan's),
+    cached in `cache` by what the plan depends on."""
+    ep = c.enable_expert_parallel and c.tensor_parallel_size * c.data_parallel_size > 1
     key = (spec.name, c.quantization, c.kv_cache_dtype, c.tensor_parallel_size,
-           c.pipeline_parallel_size, c.max_num_seqs)
+           c.pipeline_parallel_size, c.data_parallel_size if ep else 1, ep, c.max_num_seqs)
     fit = cache.get(key)
     if fit is None:
         weights, kv = resolve_quantization(c.quantization, c.kv_cache_dtype)
-        plan = memory_plan(args, dtype, spec, max_num_seqs=c.max_num_seqs, weights=weights,
-                           kv=kv, **options, **rank_shape(c))
+        rank = rank_args(args, ParallelConfig(c.tensor_parallel_size, c.pipeline_parallel_size,
+                                              c.data_parallel_size, c.enable_expert_parallel))
+        plan = memory_plan(rank, dtype, spec, max_num_seqs=c.max_num_seqs, weights=weights,
+                           kv=kv, **options)
         fit = cache[key] = Fit(plan.fits, plan.weight_bytes, plan.kv_tokens)
     return fit
-
-
-def rank_shape(c: Candidate) -> dict:
-    """The parallel degrees a rank's memory plan takes (none until serve shards a model)."""
-    return {}

@@ -51,17 +51,26 @@ class Job:
     prices: tuple = ()  # (kind, $ a GPU-hour or None): the pool's (pool.DeviceKind)
 
 
-PARALLEL = False  # serve places a model on many GPUs (TP, PP, DP, EP, disaggregated pools)
+DISAGGREGATED = False  # serve serves prefill and decode on pools of their own
 
 
 def parallel_kwargs(c: Candidate) -> dict:
-    """The keywords of serve.deployment that place `c` on more than one GPU (none for one)."""
-    return {}
+    """The keywords of serve.deployment that place `c` on its GPUs (vLLM's names)."""
+    return {"tensor_parallel_size": c.tensor_parallel_size,
+            "pipeline_parallel_size": c.pipeline_parallel_size,
+            "data_parallel_size": c.data_parallel_size,
+            "enable_expert_parallel": c.enable_expert_parallel}
 
 
 def parallel_flags(c: Candidate) -> list[str]:
-    """The `perfcounter serve` flags of parallel_kwargs(c)."""
-    return []
+    """The `perfcounter serve` flags of parallel_kwargs(c) (those other than the default)."""
+    argv = []
+    for name, value in parallel_kwargs(c).items():
+        if value is True:
+            argv.append(f"--{name}")
+        elif value not in (False, 1):
+            argv += [f"--{name}", str(value)]
+    return argv
 
 
 def deployment_kwargs(c: Candidate, job: Job) -> dict:
@@ -70,24 +79,11 @@ def deployment_kwargs(c: Candidate, job: Job) -> dict:
             "gpu_memory_utilization": job.gpu_memory_utilization,
             "block_size": job.block_size, "max_num_batched_tokens": job.max_num_batched_tokens,
             "max_num_seqs": c.max_num_seqs, "execution": job.execution,
-            "usd_per_hour": usd_per_hour(c, job), **parallel_kwargs(c)}
-
-
-def usd_per_hour(c: Candidate, job: Job) -> float | None:
-    """The price an hour of `c`'s GPUs at the pool's price a GPU-hour of each kind (None
-    when a kind it uses has none)."""
-    price = dict(job.prices)
-    if not c.disaggregated:
-        each = price.get(c.device)
-        return None if each is None else each * c.num_gpus
-    p, d = price.get(c.device), price.get(c.decode_device)
-    if p is None or d is None:
-        return None
-    return c.gpus_per_instance * (p * c.num_prefill_instances + d * c.num_decode_instances)
+            "usd_per_hour": dict(job.prices).get(c.device), **parallel_kwargs(c)}
 
 
 def workload(job: Job, block_size: int | None = None):
-    """The search's workload as serve's command line draws it (serve/command.py)."""
+    """The search's workload as `perfcounter serve` draws it."""
     return synthetic(job.num_requests, job.prompt_length, job.max_new_tokens, qps=job.qps,
                      burstiness=job.burstiness, seed=job.seed, prefix_hit_rate=0.0,
                      block_size=job.block_size if block_size is None else block_size)
@@ -103,7 +99,7 @@ def evaluate(c: Candidate, job: Job) -> dict:
     out["goodput_per_gpu"] = None if m.get("request_goodput") is None \
         else m["request_goodput"] / gpus
     out["output_throughput_per_gpu"] = m["output_throughput"] / gpus
-    out["usd_per_hour"] = dep.usd_per_hour
+    out["usd_per_hour"] = dep.usd_per_hour  # every GPU of the deployment
     out["kv_cache_tokens"] = dep.plan.kv_tokens
     for k, v in out.items():  # JSON holds no NaN: a figure without a value is None
         if isinstance(v, float) and not math.isfinite(v):
@@ -128,7 +124,7 @@ def serve_command(c: Candidate, job: Job) -> str:
     argv += ["--qps", repr(job.qps), "--num_requests", str(job.num_requests),
              "--prompt_length", job.prompt_length, "--max_new_tokens", job.max_new_tokens,
              "--burstiness", repr(job.burstiness), "--seed", str(job.seed), "--slo", job.slo]
-    price = usd_per_hour(c, job)
-    if price is not None:  # the candidate's GPUs, each at the pool's price
+    price = dict(job.prices).get(c.device)
+    if price is not None:  # a GPU-hour at the pool's price (serve prices every GPU at it)
         argv += ["--usd_per_hour", repr(price)]
     return shlex.join(argv)

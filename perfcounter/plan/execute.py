@@ -32,9 +32,11 @@ BACKENDS = ("serial", "processes", "ray")
 
 
 def table_group(c: Candidate) -> tuple:
-    """What a candidate's step tables depend on: the kinds, storage and shard."""
+    """What a candidate's step tables depend on: the kinds, storage and shard (the experts
+    a rank holds: split over TP x DP with expert parallelism)."""
+    ep = c.tensor_parallel_size * c.data_parallel_size if c.enable_expert_parallel else 1
     return (c.device, c.decode_device, c.dtype, c.quantization, c.kv_cache_dtype,
-            c.tensor_parallel_size, c.pipeline_parallel_size)
+            c.tensor_parallel_size, c.pipeline_parallel_size, ep)
 
 
 def run_group(job: Job, indexed: list[tuple[int, Candidate]]) -> list[tuple[int, dict]]:

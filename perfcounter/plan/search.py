@@ -136,7 +136,7 @@ def plan(model, devices, *, slo, qps: float, num_requests: int = 200,
     except ServeError as e:
         raise PlanError(f"{e} (the workload)") from None
 
-    space = Space(quants, kvs, seqs, parallel=ev.PARALLEL, disaggregated=ev.PARALLEL)
+    space = Space(quants, kvs, seqs, disaggregated=ev.DISAGGREGATED)
     candidates = enumerate_candidates(args, kinds, str(dtype).replace("torch.", ""), space)
     cache: dict = {}
     options = {"gpu_memory_utilization": gpu_memory_utilization, "block_size": block_size,
