@@ -270,7 +270,7 @@ def main(*, prompt: str = "Hello, my name is", prompt_length: int | None = None,
          price_as: str = "stored", gguf_type: str | None = None, plot: Path | None = None,
          trace: Path | None = None,
          execution: str | None = None, no_memory_check: bool = False,
-         clock: str = "wall") -> dict:
+         clock: str = "wall", parallel=None) -> dict:
     """Run (or, config-only, count) a generation and report it; returns the counter,
     the texts, the sample times, the measured seconds per phase and where the results
     were saved. Every argument is checked before the run (GenerateArgumentError)."""
@@ -337,7 +337,7 @@ def keywords(cli_args) -> dict:
 def build_parser() -> Parser:
     """generate.py's flags: the shared model and run flags (cli/flags.py) and its own."""
     parser = Parser(prog="generate.py", description=__doc__.split("\n\n")[0])
-    add_model_flags(parser, legacy_paths=True)  # --model, --max_new_tokens, ... (cli/flags.py)
+    add_model_flags(parser, legacy_paths=True, parallel=True)  # --model, ..., --tp (cli/flags.py)
     parser.add_argument("--prompt", default=None, help="a text prompt, encoded by the "
                         "checkpoint's tokenizer, instead of --prompt_length synthetic tokens")
     parser.add_argument("--num_samples", type=int, default=1, help="timed generations")

@@ -1,11 +1,17 @@
-"""vLLM's parallel flags on the command line: --tensor_parallel_size 1 changes nothing, a rank
-is counted from its sharded shapes, a model that does not fit is said in one line, bad sizes
-are refused in one line (exit code 2) before any counting."""
+"""vLLM's parallel flags on the command line (count, sweep, simulate, generate.py config only):
+--tensor_parallel_size 1 changes nothing, a rank is counted from its sharded shapes, a model
+that does not fit is said in one line, bad sizes are refused in one line (exit code 2)
+before any counting."""
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from perfcounter.cli.main import main
+
+REPO = Path(__file__).resolve().parent.parent
 
 SMALL = ["count", "--model", "smollm2-135m", "--prompt_length", "8", "--max_new_tokens", "2",
          "--device_spec", "h100-sxm"]
@@ -100,3 +106,32 @@ def test_simulate_places_one_rank(capsys, tmp_path):
     assert main(argv=[*argv, "--tp", "3", "--hf"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "leave out --hf" in err[0]
+
+
+def _generate(*argv):
+    return subprocess.run([sys.executable, "generate.py", "--prompt_length", "8",
+                           "--max_new_tokens", "2", "--device_spec", "h100-sxm", "--quiet", *argv],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def test_generate_config_only_counts_one_rank(tmp_path):
+    docs = {}
+    for name, extra in (("base", []), ("tp1", ["--tp", "1"]), ("tp3", ["--tp", "3"])):
+        out = tmp_path / f"{name}.json"
+        run = _generate("--model", "smollm2-135m", "--save_path", str(out), *extra)
+        assert run.returncode == 0, run.stderr
+        docs[name] = json.loads(out.read_text())
+    assert _without_wall_time(docs["tp1"]) == _without_wall_time(docs["base"])
+    assert "perfcounter.all_reduce.default" in json.dumps(docs["tp3"])
+    assert "perfcounter.all_reduce" not in json.dumps(docs["base"])
+
+
+def test_generate_says_when_the_model_does_not_fit_and_refuses_bad_sizes():
+    run = _generate("--model", "llama-3.1-70b")
+    assert run.returncode == 0
+    assert "llama-3.1-70b does not fit on h100-sxm: weights 141.11 GB" in run.stderr
+    run = _generate("--model", "smollm2-135m", "--tp", "2")
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        "generate.py: error: --tensor_parallel_size 2 does not divide the 9 attention heads of "
+        "smollm2-135m; valid: 1, 3"]

@@ -294,14 +294,15 @@ def add_output(group, flag: str, *, folder: bool = False, **kwargs):
 
 def add_model_flags(parser, *, lists: bool = False, lengths: str = "tokens",
                     device_list: bool = False, legacy_paths: bool = False,
-                    executions: tuple = EXECUTIONS) -> None:
+                    executions: tuple = EXECUTIONS, parallel: bool = False) -> None:
     """The shared group on `parser` (a Parser or a subcommand's). lists: --model,
     --batch_size, --prompt_length, --max_new_tokens, --device_spec, --quantize and --kv_dtype
     take comma-separated lists (sweep); lengths="distributions": the lengths may also be
     uniform:LO-HI or normal:MEAN,STD (serve); device_list: --device_spec alone takes a list
     (serve's deployments to compare). legacy_paths: --config and --checkpoint_path
     keep dests of their own (generate.py and simulate gave them meanings beside --model).
-    executions: the --execution values the command prices (the others are refused)."""
+    executions: the --execution values the command prices (the others are refused).
+    parallel: vLLM's parallel flags too (add_parallel_flags)."""
     g = parser.add_argument_group("model and run (shared by every command)")
     many = " (comma-separated list)" if lists else ""
     number = str if lists or lengths != "tokens" else int
@@ -344,6 +345,8 @@ def add_model_flags(parser, *, lists: bool = False, lengths: str = "tokens",
     for old in ("--config", "--checkpoint_path"):
         add_deprecated(g, old, "--model", dest=old[2:] if legacy_paths else "model",
                        default=None if legacy_paths else argparse.SUPPRESS)
+    if parallel:
+        add_parallel_flags(parser)
 
 
 PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
@@ -354,12 +357,11 @@ def add_parallel_flags(parser) -> None:
     """vLLM's parallel flags (perfcounter/parallel): one rank of the sharded model is counted
     and priced; the sizes are checked before any work (one line, exit code 2)."""
     g = parser.add_argument_group("parallelism (vLLM's flags; perfcounter/parallel)")
-    g.add_argument("--tensor_parallel_size", "--tp", type=int, default=1, help="GPUs each layer "
-                   "is split over (column/row-parallel linears, heads and vocabulary split)")
-    g.add_argument("--pipeline_parallel_size", "--pp", type=int, default=1,
-                   help="pipeline stages, each holding consecutive layers")
-    g.add_argument("--data_parallel_size", "--dp", type=int, default=1,
-                   help="replicas of the model, each serving its share of the requests")
+    for name, short, what in (
+            ("tensor", "--tp", "GPUs each layer is split over (column/row-parallel linears)"),
+            ("pipeline", "--pp", "pipeline stages, each holding consecutive layers"),
+            ("data", "--dp", "replicas of the model, each serving its share of the requests")):
+        g.add_argument(f"--{name}_parallel_size", short, type=int, default=1, help=what)
     g.add_argument("--enable_expert_parallel", action="store_true",
                    help="a mixture of experts' experts split over the TP x DP ranks")
 
@@ -389,6 +391,8 @@ def generate_keywords(args) -> dict:
         kw["precision"] = None  # main's own: float32 for a real run on a CPU, else bfloat16
     kw.update(model=model, checkpoint_path=checkpoint and Path(checkpoint),
               config=config and Path(config), compile=kw["execution"] != "eager")
+    if "tensor_parallel_size" in kw:  # vLLM's parallel flags (ParallelConfig's, in order)
+        kw["parallel"] = tuple(kw.pop(name) for name in PARALLEL)  # checked by check_options
     if kw["prompt"] is None:
         del kw["prompt"]  # main's own text, unused: the prompt is --prompt_length tokens
     else:

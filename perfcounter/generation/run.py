@@ -3,8 +3,7 @@ its samples timed; run_report.py prints and saves what a run found.
 
     o = check_options(Options(**flags))   # every flag checked first (GenerateArgumentError)
     loaded, x = load_with_prompt(o, log)  # a real run: the target and its prompt [B, S]
-    outputs, seconds, per_phase, other_work = time_samples(functools.partial(generate, ...), n,
-                                                         device)
+    outputs, seconds, per_phase, other_work = time_samples(partial(generate, ...), n, device)
 
 generate.py keeps the phases (prefill, decode_one_token, decode_n_tokens, generate) and
 one function per run mode; what is here serves them all and holds no phase of its own.
@@ -36,6 +35,7 @@ from perfcounter.models.fit import check_fits
 from perfcounter.models.loading import (check_device, default_checkpoint, fake_model, load_hf_model,
                                         load_model, read_config)
 from perfcounter.models.tokenizer import TokenizerError
+from perfcounter.parallel.memory import one_rank_run
 from perfcounter.quant import quantize as quantization
 from perfcounter.quant.gguf_types import check_gguf_type
 from perfcounter.quant.gguf_stored import check_price_as, describe as describe_gguf
@@ -147,6 +147,7 @@ class Options:
     execution: str | None = None  # eager | compiled | cudagraphs; None: as --compile says
     clock: str = "wall"  # how phases are timed (PhaseTimer)
     no_memory_check: bool = False  # a real run: go ahead though it may not fit (models.fit)
+    parallel: object = None  # vLLM's parallel sizes (cli/flags.py), then their ParallelConfig
     plot: Path | None
     trace: Path | None
     # resolved by check_options
@@ -182,9 +183,8 @@ def check_options(o: Options) -> Options:
     """Every flag checked before the run, in order (GenerateArgumentError, or the error of the
     module that owns the flag); fills in o's resolved fields and returns o."""
     if o.max_new_tokens < 1 or o.batch_size < 1 or o.num_samples < 1:
-        raise GenerateArgumentError(f"--max_new_tokens, --batch_size and --num_samples must be "
-                                    f">= 1, got {o.max_new_tokens}, {o.batch_size}, "
-                                    f"{o.num_samples}")
+        raise GenerateArgumentError(f"--max_new_tokens, --batch_size and --num_samples must be >= "
+                                    f"1, got {o.max_new_tokens}, {o.batch_size}, {o.num_samples}")
     if o.prompt_length is not None and o.prompt_length < 1:
         raise GenerateArgumentError(f"--prompt_length must be >= 1, got {o.prompt_length}")
     check_sampling(o.temperature, o.top_k)
@@ -252,6 +252,7 @@ def check_options(o: Options) -> Options:
         raise GenerateArgumentError(f"unknown --precision {o.precision!r}; valid: "
                                     f"{', '.join(PRECISIONS)}")
     o.dtype = PRECISIONS[o.precision]
+    o.parallel, o.args = one_rank_run(o, GenerateArgumentError)  # config only: one rank counted
     o.execution, o.compile = check_execution(o.execution, o.compile, o.device, o.config_only)
     try:
         o.clock = check_clock(o.clock)

@@ -21,7 +21,8 @@ Python API:
     serve(dep, synthetic(200, 512, 128, qps=4, seed=0)).metrics   # replicas split the stream
 
     from perfcounter.parallel import ParallelConfig, rank_args, shard, smallest_fit
-    rank = rank_args(ModelArgs.from_name("llama-3.1-70b"), ParallelConfig(tensor_parallel_size=4))
+    rank = rank_args(ModelArgs.from_name("llama-3.1-70b"),
+                     ParallelConfig(tensor_parallel_size=4))
     count_config(rank, ...)   # one rank counted: its FLOPs and bytes, its collectives' records
 
 A bad configuration (TP not dividing the heads, EP on a dense model, a device without a
