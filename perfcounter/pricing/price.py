@@ -24,23 +24,25 @@ at least its work, whose groups each take at least their compute and their bytes
 rates; so bound <= every regime's price (tests/test_bound_bounds.py holds it on random steps).
 
 Collectives (op class "collective": all-reduce, all-gather, send/recv, all-to-all on a link)
-are priced by pricing/collectives.py (`record_seconds(record, spec)`) once it exists; until
-then figures holding one are refused (price says so in one line).
+take their link's seconds (pricing/collectives.py's call_seconds: record_seconds' rule, from
+the figures' (kind, ranks) and bytes a call) in every regime, the bound included: neither an
+extern kernel nor fused, they add to the step's work.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from perfcounter.pricing.achievable import (ASYNCHRONOUS, compiled_step_s, gemv_row_s, kernel_s,
                                             overhead, rate, rows_flops, vector_flops)
 from perfcounter.pricing.figures import Figures
-from perfcounter.pricing.op_classes import EXTERN, ROW_BLOCK, SKINNY_ROWS
+from perfcounter.pricing.collectives import call_seconds
+from perfcounter.pricing.op_classes import COLLECTIVE, ROW_BLOCK, SKINNY_ROWS
 from perfcounter.pricing.roofline import crosses_host_link, is_integer_dtype, peak_flops
 
 REGIMES = ("bound", "eager", "compiled", "cudagraphs")
-COLLECTIVE = "collective"  # records priced on a link by pricing/collectives.py
 
 
 def check_regime(execution) -> str:
@@ -108,6 +110,33 @@ class GroupCosts:
     strided: np.ndarray
 
 
+class Structure(NamedTuple):
+    """Which groups are matmuls, extern kernels (matmuls and attention), collectives and
+    fusable (the rest); as 0/1 floats too (sums over them are dot products: a serving loop)."""
+
+    matmul: np.ndarray
+    extern: np.ndarray
+    linked: np.ndarray
+    any_linked: bool
+    extern_f: np.ndarray
+    fusable_f: np.ndarray
+    ones: np.ndarray
+
+
+def _structure(fig: Figures, cache: dict | None) -> Structure:
+    """The figures' group structure (kept in `cache`, which holds one structure's rates)."""
+    out = None if cache is None else cache.get("structure")
+    if out is None:
+        linked = np.array([c is not None for c in fig.collective], dtype=bool)
+        extern = np.array([k in ("matmul", "attention") for k in fig.kind], dtype=bool)
+        out = Structure(np.array([k == "matmul" for k in fig.kind], dtype=bool), extern,
+                        linked, bool(linked.any()), extern.astype(float),
+                        (~(extern | linked)).astype(float), np.ones(len(fig)))
+        if cache is not None:
+            cache["structure"] = out
+    return out
+
+
 def streams_cold(fig: Figures, spec) -> bool:
     """True when one step's distinct bytes exceed the spec's cache (unknown cache: True)."""
     if not spec.cache_bytes:
@@ -119,7 +148,7 @@ def group_rates(fig: Figures, spec, cold: bool, cache: dict | None = None) -> Ra
     """The rates of every group (module doc of predict.py). `cache`: a dict the caller keeps
     for figures of one group structure (a serving table's), keyed by the matmuls' rows and
     cold; unused where the spec has measured curves (rates by working set)."""
-    matmul = [k == "matmul" for k in fig.kind]
+    matmul = _structure(fig, cache).matmul
     key = None
     if cache is not None and not spec.op_curves:
         key = (tuple(fig.rows[matmul].tolist()), cold)
@@ -133,10 +162,11 @@ def group_rates(fig: Figures, spec, cold: bool, cache: dict | None = None) -> Ra
     for g in range(n):
         cls, dtype, rows = fig.kind[g], fig.dtype[g], int(fig.rows[g])
         rate_cls, scale = cls, 1.0
-        if cls == COLLECTIVE:
-            raise ValueError("a collective record (all-reduce, all-gather, send/recv, "
-                             "all-to-all) needs pricing/collectives.record_seconds, which this "
-                             "version does not have")
+        if cls == COLLECTIVE:  # priced on its link (collective_s), no rate of its own
+            peak_f[g], peak_b[g] = 1.0, float(spec.bandwidth)
+            classes.append(cls)
+            bases.append("")
+            continue
         if cls == "matmul":
             cls = "gemv" if rows <= SKINNY_ROWS else "gemm"
             weight_cls, weight_rows = fig.weight[g]
@@ -189,130 +219,143 @@ def host_link_s(fig: Figures, spec) -> float:
     return (fig.to_device_bytes / h2d if h2d else 0.0) + (fig.to_host_bytes / d2h if d2h else 0.0)
 
 
-def _fused_part(fig: Figures, extern: np.ndarray):
-    """(the fused groups [bool], the bytes they move): the fused IO, else (not counted) the
-    compulsory bytes the extern kernels do not already stream."""
-    fused = ~extern & (fig.bytes > 0)
-    if not fused.any():
-        return fused, 0.0
-    if fig.fused_bytes:
-        return fused, fig.fused_bytes
-    return fused, max(0.0, fig.compulsory_bytes - float(fig.streamed[extern].sum()))
+def collective_s(fig: Figures, spec) -> np.ndarray:
+    """Each group's seconds on the link: a collective's calls x one call's
+    (collectives.call_seconds, the bytes a call writes), 0 for every other group."""
+    out = np.zeros(len(fig))
+    for g, c in enumerate(fig.collective):
+        if c is not None and fig.calls[g]:
+            kind, ranks = c
+            out[g] = fig.calls[g] * call_seconds(kind, fig.link_bytes[g] / fig.calls[g], ranks,
+                                                 spec)
+    return out
 
 
 def price(fig: Figures, spec, execution: str, *, cache: dict | None = None,
           detail: bool = True) -> Prediction:
     """The price of figures `fig` on `spec` run `execution` (REGIMES; the module doc).
-    cache: see group_rates; detail=False leaves by_class and groups out (a serving loop)."""
+    cache: see group_rates; detail=False leaves by_class, basis and groups out (a serving
+    loop: the same seconds)."""
     check_regime(execution)
     cold = streams_cold(fig, spec)
     rt = group_rates(fig, spec, cold, cache)
     link = host_link_s(fig, spec)
-    extern = np.array([c in EXTERN for c in rt.cls], dtype=bool)
-    fused, fused_bytes = _fused_part(fig, extern)
+    shape = _structure(fig, cache)
+    on_link = collective_s(fig, spec) if shape.any_linked else None
+    linked_s = float(on_link @ shape.ones) if on_link is not None else 0.0
     steps = max(fig.steps, 1)
-    kernels = float(fig.calls[extern].sum()) + steps  # the fused ones: one a step and one
-    # after each extern kernel
-    dtype = ""
-    if fused.any():
-        idx = np.flatnonzero(fused)
-        dtype = fig.dtype[int(idx[np.argmax(fig.bytes[idx])])]
+    # the fused groups: neither extern nor collectives, moving bytes; they move the fused IO,
+    # else (not counted) the compulsory bytes the extern kernels do not already stream
+    fused = (fig.bytes > 0) * shape.fusable_f
+    has_fused = bool(fig.bytes @ fused > 0)
+    ext_calls = float(fig.calls @ shape.extern_f)
+    kernels = ext_calls + steps  # the fused ones: one a step and one after each extern kernel
+    fused_bytes, dtype = 0.0, ""
+    if has_fused:
+        fused_bytes = fig.fused_bytes or \
+            max(0.0, fig.compulsory_bytes - float(fig.streamed @ shape.extern_f))
+        dtype = fig.dtype[int(np.argmax(fig.bytes * fused))]
     if execution == "bound":
-        return _bound(fig, spec, rt, extern, fused, fused_bytes, dtype, kernels, cold, link,
-                      cache)
+        return _bound(fig, spec, rt, shape, fused, has_fused, fused_bytes, dtype, kernels,
+                      cold, link, cache, linked_s)
     flops = np.where(fig.dense, fig.flops, fig.executed_flops)
     compute = flops * rt.per_flop
     memory = fig.bytes * rt.per_byte
     moves = (fig.bytes > 0) | (fig.executed_flops > 0)
-    fixed = np.where(moves, fig.calls * rt.kernel, 0.0)
+    fixed = fig.calls * rt.kernel * moves
     rows_s = fig.calls * rt.row_s
     work = np.maximum(compute, memory) + rows_s + fixed
+    if on_link is not None:  # a collective's time is its link's, in every regime
+        work[shape.linked] = on_link[shape.linked]
     asynchronous = spec.device_type in ASYNCHRONOUS
     if execution == "eager":
         per_call = overhead(spec, "eager", cold, fig.program_dtype)
         over = fig.calls * per_call
-        total = float(work.sum())
-        dispatch = float(over.sum()) + fig.view_calls * per_call
+        total = float(work @ shape.ones)
+        dispatch = float(over @ shape.ones) + fig.view_calls * per_call
         shown = 1.0
         if asynchronous:  # the host dispatches ahead of the kernels: each op its share
             shown = max(dispatch - total, 0.0) / dispatch if dispatch else 0.0
-        groups = GroupCosts(rt.cls, over * shown, compute, memory, rows_s, fixed, rt.basis,
-                            rt.strided)
-        by_class = {}
-        if detail:
-            for c, s in zip(rt.cls, over * shown + work):
-                by_class[c] = by_class.get(c, 0.0) + float(s)
+        if not detail:
+            return Prediction(execution, dispatch * shown, total, link, {}, "", 0)
+        by_class: dict = {}
+        for c, s in zip(rt.cls, over * shown + work):
+            by_class[c] = by_class.get(c, 0.0) + float(s)
         return Prediction(execution, dispatch * shown, total, link, by_class,
-                          "+".join(sorted(set(rt.basis))) if detail else "",
-                          int(fig.calls.sum()), float(work[rt.strided].sum()),
-                          fixed_s=float(fixed.sum()), groups=groups if detail else None)
-    ext_calls = float(fig.calls[extern].sum())
+                          "+".join(sorted(set(rt.basis) - {""})), int(fig.calls.sum()),
+                          float(work[rt.strided].sum()), fixed_s=float(fixed.sum()),
+                          groups=GroupCosts(rt.cls, over * shown, compute, memory, rows_s,
+                                            fixed, rt.basis, rt.strided))
     fused_s = fused_fixed = 0.0
-    basis = set(rt.basis) if detail else set()
-    if fused.any():
+    fbasis = None
+    if has_fused:
         flops_per_s, bandwidth, per_kernel, fbasis, _ = _fused_rate(
             spec, dtype, cold, fused_bytes / kernels, cache)
         fused_fixed = kernels * per_kernel
-        fused_s = max(float(fig.executed_flops[fused].sum()) / flops_per_s,
+        fused_s = max(float(fig.executed_flops @ fused) / flops_per_s,
                       fused_bytes / bandwidth) + fused_fixed
-        basis.add(fbasis)
     elif detail:
-        basis.add(_fused_rate(spec, dtype, cold, 0.0, None)[3])
+        fbasis = _fused_rate(spec, dtype, cold, 0.0, None)[3]
     per_call = 0.0 if execution == "cudagraphs" else \
         overhead(spec, execution, cold, fig.program_dtype)
-    over = np.where(extern, fig.calls * per_call, 0.0)
     host: dict = {}
     if execution == "cudagraphs":  # one graph launch per step, no launch per kernel
         host["graph launch"] = steps * overhead(spec, "cudagraphs")
     else:  # a launch per kernel, and the compiled program's entry per step
-        if detail:
-            for c, s, e in zip(rt.cls, over, extern):
-                if e:
-                    host[c] = host.get(c, 0.0) + float(s)
-        else:
-            host["extern"] = float(over.sum())
-        host["fused"] = (steps + ext_calls) * overhead(spec, "compiled") if fused.any() else 0.0
+        host["extern"] = ext_calls * per_call
+        host["fused"] = (steps + ext_calls) * overhead(spec, "compiled") if has_fused else 0.0
         host["fused"] += steps * compiled_step_s(spec)
-    ext_work = work[extern]
-    total = float(ext_work.sum()) + fused_s
+    total = float(work @ shape.extern_f) + fused_s + linked_s
     launches = sum(host.values())
     shown = 1.0  # the share of the host's time that the step's time shows
     if execution == "compiled" and asynchronous and launches:
         shown = max(launches - total, 0.0) / launches  # launches overlap the kernels
-    by_class: dict = {}
-    if detail:
-        for c, s, e in zip(rt.cls, work, extern):
-            if e:
-                by_class[c] = by_class.get(c, 0.0) + float(s)
-        for k, s in host.items():
-            by_class[k] = by_class.get(k, 0.0) + s * shown
-        by_class["fused"] = by_class.get("fused", 0.0) + fused_s
+    if not detail:
+        return Prediction(execution, launches * shown, total, link, {}, "", 0, host_shown=shown)
+    extern = shape.extern
+    over = np.where(extern, fig.calls * per_call, 0.0)
+    by_class = {}
+    for c, w, o, e in zip(rt.cls, work, over, extern):
+        if e:
+            by_class[c] = by_class.get(c, 0.0) + float(w)
+            if execution == "compiled":
+                by_class[c] += float(o) * shown
+    for k, t in host.items():
+        if k != "extern":
+            by_class[k] = by_class.get(k, 0.0) + t * shown
+    by_class["fused"] = by_class.get("fused", 0.0) + fused_s
+    if on_link is not None:
+        by_class["collective"] = linked_s
     zero = np.zeros(len(fig))
     groups = GroupCosts(rt.cls, over, np.where(extern, compute, zero),
                         np.where(extern, memory, zero), np.where(extern, rows_s, zero),
-                        np.where(extern, fixed, zero), rt.basis, rt.strided) if detail else None
+                        np.where(extern, fixed, zero), rt.basis, rt.strided)
+    basis = (set(rt.basis) | {fbasis}) - {"", None}
     return Prediction(execution, launches * shown, total, link, by_class,
-                      "+".join(sorted(basis)), int(ext_calls + (kernels if fused.any() else 0)),
+                      "+".join(sorted(basis)), int(ext_calls + (kernels if has_fused else 0)),
                       host_shown=shown, fixed_s=float(fixed[extern].sum()) + fused_fixed,
                       groups=groups)
 
 
-def _bound(fig, spec, rt, extern, fused, fused_bytes, dtype, kernels, cold, link, cache):
-    """The bound (module doc): max(Σ executed FLOPs / peak, least bytes / peak bandwidth)."""
-    peak_f, peak_b = rt.peak_flops.copy(), float(rt.peak_bytes.max(initial=spec.bandwidth))
-    if fused.any():  # a fused kernel's arithmetic runs at the vector rate where that is higher
+def _bound(fig, spec, rt, shape, fused, has_fused, fused_bytes, dtype, kernels, cold, link,
+           cache, linked_s):
+    """The bound (module doc): max(Σ executed FLOPs / peak, least bytes / peak bandwidth),
+    + the collectives' link seconds (as every regime charges them)."""
+    peak_f, peak_b = rt.peak_flops, float(rt.peak_bytes.max(initial=spec.bandwidth))
+    if has_fused:  # a fused kernel's arithmetic runs at the vector rate where that is higher
         flops_per_s, _, _, _, fused_peak = _fused_rate(spec, dtype, cold,
                                                        fused_bytes / kernels, cache)
-        peak_f[fused] = np.maximum(peak_f[fused], flops_per_s)
+        peak_f = np.where(fused > 0, np.maximum(peak_f, flops_per_s), peak_f)
         peak_b = max(peak_b, fused_peak)
-    compute = float((fig.executed_flops / peak_f).sum())
-    per_op = float(fig.bytes.sum())
-    least = min(per_op, float(fig.bytes[extern].sum()) + fused_bytes)
+    compute = float(fig.executed_flops @ (1.0 / peak_f))
+    per_op = float(fig.bytes @ shape.ones)
+    least = min(per_op, float(fig.bytes @ shape.extern_f) + fused_bytes)
     if fig.compulsory_bytes:
         least = min(least, fig.compulsory_bytes)
     memory = least / peak_b
-    return Prediction("bound", 0.0, max(compute, memory), link,
-                      {"compute": compute, "memory": memory}, "peak", int(fig.calls.sum()))
+    return Prediction("bound", 0.0, max(compute, memory) + linked_s, link,
+                      {"compute": compute, "memory": memory, "collective": linked_s}, "peak",
+                      int(fig.calls.sum()))
 
 
 __all__ = ["REGIMES", "GroupCosts", "Prediction", "check_regime", "group_rates", "host_link_s",

@@ -79,25 +79,38 @@ class StepTable:
         self.program_dtype = program_dtype(counts.fit_traces[0].records)
         self.rows, self.view_calls, self.per_expert = _rows_and_view_calls(
             counts, self.matmul, repeats)
+        self._no_link = np.zeros(len(samples))
+        self.any_linked = bool(self.linked.any())
+        self.varlen = self.execution in ("compiled", "cudagraphs") and bool(self.attention.any())
         xs = counts.xs
         link, energy, self.has_energy = _link_and_energy(counts, pricer, repeats)
         self.link = fit(xs, link, "host-link bytes")  # [2, features]
         self.joules = fit(xs, energy, "joules")[0]  # [features]
+        # every figure of a step in one matrix [rows, features], one product a step: per group
+        # and layer calls, FLOPs, executed FLOPs, bytes, weight and KV reads, bytes written (a
+        # collective's message); then each group's rows M, the view calls, the compulsory
+        # bytes, the fused IO and the host link's bytes in and out
+        coef, groups = counts.coef, len(samples)
+        fused = counts.fused if counts.fused is not None else np.zeros(len(counts.compulsory))
+        self._all = np.concatenate([
+            np.stack([coef[:, _CALLS], coef[:, _FLOPS], coef[:, _EXECUTED],
+                      coef[:, _BYTES:].sum(axis=1), coef[:, _STREAMED].sum(axis=1),
+                      coef[:, _WRITTEN:].sum(axis=1)], axis=1).reshape(groups * 6, -1),
+            self.rows, self.view_calls[None], counts.compulsory[None], fused[None], self.link])
+        self._groups = groups
         self._rates: dict = {}  # price()'s cache of rates (group_rates)
 
     def figures(self, f: np.ndarray) -> Figures:
         """The figures of a step with features f (steps.features), whole model or this
         table's share of it."""
-        counts, layers = self.counts, self.layers
-        fig = np.rint(counts.coef @ f)  # [groups, figures] of one layer
-        calls = fig[:, _CALLS]
-        if self.execution in ("compiled", "cudagraphs"):  # one varlen attention a layer
+        counts, layers, g = self.counts, self.layers, self._groups
+        every = np.rint(self._all @ f)
+        fig = every[:6 * g].reshape(g, 6)  # of one layer
+        rows, (view_calls, compulsory, fused_io, to_device, to_host) = \
+            every[6 * g:7 * g], every[7 * g:].tolist()
+        calls, nbytes, streamed = fig[:, 0], fig[:, 3], fig[:, 4]
+        if self.varlen:  # compiled, CUDA graphs: a layer's attention pieces one varlen kernel
             calls = np.where(self.attention, np.minimum(calls, 1.0), calls)
-        nbytes = fig[:, _BYTES:].sum(axis=1)
-        streamed = fig[:, _STREAMED].sum(axis=1)
-        compulsory = float(np.rint(counts.compulsory @ f))
-        fused_io = 0.0 if counts.fused is None or not counts.fused.any() \
-            else float(np.rint(counts.fused @ f))
         if not self.whole:  # a device's share of the step's distinct bytes (module doc)
             rest = compulsory - float((streamed * counts.layers)[self.extern].sum())
             fused = ~self.extern & (nbytes > 0)
@@ -106,18 +119,15 @@ class StepTable:
             share = float((nbytes * layers)[by].sum()) / whole if whole else 1.0
             compulsory = float((streamed * layers)[self.extern].sum()) + rest * share
             fused_io = max(0.0, (fused_io or rest) * share)
-        rows = np.rint(self.rows @ f)
         if self.per_expert.any():  # each touched expert's own kernel: its share of the rows
             k = counts.args.num_activated_experts
             rows[self.per_expert] = max(1.0, round(f[1] * k / max(f[EXPERTS], 1.0)))
-        link = np.rint(self.link @ f)
         return Figures(
             self.kind, self.dtype, self.weight, self.dense, calls * layers,
-            fig[:, _FLOPS] * layers, fig[:, _EXECUTED] * layers, nbytes * layers,
-            streamed * layers, rows, self.collective,
-            np.where(self.linked, fig[:, _WRITTEN:].sum(axis=1) * layers, 0.0),
-            compulsory, fused_io, 1, float(np.rint(self.view_calls @ f)), self.program_dtype,
-            float(link[0]), float(link[1]))
+            fig[:, 1] * layers, fig[:, 2] * layers, nbytes * layers, streamed * layers, rows,
+            self.collective,
+            fig[:, 5] * layers * self.linked if self.any_linked else self._no_link,
+            compulsory, fused_io, 1, view_calls, self.program_dtype, to_device, to_host)
 
     def seconds(self, f: np.ndarray) -> float:
         """Seconds of a step with features f: price() of its figures."""
