@@ -79,7 +79,7 @@ def test_bad_jsonl_trace(tmp_path, capsys, config):
     (("--qps", "5", "--max_num_seqs", "0"), "--max_num_seqs 0"),
     (("--qps", "5", "--prefix_hit_rate", "1"), "--prefix_hit_rate 1"),
     (("--qps", "5", "--mapping", "m.yaml"), "cannot read mapping file 'm.yaml'"),
-    (("--qps", "5", "--mapping", "{q_proj: pim-ai-4chip}"), "matches no module"),
+    (("--qps", "5", "--mapping", "{qproj: pim-ai-4chip}"), "matches no module"),
     (("--qps", "5", "--mapping", "{wqkv: pim-z}"), "unknown device 'pim-z'"),
     ((), "give a workload"),
 ])
@@ -88,7 +88,7 @@ def test_bad_options(capsys, config, argv, expected):
 
 
 @pytest.mark.parametrize("argv", [("--mapping", "{wqkv: pim-z}"), ("--mapping", "{wqkv: host}",
-                                  "--mapping", "{q_proj: host}"), ("--device_spec", "h100-sxm,h10")])
+                                  "--mapping", "{qproj: host}"), ("--device_spec", "h100-sxm,h10")])
 def test_every_deployment_is_checked_before_any_step_table(capsys, config, argv):
     # the bad one comes last: refused before the good ones' tables are counted
     cache_clear()

@@ -123,7 +123,9 @@ def test_whole_trace_repeats_the_layer():
 
 @pytest.mark.parametrize("mapping, options, expected", [
     ({"attention": "pim-z"}, {}, "unknown device 'pim-z'"),
-    ({"q_proj": "pim-a"}, {}, "mapping key 'q_proj' (pim-a) matches no module"),  # HF names
+    ({"qproj": "pim-a"}, {}, "mapping key 'qproj' (pim-a) matches no module"),
+    ({"q_proj": "pim-a", "k_proj": "host"}, {}, "keys 'q_proj', 'k_proj' put parts of "
+     "perfcounter's fused q/k/v projection on different devices"),  # transformers' names
     ({"attention": "pim-a,x"}, {}, "unknown option 'x'"),
     ({"attention": "pim-a"}, {"execution": "warp"}, "execution 'warp'"),
     ({"attention": "pim-a"}, {"peak_fraction": 0.5}, "peak_fraction scales the roofline bound"),

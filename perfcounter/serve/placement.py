@@ -174,7 +174,7 @@ class PlacementPricer:
                              f"{len(modules)} modules; --allow_unmatched warns instead)")
         for dev in plan.devices.values():  # the host's memory is checked if it holds weights
             if not dev.is_host and not dev.spec.vram:
-                raise ServeError(_no_memory(dev.spec.name))
+                raise ServeError(_no_memory(dev.spec))
         self.args, self.host, self.devices = args, host, plan.devices
         self.options = {"host": host, "devices": devices, "allow_unmatched": allow_unmatched,
                         "default_device": default_device, "peak_fraction": peak_fraction,
@@ -275,9 +275,14 @@ class PlacedTable:
         return self.seconds(self.counts.features(pieces))
 
 
-def _no_memory(name: str) -> str:
-    return (f"--mapping: device {name!r} has no memory size (vram_GB); give one in a device "
-            "file (FILE.yaml:ENTRY)")
+def _no_memory(spec) -> str:
+    """How a device without a memory size is refused: how to give it one, its figures kept."""
+    entry = (f"devices: {{{spec.name}-mine: {{device_type: {spec.device_type}, bandwidth_GBs: "
+             f"{spec.bandwidth / 1e9:g}, tflops: {spec.flops_per_s / 1e12:g}, vram_GB: <GB>, "
+             "source: <where the size comes from>}}")
+    return (f"--mapping: device {spec.name!r} has no memory size (vram_GB; none is published "
+            f"for it); give one in a device file, e.g. my.yaml holding `{entry}`, and map to "
+            f"my.yaml:{spec.name}-mine")
 
 
 class DeviceMemory(NamedTuple):
@@ -321,7 +326,7 @@ def placement_memory(table: PlacedTable, dtype, *, gpu_memory_utilization: float
     for key, held_weights in weights.items():
         dev = pricer.devices[key]
         if not dev.spec.vram:
-            raise ServeError(_no_memory(dev.spec.name))
+            raise ServeError(_no_memory(dev.spec))
         memory = float(dev.spec.vram) * dev.tp
         left = memory * gpu_memory_utilization - held_weights - (work if kv[key] else 0)
         held = max(0, math.floor(left / (block_size * kv[key]))) if kv[key] else None

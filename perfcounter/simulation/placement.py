@@ -14,35 +14,33 @@ A mapping is a dict (or a YAML / JSON file holding one) from a key to
   ("LlamaForCausalLM.") may be written or left out; `*` crosses dots. Of two
   globs, the one with more literal characters is the more specific;
 - a path without wildcards ("model.layers.0.mlp"), matched the same way.
-The most specific key that matches a module wins; two keys of equal
-specificity that place a module differently are an error. A module no key
-matches runs where its nearest placed ancestor runs, and with no placed
-ancestor where the previous module ran (UPMEM's behaviour), or on the default
-device when one is given.
+On perfcounter's model transformers' names read as its own (hf_names.py). The most
+specific key that matches a module wins; two keys of equal specificity that place a module
+differently are an error. A module no key matches runs where its nearest placed ancestor
+runs, and with no placed ancestor where the previous module ran (UPMEM's behaviour), or on
+the default device when one is given.
 
-Options: `t`, a transfer point (the module's input comes back through the host:
-the device it was on sends it to the host, the host sends it on); `m`, a MoE
-transfer point (as `t`, but the input shared by sibling modules that this key
-matches, e.g. the experts of one block, is sent once); `tp=N`, tensor
-parallelism over N devices of that kind. Letters may be joined ("tm").
+Options: `t`, a transfer point (the module's input comes back through the host: the
+device it was on sends it to the host, the host sends it on); `m`, a MoE transfer point
+(as `t`, but the input shared by sibling modules that this key matches, e.g. the experts
+of one block, is sent once); `tp=N`, tensor parallelism over N devices of that kind.
+Letters may be joined ("tm").
 
-Device names resolve as UPMEM writes them: any case, `_` or `-`; "host" is the
-host; UPMEM's own profile names (H100, Snapdragon8gen3, DGX100, ...) mean the
-registry's UPMEM profiles ("upmem-h100"), other names the registry's entries,
-and "FILE.yaml:ENTRY" a device file.
+Device names resolve as UPMEM writes them: any case, `_` or `-`; "host" is the host;
+UPMEM's own profile names (H100, Snapdragon8gen3, DGX100, ...) mean the registry's UPMEM
+profiles ("upmem-h100"), other names the registry's entries, "FILE.yaml:ENTRY" a file.
 
 Device figures beyond one device come from the DeviceSpec (YAML `peak_fraction`,
 `device_link_GBs` / `device_link_pj_per_bit`, `interconnect_GBs` /
 `interconnect_pj_per_bit`), and an option given to simulate() (or the CLI's
 --peak_fraction, --device_link_GBs, --interconnect_GBs) overrides them:
-- peak_fraction: one number for every device > {device: fraction} for that
-  device > the spec's `peak_fraction` > 1 (peak);
-- a device<->device transfer: the `device_link` option (one fabric between all
-  non-host devices, its pJ/bit included) > the specs' device link when both
-  ends have one (the slower end's bandwidth, the mean pJ/bit when both give
-  one) > through the host;
-- a tensor-parallel all-reduce: the `interconnect` option > the spec's
-  interconnect > through the host.
+- peak_fraction: one number for every device > {device: fraction} for that device >
+  the spec's `peak_fraction` > 1 (peak);
+- a device<->device transfer: the `device_link` option (one fabric between all non-host
+  devices, its pJ/bit included) > the specs' device link when both ends have one (the
+  slower end's bandwidth, the mean pJ/bit when both give one) > through the host;
+- a tensor-parallel all-reduce: the `interconnect` option > the spec's interconnect >
+  through the host.
 A link without a pJ/bit charges 0 J and warns (once per link and simulation).
 """
 from __future__ import annotations
@@ -56,7 +54,8 @@ from pathlib import Path
 
 from perfcounter._util import did_you_mean
 from perfcounter.devices import get_device_spec, list_device_specs
-from perfcounter.strict_yaml import DuplicateKey, load_yaml
+from perfcounter.simulation import hf_names
+from perfcounter.strict_yaml import DuplicateKey, load_yaml, one_line
 
 HOST = "host"
 OPTION_HELP = "t (transfer point), m (MoE transfer point), tp=N (tensor parallel degree)"
@@ -69,7 +68,6 @@ class MappingError(ValueError):
 
 class Kind(enum.IntEnum):
     """How a key matched a module; a higher value is more specific."""
-
     CLASS = 1
     NAME = 2
     GLOB = 3
@@ -93,10 +91,11 @@ class Assignment:
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    key: str
+    key: str  # as the mapping writes it (reports, unmatched keys)
     value: Assignment
     pattern: re.Pattern | None  # globs and paths: matches a whole path's tail
     literal: int  # characters of a glob that are not wildcards
+    name: str = ""  # a name or class key as matched (transformers' names read as ours)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,19 +132,21 @@ def parse_value(key: str, value) -> Assignment:
     return Assignment(device, transfer, moe, tp)
 
 
-def _rule(key, value) -> Rule:
+def _rule(key, value, match: str | None = None) -> Rule:
+    """A mapping entry as a rule; `match`: the key as matched (default: the key)."""
     if not isinstance(key, str) or not key.strip() or key != key.strip():
         raise MappingError(f"mapping key {key!r}: expected a module name, class or path glob "
                            "without surrounding blanks")
-    assignment = parse_value(key, value)
-    if any(c in key for c in "*?["):
-        body = fnmatch.translate(key)
-        literal = len(re.sub(r"\[[^\]]*\]|[*?]", "", key))
-        return Rule(key, assignment, re.compile(r"(?:.*\.)?" + body, re.S), literal)
-    if "." in key:
-        return Rule(key, assignment, re.compile(r"(?:.*\.)?" + re.escape(key) + r"\Z", re.S),
-                    len(key))
-    return Rule(key, assignment, None, len(key))
+    assignment = parse_value(key, value) if not isinstance(value, Assignment) else value
+    m = key if match is None else match
+    if any(c in m for c in "*?["):
+        body = fnmatch.translate(m)
+        literal = len(re.sub(r"\[[^\]]*\]|[*?]", "", m))
+        return Rule(key, assignment, re.compile(r"(?:.*\.)?" + body, re.S), literal, m)
+    if "." in m:
+        return Rule(key, assignment, re.compile(r"(?:.*\.)?" + re.escape(m) + r"\Z", re.S),
+                    len(m), m)
+    return Rule(key, assignment, None, len(m), m)
 
 
 def read_mapping_file(path) -> dict:
@@ -170,8 +171,7 @@ def _parse_text(text: str, where: str) -> dict:
         raise MappingError(f"{where}: key {key!r} is given twice (lines {dup.lines[0]} and "
                            f"{dup.lines[1]}); give it once") from None
     except Exception as exc:  # yaml.YAMLError or json.JSONDecodeError: one line, with where
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise MappingError(f"{where}: not a valid mapping file ({first})") from None
+        raise MappingError(f"{where}: not a valid mapping file ({one_line(exc)})") from None
     if not isinstance(data, dict) or not data:
         raise MappingError(f"{where}: expected a non-empty mapping of layer -> "
                            f"'device[,options]', got {type(data).__name__}")
@@ -183,7 +183,10 @@ class Mapping:
 
     def __init__(self, rules: list[Rule]):
         self.rules = rules
-        self.plain = {r.key: r for r in rules if r.pattern is None}
+        self.plain: dict[str, list[Rule]] = {}
+        for r in rules:
+            if r.pattern is None:
+                self.plain.setdefault(r.name or r.key, []).append(r)
         self.patterned = [r for r in rules if r.pattern is not None]
 
     @classmethod
@@ -208,13 +211,19 @@ class Mapping:
     def to_dict(self) -> dict[str, str]:
         return {r.key: str(r.value) for r in self.rules}
 
+    def for_modules(self, modules) -> "Mapping":
+        """This mapping as it reads on `modules` (transformers' names on our model)."""
+        if not hf_names.is_ours(modules):
+            return self
+        split = any(m.path.rsplit(".", 1)[-1] in hf_names.QKV for m in modules)
+        return Mapping([_rule(r.key, r.value, hf_names.translate(r.key, split))
+                        for r in self.rules])
+
     def _matches(self, path: str, cls: str) -> list[tuple[tuple[int, int], Rule]]:
         leaf = path.rsplit(".", 1)[-1]
-        found = []
-        if leaf in self.plain:
-            found.append(((Kind.NAME, 0), self.plain[leaf]))
-        if cls in self.plain and cls != leaf:
-            found.append(((Kind.CLASS, 0), self.plain[cls]))
+        found = [((Kind.NAME, 0), r) for r in self.plain.get(leaf, [])]
+        if cls != leaf:
+            found += [((Kind.CLASS, 0), r) for r in self.plain.get(cls, [])]
         for r in self.patterned:
             if r.pattern.match(path):
                 kind = Kind.GLOB if any(c in r.key for c in "*?[") else Kind.PATH
@@ -223,28 +232,36 @@ class Mapping:
 
     def match(self, path: str, cls: str) -> Rule | None:
         """The most specific rule for a module; MappingError when two tie and disagree."""
+        return (self.best(path, cls) or [None])[0]
+
+    def best(self, path: str, cls: str) -> list[Rule]:
+        """The most specific rules for a module, all of one value (q_proj, k_proj, v_proj)."""
         found = self._matches(path, cls)
         if not found:
-            return None
+            return []
         best = max(rank for rank, _ in found)
         top = [r for rank, r in found if rank == best]
         if len({r.value for r in top}) > 1:
             keys = ", ".join(repr(r.key) for r in top)
-            raise MappingError(f"module {path!r} ({cls}): keys {keys} match it equally "
-                               "specifically with different devices; make one more specific "
-                               "(a path glob beats a name, a name beats a class)")
-        return top[0]
+            why = ("put parts of perfcounter's fused q/k/v projection on different devices; this "
+                   "command prices it whole: give them one device (simulate splits it)") \
+                if path.rsplit(".", 1)[-1] == hf_names.FUSED else (
+                "match it equally specifically with different devices; make one more specific "
+                "(a path glob beats a name, a name beats a class)")
+            raise MappingError(f"module {path!r} ({cls}): keys {keys} {why}")
+        return top
 
     def place(self, modules) -> tuple[dict[str, Placed], set[str]]:
         """Where each module (ModuleInfo-like: path, cls) runs, and the keys that matched.
         A module takes its own rule, else its nearest placed ancestor's."""
         placed: dict[str, Placed] = {}
         used: set[str] = set()
+        mapping = self.for_modules(modules)  # transformers' names, on our model
         for m in sorted(modules, key=lambda m: m.path.count(".")):  # parents first
-            rule = self.match(m.path, m.cls)
-            if rule is not None:
-                used.add(rule.key)
-                placed[m.path] = Placed(rule.value, rule.key)
+            top = mapping.best(m.path, m.cls)
+            if top:
+                used.update(r.key for r in top)
+                placed[m.path] = Placed(top[0].value, top[0].key)
                 continue
             parent = m.path
             inherited = None
@@ -300,11 +317,9 @@ def default_host():
     """The host: this machine's calibrated CPU spec when there is one, else generic-cpu."""
     try:
         spec = get_device_spec("calibrated")
-        if spec.device_type == "cpu":
-            return spec
     except (KeyError, ValueError):
-        pass
-    return get_device_spec("generic-cpu")
+        spec = None
+    return spec if spec is not None and spec.device_type == "cpu" else get_device_spec("generic-cpu")
 
 
 # -- a mapping resolved against a model and the devices -----------------------------------

@@ -39,6 +39,7 @@ from dataclasses import astuple
 from perfcounter._util import PerfcounterWarning
 from perfcounter.pricing.per_record import per_step_overhead_s
 from perfcounter.pricing.predict import check_execution, phase_program, phase_regime
+from perfcounter.simulation.hf_names import split_qkv
 from perfcounter.simulation.links import Link, Links
 from perfcounter.simulation.placement import (HOST, Device, Mapping, MappingError, Plan,
                                               default_host, resolve_device)
@@ -333,8 +334,8 @@ def simulate(source, mapping=None, *, host=None, default_device: str | None = No
       under cudagraphs) (PhaseResult.predicted_s, DeviceResult.predicted_busy_s); None: the
       bound alone.
     """
-    phases = phases_of(source, labels)
     mapping = Mapping.load(mapping)
+    phases = split_qkv(phases_of(source, labels), mapping.to_dict())  # q/k/v keys on our wqkv
     if execution is not None:
         check_execution(execution)
     if elementwise_model not in ELEMENTWISE_MODELS:
