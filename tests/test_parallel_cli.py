@@ -135,3 +135,24 @@ def test_generate_says_when_the_model_does_not_fit_and_refuses_bad_sizes():
     assert run.stderr.strip().splitlines() == [
         "generate.py: error: --tensor_parallel_size 2 does not divide the 9 attention heads of "
         "smollm2-135m; valid: 1, 3"]
+
+
+def test_serve_plan_names_the_smallest_tensor_parallel_size(capsys):
+    argv = ["serve", "--model", "llama-3.1-70b", "--device_spec", "h100-sxm", "--plan"]
+    assert main(argv=argv) == 0
+    out = capsys.readouterr().out
+    assert "does not fit" in out  # 141.11 GB of weights on 72 GB usable
+    # TP 2: 2 x 35,277,512,704 params = 70.56 GB a rank (tests/test_parallel_serve.py)
+    assert "smallest fit: TP 2 in bfloat16 (70.56 GB of weights a rank)" in out
+    assert main(argv=[*argv, "--tp", "4"]) == 0
+    assert "4 x h100-sxm (TP4)" in capsys.readouterr().out
+
+
+def test_serve_runs_a_tensor_parallel_deployment(capsys):
+    argv = ["serve", "--model", "smollm2-135m", "--device_spec", "h100-sxm", "--num_requests",
+            "8", "--qps", "4", "--prompt_length", "32", "--max_new_tokens", "8"]
+    assert main(argv=[*argv, "--tp", "3", "--dp", "2"]) == 0
+    assert "6 x h100-sxm (TP3 DP2)" in capsys.readouterr().out
+    assert main(argv=[*argv, "--tp", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not divide the 9 attention heads" in err[0]

@@ -23,8 +23,10 @@ import json
 import sys
 from pathlib import Path
 
-from perfcounter.cli.flags import add_deprecated, add_model_flags, add_output, config_of, given
+from perfcounter.cli.flags import (add_deprecated, add_model_flags, add_output, add_parallel_flags,
+                                   config_of, given)
 from perfcounter.devices import default_device_spec
+from perfcounter.parallel import PARALLEL_SIZES, fits_text, smallest_fit
 from perfcounter.quant.gguf_types import FILE_TYPES
 from perfcounter.quant.quantize import resolve_scheme
 from perfcounter.serve.api import (EXECUTIONS, deployment, find_max_qps, qps_values,
@@ -32,6 +34,7 @@ from perfcounter.serve.api import (EXECUTIONS, deployment, find_max_qps, qps_val
                                    resolve_spec, serve)
 from perfcounter.serve.engines import ENGINES, engine_profile
 from perfcounter.serve.errors import ServeError
+from perfcounter.serve.memory import memory_plan
 from perfcounter.serve.metrics import parse_slo
 from perfcounter.serve.outputs import check_plotting, csv_text, trace_text, write_all, write_plots
 from perfcounter.serve.placement import PlacementPricer
@@ -48,6 +51,7 @@ def add_parser(sub) -> None:
                        "memory fit, J and $ per token",
                        description=__doc__.split("\n\n")[0])
     add_model_flags(p, lengths="distributions", device_list=True, executions=EXECUTIONS)
+    add_parallel_flags(p)  # one rank's step table and memory, the price of every GPU
     add_arguments(p)
     g = p.add_argument_group("output")
     add_output(g, "--csv", help="per-request times (the first result)")
@@ -207,7 +211,8 @@ def _deployments(args) -> list:
               "usd_per_hour": args.usd_per_hour, "check_fit": not args.plan,
               "expert_load": getattr(args, "expert_load", None),
               "gguf_type": getattr(args, "gguf_type", None), "engine": args.engine,
-              "execution": args.execution if "execution" in given(args) else None}
+              "execution": args.execution if "execution" in given(args) else None,
+              **{k: getattr(args, k) for k in PARALLEL_SIZES}}
     model = args.model
     specs = [s.strip() for s in (args.device_spec or "").split(",") if s.strip()]
     if args.device_spec is not None and not specs:
@@ -227,6 +232,19 @@ def _deployments(args) -> list:
     return deps + [deployment(model, mapping=m, host=args.host,
                               allow_unmatched=args.allow_unmatched, **common)
                    for m in args.mapping]
+
+
+def _smallest_fit(model, dep) -> str:
+    """--plan's line: the smallest TP whose rank fits, at the deployment's weights, int8, int4."""
+    limits = dict(gpu_memory_utilization=dep.plan.gpu_memory_utilization,
+                  block_size=dep.plan.block_size, kv=dep.kv_dtype,
+                  max_num_batched_tokens=dep.engine.max_num_batched_tokens,
+                  max_num_seqs=dep.engine.max_num_seqs,
+                  kv_scales=dep.settings.get("kv_scales") or "token_head")
+    fits = smallest_fit(resolve_model(model), lambda rank, q: memory_plan(
+        rank, dep.dtype, dep.spec, weights=q, **limits),
+        list(dict.fromkeys([dep.weights.name if dep.weights else None, "int8", "int4"])))
+    return fits_text(fits, str(dep.dtype).replace("torch.", ""))
 
 
 def _workload_maker(args, block_size: int, trace):
@@ -256,6 +274,8 @@ def _main(args) -> int:
                     and str(args.max_new_tokens).isdigit():
                 context = int(args.prompt_length) + int(args.max_new_tokens)
             print(plan_text(dep, context, args.plan_batch or dep.engine.max_num_seqs))
+            if not dep.devices and not hasattr(dep.weights, "kinds"):  # one device, no GGUF
+                print(_smallest_fit(args.model, dep))
         return 0
     results, rows, notes = [], [], []
     for dep in deps:

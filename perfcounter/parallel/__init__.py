@@ -34,5 +34,8 @@ from perfcounter.parallel.sharding import (ParallelConfig, ParallelError, RankAr
                                            valid_tensor_parallel_sizes)
 from perfcounter.pricing.collectives import LinkError
 
-__all__ = ["Fit", "fit_line", "fits_text", "smallest_fit", "ParallelConfig", "ParallelError", "RankArgs", "check_links", "check_parallel",
+PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                  "enable_expert_parallel")  # deployment()'s keywords, vLLM's flag names
+
+__all__ = ["PARALLEL_SIZES", "Fit", "fit_line", "fits_text", "smallest_fit", "ParallelConfig", "ParallelError", "RankArgs", "check_links", "check_parallel",
            "rank_args", "shard", "valid_tensor_parallel_sizes", "LinkError"]

@@ -41,14 +41,18 @@ class Fit:
 def smallest_fit(args: ModelArgs, plan_of, quantizations=(None,),
                  pipeline_parallel_size: int = 1) -> list:
     """For each quantization, the smallest valid TP whose rank's plan fits (a `Fit`), or None
-    when no TP up to the heads fits; plan_of(rank_args, quantization) -> a memory plan."""
+    when no TP up to the heads fits or the model cannot be stored so; plan_of(rank_args,
+    quantization) -> a memory plan."""
     out = []
     for q in quantizations:
         found = None
         for tp in valid_tensor_parallel_sizes(args):
             parallel = ParallelConfig(tensor_parallel_size=tp,
                                       pipeline_parallel_size=pipeline_parallel_size)
-            plan = plan_of(rank_args(args, parallel), q)
+            try:
+                plan = plan_of(rank_args(args, parallel), q)
+            except ValueError:  # a scheme this model cannot take (an int4 group too wide)
+                break
             if plan.fits:
                 found = Fit(tp, q, plan)
                 break
