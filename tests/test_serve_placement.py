@@ -240,3 +240,22 @@ def test_tensor_parallel_divides_a_predicted_share():
     assert b["host"] == pytest.approx(a["host"], rel=1e-12)
     pim = next(k for k in b if k != "host")
     assert b[pim] == pytest.approx(a["toy-pim"] / 2, rel=1e-12)
+
+
+def test_the_placement_says_where_each_record_ran():
+    # the replay reports each record's device (PhaseResult.record_devices): the layers'
+    # records on toy-pim, the embedding and the root's ops before the layers on the host
+    # (3 records: embedding, index, to_copy), the output's norm and head after them on
+    # toy-pim (an unmapped module runs where the previous one ran); metadata: none
+    trace = count_step(TINY, [Piece(1, 7)])
+    sim = simulate(trace, {"TransformerBlock": "toy-pim"}, host=TOY_HOST,
+                   devices={"toy-pim": TOY_PIM})
+    ran = next(iter(sim.phases.values())).record_devices
+    assert len(ran) == len(trace.records)
+    moving = [(r, d) for r, d in zip(trace.records, ran) if r.bytes]
+    assert all(d == "toy-pim" for r, d in moving if ".layers." in r.module)
+    assert sum(d == "host" for _, d in moving) == 3
+    assert all(d is None for r, d in zip(trace.records, ran) if r.op.startswith("prim."))
+    # and the serving table prices each (module, segment) where the replay ran it
+    table = toy_placed("bound").table
+    assert {d for d in table.where.values()} == {"host", "toy-pim"}

@@ -62,7 +62,7 @@ from perfcounter.simulation.placement import (
     resolve_device,
 )
 from perfcounter.simulation.run import simulate
-from perfcounter.simulation.timeline import PREPARED, Ev, elementwise_spec
+from perfcounter.simulation.timeline import elementwise_spec
 from perfcounter.trace import Trace
 
 _LAYER0 = re.compile(r"\.layers\.0(?=\.|$)")
@@ -199,22 +199,17 @@ class PlacementPricer:
 
 
 def _replay(trace: Trace, pricer: PlacementPricer):
-    """simulate()'s replay of one whole-model step: (where each (module, segment) ran,
-    transfer seconds, transfer joules)."""
+    """simulate()'s replay of one whole-model step: (where each (module, segment) ran: the
+    placement the replay reports, PhaseResult.record_devices; transfer seconds, transfer
+    joules)."""
     sim = simulate(trace, pricer.mapping, detail=True, execution=None, **pricer.options)
     phase = next(iter(sim.phases.values()))
-    prep = PREPARED.get(trace)
-    runs = [j for j, s in enumerate(prep.steps) if s.kind == Ev.RUN]
-    rows = [row for row in phase.log if not row.transfer]
-    where = {}
-    for j, row in zip(runs, rows, strict=True):
-        for i in prep.steps[j].records:
-            r = trace.records[i]
-            where[(r.module, r.segment)] = row.device
-    for j, row in zip(runs, rows):  # views: where the step that pays their calls runs
-        for i in prep.riders.get(j, ()):
-            r = trace.records[i]
-            where.setdefault((r.module, r.segment), row.device)
+    where, views = {}, {}
+    for r, device in zip(trace.records, phase.record_devices, strict=True):
+        if device is not None:  # a view: where the step that pays its calls runs
+            (where if r.bytes or r.flops or r.executed_flops else views)[
+                (r.module, r.segment)] = device
+    where = {**views, **where}
     moved = [row for row in phase.log if row.transfer]
     return where, sum(r.duration_s for r in moved), sum(r.energy_j for r in moved)
 

@@ -127,6 +127,9 @@ class PhaseResult:
     functions: list = field(default_factory=list)  # FunctionResult (detail)
     log: list = field(default_factory=list)  # LogRow in time order (detail)
     predicted_s: float | None = None  # the phase predicted (simulate's execution), time_s a bound
+    # the placement: per trace record, the device key it ran on (a view: where the step paying
+    # its calls ran; None: a metadata record or one no step ran)
+    record_devices: tuple = ()
 
     @property
     def predicted_tokens_per_s(self) -> float | None:

@@ -218,6 +218,7 @@ class _Replay:
     def replay(self, label: str, num_tokens: int) -> PhaseResult:
         plan, prep = self.plan, self.prep
         costs = {}
+        ran: list = [None] * len(prep.trace.records)  # the device key each record ran on
         cur = plan.host  # execution starts on the host
         for j, step in enumerate(prep.steps):
             path = step.module
@@ -250,6 +251,10 @@ class _Replay:
                     costs[dev.key] = prep.step_costs(self.specs.get(dev.key, dev.spec),
                                                      self.elementwise, self.execution)
                 self.run(step, j, cur, costs)
+                for i in step.records:
+                    ran[i] = cur.key
+                for i in prep.riders.get(j, ()):  # views: where the step paying their calls ran
+                    ran[i] = ran[i] or cur.key
             elif cur.tp > 1 and path in prep.blocks:
                 self.allreduce(cur, prep.infos[path].output_bytes * step.count, path)
         self.transfer(cur, plan.host, prep.output_bytes, "(output)", False)
@@ -258,7 +263,8 @@ class _Replay:
             static_w = getattr(plan.devices[key].spec, "static_w", None)
             a.energy_by_component_j["static"] += (static_w or 0.0) * a.tp * self.clock
         return PhaseResult(label, num_tokens, prep.trace.steps, self.clock, self.acc,
-                           list(self.mods.values()), list(self.funcs.values()), self.log)
+                           list(self.mods.values()), list(self.funcs.values()), self.log,
+                           record_devices=tuple(ran))
 
 
 # -- the API ---------------------------------------------------------------------------------
