@@ -70,14 +70,28 @@ def test_an_engines_compiled_step_pays_the_dynamic_programs_launches():
     assert PredictionPricer(spec, "eager").spec is spec
 
 
-@pytest.mark.parametrize("device", ["h100-sxm", "generic-cpu"])
+# measured curves (rates by working set, log-log between points: [bytes, warm B/s, cold B/s,
+# FLOP/s]), which a varlen attention kernel reads at its bytes a call, and a cache that a
+# step's distinct bytes may fit
+CURVES = {c: {"bfloat16": [[1e4, 8e11, 3e11, 1e12], [1e8, 6e11, 2e11, 4e12]]}
+          for c in ("gemv", "gemm", "attention", "elementwise")}
+
+
+def device(name: str):
+    if name == "curved-cpu":
+        return dataclasses.replace(get_device_spec("xeon-8480", dtype=torch.bfloat16),
+                                   name=name, op_curves=CURVES, cache_bytes=1e6)
+    return get_device_spec(name, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("device_name", ["h100-sxm", "generic-cpu", "curved-cpu"])
 @pytest.mark.parametrize("execution", ALL)
-def test_table_equals_predict_on_counted_steps(execution, device):
+def test_table_equals_predict_on_counted_steps(execution, device_name):
     # one rule (pricing.price.price): a table's step and predict() of the counted step as the
     # engine runs it (engine_trace: a group's pieces one record; compiled and CUDA graphs, a
     # layer's attention pieces one varlen kernel) are equal; rel=1e-12 allows only the order of
     # a float sum (the table sums a group x its layers, predict each layer's record)
-    spec = get_device_spec(device, dtype=torch.bfloat16)
+    spec = device(device_name)
     pricer = RooflinePricer(spec) if execution == "bound" else PredictionPricer(spec, execution)
     table = step_table(TINY, torch.bfloat16, pricer)
     assert table.label == ("roofline bound" if execution == "bound"
