@@ -39,7 +39,7 @@ from perfcounter.serve.metrics import parse_slo
 from perfcounter.serve.outputs import check_plotting, csv_text, trace_text, write_all, write_plots
 from perfcounter.serve.placement import PlacementPricer
 from perfcounter.serve.render import plan_text, result_text, table
-from perfcounter.serve.search import scaled_trace
+from perfcounter.serve.search import PROBE_REQUESTS, scaled_trace
 from perfcounter.serve.workload import (check_burstiness, check_count, check_fits_model,
                                         check_rate, check_seed, parse_lengths, read_trace,
                                         synthetic)
@@ -248,16 +248,20 @@ def _smallest_fit(model, dep) -> str:
 
 
 def _workload_maker(args, block_size: int, trace):
+    """make(qps, at_least=0): the workload at a rate, at least `at_least` requests long (the
+    QPS search's probes; a trace is its own length)."""
     if trace is not None:
-        return (lambda qps: scaled_trace(trace, qps)) if args.find_max_qps else \
-            (lambda qps: trace)
+        return (lambda qps, at_least=0: scaled_trace(trace, qps)) if args.find_max_qps else \
+            (lambda qps, at_least=0: trace)
     if args.concurrency is not None:
-        return lambda qps: synthetic(args.num_requests, args.prompt_length, args.max_new_tokens,
-                                     concurrency=args.concurrency, seed=args.seed,
-                                     prefix_hit_rate=args.prefix_hit_rate, block_size=block_size)
-    return lambda qps: synthetic(args.num_requests, args.prompt_length, args.max_new_tokens,
-                                 qps=qps, burstiness=args.burstiness, seed=args.seed,
-                                 prefix_hit_rate=args.prefix_hit_rate, block_size=block_size)
+        return lambda qps, at_least=0: synthetic(
+            args.num_requests, args.prompt_length, args.max_new_tokens,
+            concurrency=args.concurrency, seed=args.seed, prefix_hit_rate=args.prefix_hit_rate,
+            block_size=block_size)
+    return lambda qps, at_least=0: synthetic(
+        max(args.num_requests, at_least), args.prompt_length, args.max_new_tokens, qps=qps,
+        burstiness=args.burstiness, seed=args.seed, prefix_hit_rate=args.prefix_hit_rate,
+        block_size=block_size)
 
 
 def _main(args) -> int:
@@ -285,7 +289,8 @@ def _main(args) -> int:
             why = " (the steady throughput: the queue grows without bound above it)" \
                 if found.limited_by_throughput else ""
             notes.append(f"{dep.name}: highest QPS meeting {args.slo} for "
-                         f"{args.slo_attainment:.0%} of requests (the first 10% left out): "
+                         f"{args.slo_attainment:.0%} of requests (at least {PROBE_REQUESTS:,} a "
+                         "probe, the first 10% left out): "
                          + ("none (not even the lowest rate tried)" if best is None else
                             f"{best:.3g}{why}"))
             chosen = [r for (q, ok), r in zip(found.probes, found.results) if q == best] \

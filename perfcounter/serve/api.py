@@ -46,7 +46,7 @@ from perfcounter.serve.placement import PlacementPricer, placement_memory
 from perfcounter.serve.predicted import PredictionPricer
 from perfcounter.serve.pricing import RooflinePricer, step_table
 from perfcounter.serve.scheduler import EngineConfig, Run, simulate_engine
-from perfcounter.serve.search import Search
+from perfcounter.serve.search import PROBE_REQUESTS, Search
 from perfcounter.serve.search import find_max_qps as _search
 from perfcounter.serve.workload import Workload, check_fits_model
 from perfcounter.simulation.placement import Mapping
@@ -292,10 +292,12 @@ def serve(dep: Deployment, workload: Workload, *, slo=None, usd_per_kwh: float |
     return ServeResult(dep, workload, m, run)
 
 
-def find_max_qps(dep: Deployment, make, slo, *, attainment: float = 0.9) -> Search:
-    """The highest rate whose workload `make(qps)` meets `slo` for `attainment` of its
-    requests in steady state (search.py states how)."""
-    return _search(dep, make, slo, attainment=attainment, serve=serve)
+def find_max_qps(dep: Deployment, make, slo, *, attainment: float = 0.9,
+                 probe_requests: int = PROBE_REQUESTS) -> Search:
+    """The highest rate whose workload `make(qps, at_least)` (at least `at_least` requests)
+    meets `slo` for `attainment` of its requests in steady state (search.py states how)."""
+    return _search(dep, make, slo, attainment=attainment, serve=serve,
+                   probe_requests=probe_requests)
 
 
 def qps_values(text) -> list[float]:
@@ -304,14 +306,18 @@ def qps_values(text) -> list[float]:
     try:
         if s.count(":") == 2:
             start, stop, count = s.split(":")
-            if not 1 <= int(count) <= MAX_RATES:
-                raise ServeError(f"--qps {s}: COUNT {count}; expected 1 to {MAX_RATES} rates")
-            values = list(np.linspace(float(start), float(stop), int(count)))
+            count = int(count)
+            if not 1 <= count <= MAX_RATES:
+                values = None
+            else:
+                values = list(np.linspace(float(start), float(stop), count))
         else:
             values = [float(v) for v in s.split(",") if v.strip()]
     except ValueError:
         raise ServeError(f"--qps {s!r}: expected a rate, a list (1,2,5) or a range "
                          "START:STOP:COUNT") from None
+    if values is None:
+        raise ServeError(f"--qps {s}: COUNT {count}; expected 1 to {MAX_RATES} rates")
     if len(values) > MAX_RATES:
         raise ServeError(f"--qps {s}: {len(values):,} rates; at most {MAX_RATES}")
     if not values or any(not (v > 0 and math.isfinite(v)) for v in values):

@@ -61,6 +61,8 @@ def parse_slo(text) -> dict[str, float]:
             raise ServeError(f"--slo {part.strip()!r}: {value!r} is not a number") from None
         if not (seconds > 0 and math.isfinite(seconds)):
             raise ServeError(f"--slo {part.strip()!r}: expected a time > 0")
+        if name in out:
+            raise ServeError(f"--slo {text!r}: {name} given twice; give each target once")
         out[name] = seconds
     return out
 
