@@ -159,3 +159,30 @@ def test_link_energy_and_a_device_without_a_link():
     with pytest.raises(collectives.LinkError, match="no link to another device"):
         collectives.check_link(cpu, 2)
     assert collectives.check_link(cpu, 1) is None
+
+
+# a mixture of 8 experts, 2 a token, on the toy's shapes
+MOE = ModelArgs(block_size=64, vocab_size=256, n_layer=2, n_head=4, n_local_heads=4, dim=64,
+                intermediate_size=128, num_experts=8, num_activated_experts=2)
+ALL_TO_ALL = "perfcounter.all_to_all.default"
+
+
+def test_expert_parallel_rank_holds_its_experts_and_dispatches_its_rows():
+    def experts(trace, field):
+        rs = [r for r in trace.records if r.module.endswith("cond_ffn")]
+        return sum(r.read[WEIGHT] for r in rs) if field == "weight" else \
+            sum(r.flops for r in rs if r.op == "aten.bmm.default")
+    one = prefill(MOE)
+    rank = rank_args(MOE, ParallelConfig(data_parallel_size=4, enable_expert_parallel=True))
+    assert (rank.num_experts, rank.routed_top_k, rank.intermediate_size) == (2, 2, 128)
+    ep = count_config(rank, batch_size=1, prompt_length=8, new_tokens=2).counts["prefill"].trace
+    # 8 tokens x 2 = 16 rows either way: 3 matmuls x 2 x 16 x 64 x 128 = 786432 a layer
+    assert experts(one, "flops") == experts(ep, "flops") == 2 * 786432
+    # weights read: 8 experts x 3 x 128 x 64 x 2 B = 393216 a layer; a rank's 2 experts: / 4
+    assert experts(one, "weight") == 2 * 393216 and experts(ep, "weight") == 2 * 98304
+    # dispatch and combine: [16, 64] bf16 = 2048 B each, in each of 2 layers; no all-reduce
+    a2a = [r for r in ep.records if r.op == ALL_TO_ALL]
+    assert sum(r.calls for r in a2a) == 4 and sum(r.written[ACT] for r in a2a) == 4 * 2048
+    assert not any(r.op == ALL_REDUCE for r in ep.records)
+    with pytest.raises(ParallelError, match="over TP x DP = 3 ranks, which does not divide"):
+        rank_args(MOE, ParallelConfig(data_parallel_size=3, enable_expert_parallel=True))

@@ -101,6 +101,11 @@ def tp_all_gather(x: Tensor, ranks: int, dim: int = -1) -> Tensor:
     return x if ranks == 1 else torch.ops.perfcounter.all_gather(x, ranks, dim % x.dim())
 
 
+def ep_all_to_all(x: Tensor, ranks: int) -> Tensor:
+    """x's rows exchanged among `ranks` expert-parallel ranks; x itself for one rank."""
+    return x if ranks == 1 else torch.ops.perfcounter.all_to_all(x, ranks)
+
+
 def send_recv_stages(x: Tensor, stages: int) -> Tensor:
     """x sent to the next pipeline stage; x itself without stages."""
     return x if stages == 1 else torch.ops.perfcounter.send_recv(x, stages)

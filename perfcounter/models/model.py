@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 
-from perfcounter.costs.collectives import send_recv_stages, tp_all_gather, tp_all_reduce
+from perfcounter.costs.collectives import (ep_all_to_all, send_recv_stages, tp_all_gather,
+                                           tp_all_reduce)
 from perfcounter.models.args import ModelArgs
 from perfcounter.quant.experts import QuantizedExperts
 
@@ -232,9 +233,12 @@ class ConditionalFeedForward(nn.Module):
 class MOEFeedForward(nn.Module):
     def __init__(self, config: ModelArgs):
         super().__init__()
-        self.gate = nn.Linear(config.dim, config.num_experts, bias=False)
+        # a rank of expert parallelism holds num_experts of every ep x num_experts, routes
+        # over all of them (the router is replicated) and each token to its routed_top_k
+        self.ep = getattr(config, "expert_parallel_size", 1)
+        self.gate = nn.Linear(config.dim, config.num_experts * self.ep, bias=False)
         self.cond_ffn = ConditionalFeedForward(config)
-        self.top_k = config.num_activated_experts
+        self.top_k = getattr(config, "routed_top_k", 0) or config.num_activated_experts
         self.tp = getattr(config, "tensor_parallel_size", 1)  # experts' intermediate / tp
 
     def forward(self, x: Tensor) -> Tensor:
@@ -243,8 +247,19 @@ class MOEFeedForward(nn.Module):
         probs = F.softmax(self.gate(x).float(), dim=-1)  # [T, E]
         weights, indices = torch.topk(probs, self.top_k, dim=-1)  # [T, A]
         weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
-        out = torch.einsum("tai,ta->ti", self.cond_ffn(x, indices), weights)
-        return tp_all_reduce(out, self.tp).view(shape)
+        out = torch.einsum("tai,ta->ti", self.experts(x, indices), weights)
+        return tp_all_reduce(out, self.tp if self.ep == 1 else 1).view(shape)
+
+    def experts(self, x: Tensor, indices: Tensor) -> Tensor:
+        """x [T, dim], indices [T, A] -> each token's A experts' outputs [T, A, dim]; under
+        expert parallelism each token's A rows go to their experts' ranks and come back
+        (all-to-all dispatch and combine), this rank's experts running the T A rows it
+        receives (as many as it sends when the routing is balanced)."""
+        if self.ep == 1:
+            return self.cond_ffn(x, indices)
+        rows = ep_all_to_all(x.repeat_interleave(indices.shape[1], dim=0), self.ep)  # [T A, dim]
+        out = self.cond_ffn(rows, indices.reshape(-1, 1))  # [T A, 1, dim]
+        return ep_all_to_all(out.reshape(rows.shape), self.ep).view(*indices.shape, -1)
 
 
 class RMSNorm(nn.Module):

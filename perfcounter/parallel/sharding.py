@@ -18,9 +18,16 @@ holds, never divided afterwards:
 - norms and biases of the output dimension stay whole on every rank (replicated);
 - pipeline: a stage holds ceil(n_layer / PP) layers. NB: the rank model keeps both the
   embedding and the LM head (the first stage holds one, the last the other): its weights
-  exceed a stage's by the smaller of the two.
+  exceed a stage's by the smaller of the two;
+- experts (--enable_expert_parallel, EP = TP x DP): a rank holds E / EP whole experts (not
+  split by TP) and routes over all E (the router is replicated); each token's k rows go to
+  their experts' ranks and back (all-to-all dispatch and combine), the rank's experts running
+  the T k rows it receives, as many as it sends when routing is balanced. NB: with TP > 1 the
+  TP ranks of a replica hold the same tokens and each dispatches all of them here (vLLM
+  splits them among the TP ranks first): the experts' work is then an upper bound by TP.
 The rank's collectives (model.py: after wo and w2, the embedding's all-reduce, the head's
-all-gather, the stage's send/recv) span `tensor_parallel_size` and `pipeline_parallel_size`.
+all-gather, the stage's send/recv, the experts' all-to-all) span `tensor_parallel_size`,
+`pipeline_parallel_size` and the expert-parallel size.
 
 A configuration that the engines refuse is refused here, before anything is counted, in one
 line naming the value and what would be valid (ParallelError, a ValueError): TP that does
@@ -100,6 +107,10 @@ class RankArgs(ModelArgs):
     pipeline_parallel_size: int = 1
     expert_parallel_size: int = 1
     full_n_layer: int = 0  # the whole model's layers (a stage holds n_layer of them)
+    # expert parallelism: the rank holds num_experts (E / EP) and routes each token to
+    # routed_top_k of all E (num_activated_experts: at most the experts it holds); 0: as the
+    # model's num_activated_experts
+    routed_top_k: int = 0
     # NB: repr=False keeps ModelArgs' repr, which shows these fields too
 
 
@@ -174,7 +185,8 @@ def rank_args(args: ModelArgs, parallel: ParallelConfig | None = None,
         num_activated_experts=min(args.num_activated_experts, experts),
     )
     return RankArgs(**fields, tensor_parallel_size=tp, pipeline_parallel_size=pp,
-                    expert_parallel_size=ep, full_n_layer=args.n_layer)
+                    expert_parallel_size=ep, full_n_layer=args.n_layer,
+                    routed_top_k=args.num_activated_experts if ep > 1 else 0)
 
 
 def shard(args: ModelArgs, model: str = "the model", *, tensor_parallel_size: int = 1,

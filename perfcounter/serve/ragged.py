@@ -135,8 +135,8 @@ def _moe_forward(self, x):
     probs = F.softmax(self.gate(x).float(), dim=-1)  # [T, E]
     weights, indices = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
     weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
-    out = (self.cond_ffn(x, indices) * weights[..., None]).sum(dim=1)  # [T, dim]
-    return tp_all_reduce(out, self.tp).view(shape)  # a tensor-parallel rank's sum (model.py)
+    out = (self.experts(x, indices) * weights[..., None]).sum(dim=1)  # [T, dim]
+    return tp_all_reduce(out, self.tp if self.ep == 1 else 1).view(shape)  # a rank's (model.py)
 
 
 def _ragged_forward(self, idx, input_pos, freqs_cis, last):
