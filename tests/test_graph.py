@@ -184,7 +184,9 @@ def test_cli_graph_writes_every_format(tmp_path, capsys):
     assert doc["stats"]["measured_s"] is None  # fake tensors: nothing measured
     assert "module graph: 34 nodes, 44 edges" in capsys.readouterr().out
     assert main(argv=["graph", "--model", str(config), "--phase", "decode", "--level",
-                      "module", "--device_spec", "h100-sxm"]) == 0
+                      "module", "--device_spec", "h100-sxm", "--prompt_length", "5"]) == 0
+    # the default 128-token prompt is past this config's 64 positions: refused, not counted
+    assert main(argv=["graph", "--model", str(config), "--device_spec", "h100-sxm"]) == 2
     assert "## Edges" in capsys.readouterr().out
 
 

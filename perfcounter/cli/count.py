@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from types import SimpleNamespace
 
 from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output, add_parallel_flags,
                                    config_of, parallel_of, precision_of, refuse)
@@ -28,8 +29,9 @@ from perfcounter.pricing.op_bench import op_bench
 from perfcounter.quant import quantize as quantization
 from perfcounter.quant.gguf_types import FILE_TYPES, check_file_type, stored_bytes
 from perfcounter.report.plots import check_outputs, source_name, write_outputs
-from perfcounter.report.profile import ATTRS, format_profile
+from perfcounter.report.profile import ATTRS, format_profile, scope_filter
 from perfcounter.serve.memory import kv_bytes_per_token, weight_bytes
+from perfcounter.serve.placement import model_modules
 
 
 def count_from_flags(args):
@@ -182,6 +184,7 @@ def _profile(args) -> int:
                              "profile (--save_path of `perfcounter count` or generate.py "
                              "writes a count)")
     else:
+        check_scopes_first(args)
         counter = count_from_flags(args)
         _save(args, counter)
     phases = [args.phase] if args.phase else [
@@ -192,6 +195,21 @@ def _profile(args) -> int:
         for scope in args.scope or ["transformer"]:
             print(format_profile(counter.counts[phase], scope, attrs))
     return 0
+
+
+def check_scopes_first(args) -> None:
+    """--scope checked before counting where the model's structure is known from its config
+    (a preset or our config.json, whole, not --hf): the modules of its fake model."""
+    if args.hf or not args.scope or parallel_of(args).sharded:
+        return
+    try:
+        config = resolve_config(config_of(args.model))
+    except (KeyError, ValueError, OSError):
+        return  # counting says what is wrong with it
+    if isinstance(config, ModelArgs) and not str(args.model).endswith(".gguf"):
+        modules = SimpleNamespace(modules=model_modules(config))
+        for scope in args.scope:
+            scope_filter(modules, scope)  # a ValueError naming the scopes there are
 
 
 def add_count_flags(p, executions=EXECUTIONS) -> None:

@@ -25,7 +25,8 @@ from perfcounter._util import atomic_write
 from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output, check_output,
                                    config_of, precision_of, refuse)
 from perfcounter.devices import default_device_spec, get_device_spec
-from perfcounter.generation.config_only import fake_hf_model, hf_config, resolve_config
+from perfcounter.generation.config_only import (context_error, fake_hf_model, hf_config,
+                                                resolve_config)
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import fake_model
 from perfcounter.models.tokenizer import cache_keyword
@@ -58,6 +59,9 @@ def record_config(config, *, batch_size: int = 1, prompt_length: int = 8,
                          "give a preset or our config.json, without --hf")
     if gguf_type is not None:  # refused before any work: hf, beside --quantize, MoE, misfits
         gguf_type = check_gguf_type(resolved, gguf_type, hf=hf, quantize=weights)
+    too_long = context_error(resolved, prompt_length, 1)  # the prompt and the decode token
+    if too_long:
+        raise ValueError(too_long)
     model, fake_mode = fake_model(resolved, dtype=dtype, weights=weights, kv=kv) if ours else \
         fake_hf_model(resolved, dtype=dtype)
     if gguf_type is not None:

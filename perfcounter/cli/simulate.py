@@ -41,7 +41,7 @@ from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output, add_
                                    parallel_of,
                                    model_source, precision_of, refuse)
 from perfcounter.counter import TransformerPerformanceCounter
-from perfcounter.generation.config_only import count_hf_config, greedy_generate
+from perfcounter.generation.config_only import count_hf_config, greedy_generate, resolve_config
 from perfcounter.generation.derive import count_generation
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import fake_model, load_hf_model, load_model, read_config
@@ -51,7 +51,10 @@ from perfcounter.quant import quantize as quantization
 from perfcounter.quant.gguf_types import check_gguf_type, stored_as
 from perfcounter.report.plots import check_outputs, source_name, write_outputs
 from perfcounter.simulation.links import Link
-from perfcounter.simulation.placement import MappingError
+from perfcounter.serve.placement import model_modules
+from perfcounter.simulation.hf_names import names_qkv, split_modules
+from perfcounter.simulation.placement import (Mapping, MappingError, Plan, default_host,
+                                              resolve_device)
 from perfcounter.simulation.run import simulate
 from perfcounter.simulation.search import search_mapping
 
@@ -131,6 +134,36 @@ def count(args):
     return counter
 
 
+def check_mapping_first(args, kwargs) -> None:
+    """--mapping's keys and devices checked before any counting where the model's structure
+    is known from its config alone (a preset or our config.json, counted whole: not --hf, a
+    checkpoint, a saved count or one rank): the modules of its fake model, as serve lists
+    them, wqkv split where q_proj / k_proj / v_proj are named."""
+    if args.mapping is None or args.search is not None or args.counts is not None or args.hf \
+            or args.checkpoint_path is not None or parallel_of(args).sharded:
+        return
+    source = args.config or args.model
+    if source is None or (args.config is None and model_source(source) == "checkpoint"):
+        return
+    try:
+        config = resolve_config(source)
+    except (KeyError, ValueError, OSError):
+        return  # counting says what is wrong with it
+    if not isinstance(config, ModelArgs):
+        return
+    mapping = Mapping.load(args.mapping)
+    modules = model_modules(config)
+    if names_qkv(mapping.to_dict()):
+        modules = split_modules(modules)
+    host = default_host() if kwargs["host"] is None else resolve_device(kwargs["host"], None,
+                                                                         where="--host")
+    plan = Plan(mapping, modules, host, default_device=kwargs["default_device"],
+                peak_fraction=kwargs["peak_fraction"])
+    unmatched = mapping.unmatched(plan.used, modules)
+    if unmatched and not args.allow_unmatched:
+        raise MappingError("; ".join(unmatched) + " (--allow_unmatched warns and goes on)")
+
+
 def _count_checkpoint(args, counter, dtype, sizes) -> None:
     """A real generation of a checkpoint (synthetic prompt), as generate.py loads it."""
     if args.hf:
@@ -208,6 +241,7 @@ def run(args) -> int:
                                     "device_link"),
                   interconnect=_link(args.interconnect_GBs, args.interconnect_pj_per_bit,
                                      "interconnect"), execution=args.execution)
+    check_mapping_first(args, kwargs)
     try:
         counter = count(args)
     except (KeyError, OSError) as exc:  # an unknown preset, a missing file: one line

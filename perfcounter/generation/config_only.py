@@ -74,6 +74,18 @@ def greedy_generate(model, prompt: torch.Tensor, max_new_tokens: int, *, phase):
     return torch.cat(tokens, dim=-1)
 
 
+def context_error(config, prompt_tokens: int, new_tokens: int) -> str | None:
+    """Why `prompt_tokens` + `new_tokens` do not fit the model's context (our block_size,
+    transformers' max_position_embeddings), one line; None where they fit or it is unknown."""
+    block = getattr(config, "block_size", None) or getattr(config, "max_position_embeddings",
+                                                             None)
+    if not isinstance(block, int) or prompt_tokens + new_tokens <= block:
+        return None
+    return (f"max_seq_length={prompt_tokens + new_tokens} exceeds the model's block_size={block} "
+            f"(a prompt of {prompt_tokens} tokens + {new_tokens} new tokens); shorten the prompt "
+            "or lower --max_new_tokens")
+
+
 def count_config_only(args: ModelArgs, counter, *, batch_size: int = 1, prompt_length: int,
                       max_new_tokens: int, dtype=torch.bfloat16, device: str = "cpu",
                       generate=greedy_generate, make_model=None, **sampling_kwargs):
@@ -244,6 +256,9 @@ def count_hf_config(config, counter, *, batch_size: int = 1, prompt_length: int,
     resolved = resolve_config(config)
     if isinstance(resolved, ModelArgs):
         resolved = hf_config(resolved)
+    too_long = context_error(resolved, prompt_length, max_new_tokens)  # before any model is built
+    if too_long:
+        raise ValueError(too_long)
     if derive:
         return count_generation(resolved, counter, batch_size=batch_size,
                                 prompt_length=prompt_length, max_new_tokens=max_new_tokens,
@@ -266,6 +281,9 @@ def count_gguf(path, *, price_as: str = "stored", hf: bool = False, batch_size: 
     check_price_as(price_as)
     path = Path(path)
     config = gguf_config(path)
+    too_long = context_error(config, prompt_length, new_tokens)  # before any model is built
+    if too_long:
+        raise ValueError(too_long)
     counter = TransformerPerformanceCounter(device_spec=device_spec, depth=depth, io_model=io_model)
     counter.mode.expert_load = expert_load
     sizes = dict(batch_size=batch_size, prompt_length=prompt_length, max_new_tokens=new_tokens)

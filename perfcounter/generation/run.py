@@ -17,6 +17,7 @@ import time
 import warnings
 from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -26,7 +27,7 @@ from perfcounter.devices.op_rates import CLOCKS, check_clock
 from perfcounter.devices.spec import EXECUTIONS
 from perfcounter.devices.timing import CoreWait
 from perfcounter.generation import speculative
-from perfcounter.generation.config_only import resolve_config
+from perfcounter.generation.config_only import context_error, resolve_config
 from perfcounter.generation.prompt import prompt_tensor
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.checkpoint_config import (checkpoint_config, checkpoint_kind,
@@ -306,11 +307,10 @@ def check_execution(execution, compile: bool, device: str, config_only: bool):
 
 
 def check_length(prompt_tokens: int, max_new_tokens: int, block_size: int | None) -> None:
-    if block_size is not None and prompt_tokens + max_new_tokens > block_size:
-        raise GenerateArgumentError(
-            f"max_seq_length={prompt_tokens + max_new_tokens} exceeds the model's "
-            f"block_size={block_size} (a prompt of {prompt_tokens} tokens + {max_new_tokens} new "
-            "tokens); shorten the prompt or lower --max_new_tokens")
+    too_long = context_error(SimpleNamespace(block_size=block_size), prompt_tokens,
+                             max_new_tokens)
+    if too_long:
+        raise GenerateArgumentError(too_long)
 
 
 def check_save_path(save_path) -> Path:

@@ -121,6 +121,17 @@ def split_trace(trace):
     return dataclasses.replace(trace, records=records, modules=modules)
 
 
+def split_modules(modules) -> list:
+    """Modules (path, cls) as split_trace lists them: each wqkv followed by its three parts."""
+    out = []
+    for m in modules:
+        out.append(m)
+        if m.path.rsplit(".", 1)[-1] == FUSED:
+            out += [dataclasses.replace(m, path=f"{m.path}.{name}") if dataclasses.is_dataclass(m)
+                    else type(m)(f"{m.path}.{name}", m.cls) for name in QKV]
+    return out
+
+
 def split_qkv(phases: dict, keys) -> dict:
     """{label: (trace, tokens)} with wqkv split where the mapping's `keys` name q_proj,
     k_proj or v_proj and the traces are of our model; else as given."""
