@@ -2,8 +2,10 @@
 
 Owns: one rank's shapes and the checks of a parallel configuration (sharding.py:
 ParallelConfig with vLLM's names, RankArgs, rank_args, shard), data-parallel replicas and
-pipeline micro-batch streams splitting a request stream (replicas.py), and the memory one
-rank needs with the smallest tensor-parallel size that fits (memory.py). The collectives are
+pipeline micro-batch streams splitting a request stream (replicas.py), the memory one
+rank needs with the smallest tensor-parallel size that fits (memory.py), and disaggregated
+prefill and decode pools with the KV moved between them (disaggregated.py; serve's
+`disaggregated(model, workload, prefill_pool, decode_pool)`). The collectives are
 ops of the cost registry (costs/collectives.py), priced on the devices' link by
 pricing/collectives.py; the model calls them (models/model.py). May import: models, costs,
 counting, quant, devices, pricing (the layers below it); generation, serve, plan and the

@@ -31,6 +31,8 @@ from perfcounter.counting.op_data import ExpertLoad
 from perfcounter.devices.spec import EXECUTIONS as PREDICTED
 from perfcounter.generation.run import PRECISIONS  # noqa: F401  (the shared names, re-exported)
 from perfcounter.models.args import ModelArgs
+from perfcounter.parallel.disaggregated import Pool, end_link
+from perfcounter.parallel.disaggregated import simulate as simulate_pools
 from perfcounter.parallel.replicas import simulate as simulate_parallel
 from perfcounter.parallel.sharding import ParallelConfig, check_links, shard
 from perfcounter.serve.engines import EngineProfile, check_given, engine_profile, engine_settings
@@ -40,7 +42,7 @@ from perfcounter.serve.errors import ServeError
 from perfcounter.serve.resolve import (gguf_file, is_gguf, precision_label,  # noqa: F401
                                        resolve_expert_load, resolve_model, resolve_precision,
                                        resolve_quantization, resolve_spec)
-from perfcounter.serve.memory import MemoryPlan, memory_plan, weight_bytes
+from perfcounter.serve.memory import MemoryPlan, kv_bytes_per_token, memory_plan, weight_bytes
 from perfcounter.serve.metrics import metrics, parse_slo
 from perfcounter.serve.placement import PlacementPricer, placement_memory
 from perfcounter.serve.predicted import PredictionPricer
@@ -290,6 +292,24 @@ def serve(dep: Deployment, workload: Workload, *, slo=None, usd_per_kwh: float |
                 static_w=dep.table.static_w * dep.parallel.ranks, usd_per_hour=dep.usd_per_hour,
                 usd_per_kwh=usd_per_kwh)
     return ServeResult(dep, workload, m, run)
+
+
+def disaggregated(model, workload: Workload, prefill_pool, decode_pool, *, slo=None,
+                  **kwargs):
+    """Prefill and decode on pools of their own, "DEVICE[,instances=N][,tp=T]" each, the KV
+    moving between them (perfcounter/parallel/disaggregated.py); kwargs: deployment()'s, for
+    both pools. Pools and links checked before any step table is counted."""
+    pools = (Pool.parse(prefill_pool, "--prefill_pool"), Pool.parse(decode_pool, "--decode_pool"))
+    dtype = resolve_precision(kwargs.get("precision", "bfloat16"))
+    for pool in pools:
+        end_link(resolve_spec(pool.device, dtype))
+    deps = [deployment(model, p.device, **p.keywords(), **kwargs) for p in pools]
+    check_fits_model(workload, min(d.plan.max_model_len for d in deps))
+    kv = kv_bytes_per_token(resolve_model(model), deps[0].dtype, deps[0].kv_dtype)  # all ranks'
+    return simulate_pools(
+        workload, *deps, kv, pools=pools, slo=parse_slo(slo) if slo else None,
+        simulate_run=lambda w, dep: simulate_parallel(w, dep, simulate_engine),
+        metrics=lambda run, slo: metrics(run, slo=slo, open_loop=workload.concurrency is None))
 
 
 def find_max_qps(dep: Deployment, make, slo, *, attainment: float = 0.9,

@@ -1,0 +1,187 @@
+"""Disaggregated prefill and decode: two pools of instances, each request's KV cache moved
+from its prefill instance to a decode instance over the link between the pools.
+
+    result = serve.disaggregated("llama-3-8b", workload, prefill_pool="h100-sxm,instances=2",
+                                 decode_pool="a100-sxm4-80gb,instances=2,tp=2")
+    result.prefill, result.decode, result.overall     # metrics dicts, vLLM's field names
+
+A pool is `DEVICE[,instances=N][,tp=T]` (the mapping's `device[,options]` notation): N
+instances (data-parallel replicas) of a deployment of T GPUs each; the pools may differ
+(an H100 prefill pool and an A100 decode pool, a GPU prefill pool and a PIM decode pool, as
+AttAcc and NeuPIMs place them). As DistServe and Splitwise run it:
+1. prefill: every request runs on the prefill pool as a request of one output token (its
+   prompt's forward and the first token): its TTFT;
+2. transfer: its KV cache, prompt tokens x KV bytes per token of the whole model (every
+   layer, every KV head: each prefill rank sends its shard), moves to the decode pool over
+   the link between the pools, the T prefill ranks sending in parallel:
+   bytes / (T x busbw) + latency (pricing/collectives.py's link of the slower end: a GPU's
+   node link, InfiniBand, or a device's host link, PCIe, where it has no GPU fabric), with
+   bytes x 8 x the link's pJ/bit of energy (0 where the link gives none);
+3. decode: it arrives at the decode pool when its KV has, as a request whose prompt and
+   first token are cached (prompt + 1 tokens, prompt cached), asking for output - 1 tokens.
+Per pool the metrics are its own run's; overall, each request's TTFT is its prefill's, its
+end its decode's, its TPOT (end - first token) / (output - 1), the steps and joules both
+pools', and `kv_transfer_bytes` / `kv_transfer_s` / `kv_transfer_j` the moves.
+
+The serving functions are passed in (serve/api.py's `disaggregated` does), so that this file
+imports nothing of serve.
+"""
+from __future__ import annotations
+
+import dataclasses
+from array import array
+from dataclasses import dataclass
+
+import numpy as np
+
+from perfcounter.pricing.collectives import (BUS_EFFICIENCY, NODE_LINK_BW, STEP_LATENCY_S,
+                                             LinkError)
+from perfcounter.parallel.sharding import ParallelError
+
+
+@dataclass(frozen=True)
+class Pool:
+    """DEVICE[,instances=N][,tp=T]: N instances of T GPUs each."""
+
+    device: str
+    instances: int = 1
+    tp: int = 1
+
+    @classmethod
+    def parse(cls, text, flag: str = "--prefill_pool") -> "Pool":
+        parts = [p.strip() for p in str(text).split(",")]
+        if not parts[0]:
+            raise ParallelError(f"{flag} {text!r}: expected DEVICE[,instances=N][,tp=T]")
+        sizes = {"instances": 1, "tp": 1}
+        for part in parts[1:]:
+            key, eq, value = part.partition("=")
+            if key not in sizes or not eq or not value.isdigit() or int(value) < 1:
+                raise ParallelError(f"{flag} {text!r}: {part!r} is not instances=N or tp=T "
+                                    "(integers >= 1)")
+            sizes[key] = int(value)
+        return cls(parts[0], sizes["instances"], sizes["tp"])
+
+    @property
+    def gpus(self) -> int:
+        return self.instances * self.tp
+
+    def keywords(self) -> dict:
+        """deployment()'s keywords for this pool."""
+        return {"tensor_parallel_size": self.tp, "data_parallel_size": self.instances}
+
+
+@dataclass(frozen=True)
+class PoolLink:
+    """The link KV moves over between the pools: bus bandwidth a rank, latency, pJ/bit."""
+
+    kind: str
+    busbw: float
+    latency_s: float
+    pj_per_bit: float | None
+
+
+def end_link(spec) -> PoolLink:
+    """One pool's end of the link: a GPU's node link (it has a GPU fabric: interconnect_bw),
+    else its host link (PCIe: a PIM part, a card without NVLink); LinkError for neither."""
+    if getattr(spec, "interconnect_bw", None) and spec.device_type != "cpu":
+        bw = getattr(spec, "node_link_bw", None) or NODE_LINK_BW
+        return PoolLink("network", bw * BUS_EFFICIENCY["network"], STEP_LATENCY_S["network"],
+                        getattr(spec, "node_link_pj_per_bit", None))
+    if getattr(spec, "host_to_device_bw", None) and spec.device_type != "cpu":
+        return PoolLink("pcie", spec.host_to_device_bw * BUS_EFFICIENCY["pcie"],
+                        STEP_LATENCY_S["pcie"], spec.host_to_device_pj_per_bit)
+    raise LinkError(f"device {spec.name!r} has no link to move KV caches between pools: give "
+                    "interconnect_GBs or host_to_device_bw_GBs in its YAML entry")
+
+
+def pool_link(prefill_spec, decode_spec) -> PoolLink:
+    """The link between the pools: the slower end's bandwidth, the larger latency, the mean
+    pJ/bit (unknown when either end's is)."""
+    a, b = end_link(prefill_spec), end_link(decode_spec)
+    pj = None if a.pj_per_bit is None or b.pj_per_bit is None else (a.pj_per_bit + b.pj_per_bit) / 2
+    slow = a if a.busbw <= b.busbw else b
+    return PoolLink(slow.kind, slow.busbw, max(a.latency_s, b.latency_s), pj)
+
+
+def kv_transfer(prompt: np.ndarray, kv_bytes_per_token: int, link: PoolLink,
+                senders: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(bytes, seconds, joules) of each request's KV move: prompt x KV bytes per token;
+    bytes / (senders x busbw) + latency; bytes x 8 x pJ/bit."""
+    nbytes = prompt.astype(np.int64) * int(kv_bytes_per_token)
+    seconds = nbytes / (senders * link.busbw) + link.latency_s
+    joules = nbytes * 8 * (link.pj_per_bit or 0.0) * 1e-12
+    return nbytes, seconds, joules
+
+
+@dataclass
+class DisaggregatedResult:
+    """Metrics per pool and overall (vLLM's field names), and the KV moves."""
+
+    prefill: dict
+    decode: dict
+    overall: dict
+    link: PoolLink
+    prefill_pool: Pool
+    decode_pool: Pool
+
+    def to_dict(self) -> dict:
+        return {"prefill_pool": dataclasses.asdict(self.prefill_pool),
+                "decode_pool": dataclasses.asdict(self.decode_pool),
+                "link": dataclasses.asdict(self.link), "prefill": self.prefill,
+                "decode": self.decode, "overall": self.overall}
+
+
+def simulate(workload, prefill_dep, decode_dep, kv_bytes_per_token: int, *, simulate_run,
+             metrics, pools: tuple, slo=None) -> DisaggregatedResult:
+    """The module doc's three steps. simulate_run(workload, dep) -> a Run (serve's, DP and
+    TP as the deployment says); metrics(run, slo=...) -> a dict (serve's)."""
+    prefill_pool, decode_pool = pools
+    link = pool_link(prefill_dep.spec, decode_dep.spec)
+    n = len(workload)
+    first = dataclasses.replace(workload, output=np.ones(n, dtype=np.int64))
+    prefilled = simulate_run(first, prefill_dep)
+    ready = np.array([r.first_token for r in prefilled.requests])
+    nbytes, seconds, joules = kv_transfer(workload.prompt, kv_bytes_per_token, link,
+                                          prefill_pool.tp)
+    later = np.flatnonzero(workload.output > 1)  # requests that still decode
+    order = later[np.argsort(ready[later] + seconds[later], kind="stable")]
+    finish = np.array([r.finish for r in prefilled.requests])
+    decoded = None
+    if len(order):
+        w = dataclasses.replace(workload, arrival=ready[order] + seconds[order],
+                                prompt=workload.prompt[order] + 1,
+                                output=workload.output[order] - 1,
+                                cached=workload.prompt[order], concurrency=None)
+        decoded = simulate_run(w, decode_dep)
+        for j, i in enumerate(order):
+            finish[i] = decoded.requests[j].finish
+    overall = _overall_run(workload, prefilled, decoded, ready, finish, order)
+    out = metrics(overall, slo=slo)
+    out.update(kv_transfer_bytes=int(nbytes.sum()), kv_transfer_s=float(seconds.sum()),
+               kv_transfer_j=float(joules.sum()), gpus=prefill_pool.gpus + decode_pool.gpus)
+    return DisaggregatedResult(metrics(prefilled, slo=None),
+                               metrics(decoded, slo=None) if decoded is not None else {},
+                               out, link, prefill_pool, decode_pool)
+
+
+def _overall_run(workload, prefilled, decoded, ready, finish, order):
+    """One run of both pools: each request's arrival, first token (prefill) and finish
+    (decode), both pools' steps in time order and inter-token gaps."""
+    requests = [dataclasses.replace(r, arrival=float(workload.arrival[i]),
+                                    prompt=int(workload.prompt[i]),
+                                    output=int(workload.output[i]),
+                                    first_token=float(ready[i]), finish=float(finish[i]))
+                for i, r in enumerate(prefilled.requests)]
+    runs = [prefilled] + ([decoded] if decoded is not None else [])
+    names = [f.name for f in dataclasses.fields(prefilled.steps)]
+    cols = {k: np.concatenate([np.frombuffer(getattr(r.steps, k)) for r in runs]) for k in names}
+    by_start = np.argsort(cols["start"], kind="stable")
+    steps = dataclasses.replace(prefilled.steps, **{k: array("d", cols[k][by_start].tolist())
+                                                    for k in names})
+    itl = array("d", decoded.itl if decoded is not None else [])
+    if decoded is not None:  # each gap from the first token (prefill) to the second (decode)
+        itl.extend(r.first_token - ready[i] for r, i in zip(decoded.requests, order))
+    return dataclasses.replace(prefilled, requests=requests, itl=itl, steps=steps,
+                               preemptions=sum(r.preemptions for r in runs),
+                               end=float(np.max(finish)) if len(finish) else 0.0)
+
