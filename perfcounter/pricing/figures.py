@@ -11,7 +11,8 @@ attention is one varlen kernel). Per group, in arrays of one entry a group:
     calls     op calls (kernels), flops (dense, as counted), executed_flops (causal kernels
               skip masked blocks), bytes (read + written), streamed (its weight and KV-cache
               reads: what a compiled phase's matmuls and attention stream), rows (a matmul's
-              rows M a call)
+              rows M a call), collective (a collective's (kind, ranks), else None: priced on
+              the link by pricing/collectives.py from the bytes a call writes: link_bytes)
 
 and per step: the compulsory bytes (each storage once: whether the step fits the device's
 cache, the bound's least bytes), the fused IO (counting/fused_io.py; 0: not counted), the
@@ -26,7 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfcounter.pricing.achievable import program_dtype
-from perfcounter.pricing.op_classes import (gemv_weight, has_explicit_mask, matmul_rows,
+from perfcounter.pricing.collectives import record_call
+from perfcounter.pricing.op_classes import (COLLECTIVE, gemv_weight, has_explicit_mask, matmul_rows,
                                             op_class)
 from perfcounter.pricing.roofline import host_link_bytes
 from perfcounter.trace import ROLES, Trace
@@ -48,6 +50,8 @@ class Figures:
     bytes: np.ndarray
     streamed: np.ndarray  # weight and KV-cache reads
     rows: np.ndarray  # a matmul's rows M a call (0: not a matmul)
+    collective: tuple  # (kind, ranks) of a collective (collectives.record_call), else None
+    link_bytes: np.ndarray  # a collective's bytes written (its calls' messages), else 0
     compulsory_bytes: float
     fused_bytes: float = 0.0  # 0: not counted (price.py falls back on compulsory bytes)
     steps: int = 1
@@ -84,6 +88,9 @@ def figures_of(trace: Trace) -> tuple[Figures, list]:
         streamed=arr([sum(r.read[i] for i in _STREAMED) for r in records]),
         rows=arr([matmul_rows(r.op, r.args) if k == "matmul" else 0
                   for r, k in zip(records, kinds)]),
+        collective=tuple(record_call(r)[::2] if k == COLLECTIVE else None
+                         for r, k in zip(records, kinds)),
+        link_bytes=arr([sum(r.written) if k == COLLECTIVE else 0 for r, k in zip(records, kinds)]),
         compulsory_bytes=float(trace.compulsory_bytes), fused_bytes=float(trace.fused_bytes),
         steps=max(trace.steps, 1), program_dtype=program_dtype(records),
         to_device_bytes=float(to_device), to_host_bytes=float(to_host))

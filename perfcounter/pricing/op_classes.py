@@ -20,12 +20,13 @@ SKINNY_ROWS = 16  # a matmul of at most this many rows is a GEMV: it streams its
 # default: 2..ROW_BLOCK rows are charged ROW_BLOCK rows of FLOPs. One row runs a GEMV kernel,
 # priced by its own FLOPs (and its weight's bytes).
 ROW_BLOCK = 8
+COLLECTIVE = "collective"  # a collective on a link (all-reduce, ...): pricing/collectives.py
 EXTERN = ("gemv", *WEIGHT_CLASSES, "gemm", "attention")  # one kernel each, also when compiled
 _WEIGHT = ROLES.index("weight")
 _STREAMED = (_WEIGHT, ROLES.index("kv_cache"))
 _FAMILY = {"matmul": "gemm", "attention": "attention", "norms": "reduction",
            "reductions": "reduction", "indexing": "indexing", "elementwise": "elementwise",
-           "movement": "elementwise"}
+           "movement": "elementwise", "collectives": "collective"}
 
 
 def matmul_rows(op: str, args: tuple) -> int:
