@@ -61,3 +61,22 @@ def test_a_pim_decode_pool_takes_kv_over_its_host_link():
 def test_a_pool_without_a_link_is_refused_before_counting():
     with pytest.raises(LinkError, match="'generic-cpu' has no link to move KV caches"):
         disaggregated(TINY, synthetic(2, 8, 2, qps=1, seed=0), "generic-cpu", "h100-sxm")
+
+
+def test_serve_command_line_pools(capsys):
+    from perfcounter.cli.main import main
+    argv = ["serve", "--model", "smollm2-135m", "--qps", "4", "--num_requests", "6",
+            "--prompt_length", "64", "--max_new_tokens", "4"]
+    assert main(argv=[*argv, "--prefill_pool", "h100-sxm", "--decode_pool", "h100-sxm"]) == 0
+    out = capsys.readouterr().out
+    # 6 requests x 64 tokens x (2 x 30 layers x 3 KV heads x 64 x 2 B = 23040 B a token)
+    assert "disaggregated, 2 GPUs" in out and "aggregated, 2 x h100-sxm (DP2)" in out
+    assert f"KV moved between the pools: {6 * 64 * 23040 / 1e9:.3f} GB over network" in out
+    for extra, message in ((["--prefill_pool", "h100-sxm"], "go together: give both"),
+                           (["--prefill_pool", "generic-cpu", "--decode_pool", "h100-sxm"],
+                            "'generic-cpu' has no link to move KV caches"),
+                           (["--prefill_pool", "h100-sxm", "--decode_pool", "h100-sxm",
+                             "--tp", "3"], "--tensor_parallel_size: a disaggregated run")):
+        assert main(argv=[*argv, *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0]

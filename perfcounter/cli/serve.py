@@ -27,18 +27,19 @@ from perfcounter.cli.flags import (add_deprecated, add_model_flags, add_output, 
                                    config_of, given)
 from perfcounter.devices import default_device_spec
 from perfcounter.parallel import PARALLEL_SIZES, fits_text, smallest_fit
+from perfcounter.parallel.disaggregated import Pool
 from perfcounter.quant.gguf_types import FILE_TYPES
 from perfcounter.quant.quantize import resolve_scheme
-from perfcounter.serve.api import (EXECUTIONS, deployment, find_max_qps, qps_values,
-                                   resolve_model, resolve_precision, resolve_quantization,
-                                   resolve_spec, serve)
+from perfcounter.serve.api import (EXECUTIONS, deployment, disaggregated, find_max_qps,
+                                   qps_values, resolve_model, resolve_precision,
+                                   resolve_quantization, resolve_spec, serve)
 from perfcounter.serve.engines import ENGINES, engine_profile
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.memory import memory_plan
 from perfcounter.serve.metrics import parse_slo
 from perfcounter.serve.outputs import check_plotting, csv_text, trace_text, write_all, write_plots
 from perfcounter.serve.placement import PlacementPricer
-from perfcounter.serve.render import plan_text, result_text, table
+from perfcounter.serve.render import SWEEP_COLUMNS, plan_text, result_text, table
 from perfcounter.serve.search import PROBE_REQUESTS, scaled_trace
 from perfcounter.serve.workload import (check_burstiness, check_count, check_fits_model,
                                         check_rate, check_seed, parse_lengths, read_trace,
@@ -108,6 +109,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--usd_per_hour", type=float, help="device price (else the spec's sourced one)")
     g.add_argument("--usd_per_kwh", type=float, help="energy price")
     g.add_argument("--plan", action="store_true", help="the memory fit only, no simulation")
+    for pool in ("prefill", "decode"):
+        g.add_argument(f"--{pool}_pool", help=f"disaggregated serving: the {pool} pool, "
+                       "DEVICE[,instances=N][,tp=T] (give both; docs/parallel.md)")
     g.add_argument("--plan_context", type=int, help="--plan: the largest batch at this context")
     g.add_argument("--plan_batch", type=int, help="--plan: the longest context at this batch")
 
@@ -270,6 +274,8 @@ def _main(args) -> int:
     if args.qps is None and args.concurrency is None and args.trace_file is None \
             and not args.plan and not args.find_max_qps:
         raise ServeError("give a workload: --qps, --concurrency or --trace_file (or --plan)")
+    if args.prefill_pool is not None or args.decode_pool is not None:
+        return _pools(args, make)
     deps = _deployments(args)
     if args.plan:
         for dep in deps:
@@ -313,6 +319,46 @@ def _main(args) -> int:
         for line in notes:
             print(line)
     _write(args, results, rows)
+    return 0
+
+
+def _pools(args, make) -> int:
+    """--prefill_pool and --decode_pool: disaggregated serving, per pool and overall, beside
+    the aggregated deployment on as many GPUs of the device when both pools name one."""
+    if args.prefill_pool is None or args.decode_pool is None:
+        raise ServeError("--prefill_pool and --decode_pool go together: give both")
+    _refuse(args, {f"--{k}": "a disaggregated run prices its pools (DEVICE,instances=N,tp=T) "
+                   "at one rate and writes JSON alone" for k in (
+                       "device_spec", "mapping", *PARALLEL_SIZES, "plan", "find_max_qps", "csv",
+                       "trace", "plot")})
+    rates = qps_values(args.qps) if args.qps is not None else [None]
+    if len(rates) > 1:
+        raise ServeError("--qps: a disaggregated run serves one rate; give one")
+    weights, kv = _quantization(args)
+    kw = {"precision": "bfloat16" if args.precision == "auto" else args.precision,
+          "quantize": weights, "kv_dtype": kv, "engine": args.engine,
+          "execution": args.execution if "execution" in given(args) else None,
+          "gpu_memory_utilization": args.gpu_memory_utilization, "block_size": args.block_size,
+          "max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": args.max_num_seqs}
+    work = make(rates[0])
+    r = disaggregated(args.model, work, args.prefill_pool, args.decode_pool, slo=args.slo, **kw)
+    rows = [{"deployment": f"prefill {args.prefill_pool}", **r.prefill},
+            {"deployment": f"decode {args.decode_pool}", **r.decode},
+            {"deployment": f"disaggregated, {r.overall['gpus']} GPUs", **r.overall}]
+    pre, dec = Pool.parse(args.prefill_pool), Pool.parse(args.decode_pool)
+    if pre.device == dec.device and (pre.gpus + dec.gpus) % pre.tp == 0:
+        agg = deployment(args.model, pre.device, tensor_parallel_size=pre.tp,
+                         data_parallel_size=(pre.gpus + dec.gpus) // pre.tp, **kw)
+        rows.append({"deployment": f"aggregated, {agg.name}",
+                     **serve(agg, work, slo=args.slo).metrics})
+    print(table(rows, SWEEP_COLUMNS[1:-1], first=("deployment", "deployment", 0)))
+    link = r.link
+    print(f"KV moved between the pools: {r.overall['kv_transfer_bytes'] / 1e9:.3f} GB over "
+          f"{link.kind} ({link.busbw / 1e9:.0f} GB/s a rank), {r.overall['kv_transfer_j']:.3g} J"
+          + (" (the link gives no pJ/bit)" if link.pj_per_bit is None else ""))
+    if args.save_path is not None:
+        write_all({args.save_path: json.dumps({**r.to_dict(), "rows": rows}, indent=2,
+                                              allow_nan=False, default=str) + "\n"})
     return 0
 
 
