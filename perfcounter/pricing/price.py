@@ -246,18 +246,18 @@ def price(fig: Figures, spec, execution: str, *, cache: dict | None = None,
     steps = max(fig.steps, 1)
     # the fused groups: neither extern nor collectives, moving bytes; they move the fused IO,
     # else (not counted) the compulsory bytes the extern kernels do not already stream
-    fused = (fig.bytes > 0) * shape.fusable_f
-    has_fused = bool(fig.bytes @ fused > 0)
+    has_fused = bool(fig.bytes @ shape.fusable_f > 0)  # (bytes are never negative)
     ext_calls = float(fig.calls @ shape.extern_f)
     kernels = ext_calls + steps  # the fused ones: one a step and one after each extern kernel
-    fused_bytes, dtype = 0.0, ""
+    fused_bytes = 0.0
     if has_fused:
         fused_bytes = fig.fused_bytes or \
             max(0.0, fig.compulsory_bytes - float(fig.streamed @ shape.extern_f))
-        dtype = fig.dtype[int(np.argmax(fig.bytes * fused))]
     if execution == "bound":
-        return _bound(fig, spec, rt, shape, fused, has_fused, fused_bytes, dtype, kernels,
-                      cold, link, cache, linked_s)
+        return _bound(fig, spec, rt, shape, has_fused, fused_bytes, kernels, cold, link, cache,
+                      linked_s)
+    fused = (fig.bytes > 0) * shape.fusable_f
+    dtype = fig.dtype[int(np.argmax(fig.bytes * fused))] if has_fused else ""
     flops = np.where(fig.dense, fig.flops, fig.executed_flops)
     compute = flops * rt.per_flop
     memory = fig.bytes * rt.per_byte
@@ -337,25 +337,33 @@ def price(fig: Figures, spec, execution: str, *, cache: dict | None = None,
                       groups=groups)
 
 
-def _bound(fig, spec, rt, shape, fused, has_fused, fused_bytes, dtype, kernels, cold, link,
-           cache, linked_s):
+def _bound(fig, spec, rt, shape, has_fused, fused_bytes, kernels, cold, link, cache, linked_s):
     """The bound (module doc): max(Σ executed FLOPs / peak, least bytes / peak bandwidth),
     + the collectives' link seconds (as every regime charges them)."""
-    peak_f, peak_b = rt.peak_flops, float(rt.peak_bytes.max(initial=spec.bandwidth))
-    if has_fused:  # a fused kernel's arithmetic runs at the vector rate where that is higher
-        flops_per_s, _, _, _, fused_peak = _fused_rate(spec, dtype, cold,
-                                                       fused_bytes / kernels, cache)
-        peak_f = np.where(fused > 0, np.maximum(peak_f, flops_per_s), peak_f)
-        peak_b = max(peak_b, fused_peak)
-    compute = float(fig.executed_flops @ (1.0 / peak_f))
-    per_op = float(fig.bytes @ shape.ones)
-    least = min(per_op, float(fig.bytes @ shape.extern_f) + fused_bytes)
+    key = ("bound", id(rt), has_fused)  # the peaks at these rates (cached with them)
+    peaks = None if cache is None or spec.op_curves else cache.get(key)
+    if peaks is None:
+        peak_f, peak_b = rt.peak_flops, float(rt.peak_bytes.max(initial=spec.bandwidth))
+        if has_fused:  # a fused kernel's arithmetic at the vector rate where that is higher,
+            # its bytes at the fused kernels' rate: of any dtype a fused group computes in
+            fusable = shape.fusable_f > 0
+            for dtype in {d for d, f in zip(fig.dtype, fusable) if f}:
+                flops_per_s, _, _, _, fused_peak = _fused_rate(spec, dtype, cold,
+                                                               fused_bytes / kernels, cache)
+                peak_f = np.where(fusable, np.maximum(peak_f, flops_per_s), peak_f)
+                peak_b = max(peak_b, fused_peak)
+        peaks = (1.0 / peak_f, peak_b)
+        if cache is not None and not spec.op_curves:
+            cache[key] = peaks
+    per_flop, peak_b = peaks
+    compute = float(fig.executed_flops @ per_flop)
+    least = min(float(fig.bytes @ shape.ones), float(fig.bytes @ shape.extern_f) + fused_bytes)
     if fig.compulsory_bytes:
         least = min(least, fig.compulsory_bytes)
     memory = least / peak_b
     return Prediction("bound", 0.0, max(compute, memory) + linked_s, link,
                       {"compute": compute, "memory": memory, "collective": linked_s}, "peak",
-                      int(fig.calls.sum()))
+                      int(fig.calls @ shape.ones))
 
 
 __all__ = ["REGIMES", "GroupCosts", "Prediction", "check_regime", "group_rates", "host_link_s",

@@ -44,6 +44,7 @@ from perfcounter.trace import ROLES, Trace
 _CALLS, _FLOPS, _EXECUTED, _BYTES = 0, 1, 2, 10  # figure columns (steps._figures)
 _WRITTEN = _BYTES + len(ROLES)
 _STREAMED = [_BYTES + ROLES.index("weight"), _BYTES + ROLES.index("kv_cache")]
+SECONDS_CACHED = 1 << 16  # distinct steps a table keeps priced (then it starts over)
 
 
 class StepTable:
@@ -98,12 +99,33 @@ class StepTable:
                       coef[:, _WRITTEN:].sum(axis=1)], axis=1).reshape(groups * 6, -1),
             self.rows, self.view_calls[None], counts.compulsory[None], fused[None], self.link])
         self._groups = groups
+        # the whole model's table: each group's figures x its layers in the matrix itself
+        self._scaled = self._all.copy()
+        if self.whole:
+            self._scaled[:6 * groups] *= np.repeat(self.layers, 6)[:, None]
         self._rates: dict = {}  # price()'s cache of rates (group_rates)
+        self._seconds: dict = {}  # seconds(f) by f's float64 bytes (price() is pure)
 
     def figures(self, f: np.ndarray) -> Figures:
         """The figures of a step with features f (steps.features), whole model or this
         table's share of it."""
         counts, layers, g = self.counts, self.layers, self._groups
+        if self.whole:  # each group's figures x its layers (integers: rounded after scaling)
+            every = np.rint(self._scaled @ f)
+            fig = every[:6 * g].reshape(g, 6)
+            rows, (view_calls, compulsory, fused_io, to_device, to_host) = \
+                every[6 * g:7 * g], every[7 * g:].tolist()
+            calls = fig[:, 0]
+            if self.varlen:  # a layer's attention pieces one varlen kernel: one call a layer
+                calls = np.where(self.attention, np.minimum(calls, layers), calls)
+            if self.per_expert.any():
+                k = counts.args.num_activated_experts
+                rows[self.per_expert] = max(1.0, round(f[1] * k / max(f[EXPERTS], 1.0)))
+            return Figures(self.kind, self.dtype, self.weight, self.dense, calls, fig[:, 1],
+                           fig[:, 2], fig[:, 3], fig[:, 4], rows, self.collective,
+                           fig[:, 5] * self.linked if self.any_linked else self._no_link,
+                           compulsory, fused_io, 1, view_calls, self.program_dtype, to_device,
+                           to_host)
         every = np.rint(self._all @ f)
         fig = every[:6 * g].reshape(g, 6)  # of one layer
         rows, (view_calls, compulsory, fused_io, to_device, to_host) = \
@@ -130,9 +152,16 @@ class StepTable:
             compulsory, fused_io, 1, view_calls, self.program_dtype, to_device, to_host)
 
     def seconds(self, f: np.ndarray) -> float:
-        """Seconds of a step with features f: price() of its figures."""
-        return price(self.figures(f), self.spec, self.execution, cache=self._rates,
-                     detail=False).latency_s
+        """Seconds of a step with features f: price() of its figures, once per distinct f (a
+        run's steps repeat their features: ~25 calls a distinct one serving Llama-3.1-70B)."""
+        key = np.asarray(f, dtype=np.float64).tobytes()
+        seconds = self._seconds.get(key)
+        if seconds is None:
+            if len(self._seconds) >= SECONDS_CACHED:
+                self._seconds.clear()
+            seconds = self._seconds[key] = price(self.figures(f), self.spec, self.execution,
+                                                 cache=self._rates, detail=False).latency_s
+        return seconds
 
     def energy_j(self, f: np.ndarray, seconds: float) -> float:
         """Joules of that step: dynamic (compute, memory, host link) + static W x seconds."""
