@@ -156,3 +156,12 @@ def test_serve_runs_a_tensor_parallel_deployment(capsys):
     assert main(argv=[*argv, "--tp", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not divide the 9 attention heads" in err[0]
+
+
+def test_collectives_reach_perfetto_and_the_priced_classes(capsys, tmp_path):
+    trace = tmp_path / "rank.json"
+    doc = _json(capsys, [*SMALL, "--json", "--tp", "3", "--trace", str(trace)])
+    assert "perfcounter.all_reduce.default" in trace.read_text()  # a slice like any op's
+    # the prediction prices them on NVLink in their own class (pricing/collectives.py)
+    assert '"collective":' in json.dumps(doc) and '"collective":' not in json.dumps(
+        _json(capsys, [*SMALL, "--json"]))
