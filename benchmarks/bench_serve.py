@@ -1,13 +1,15 @@
 """How fast `perfcounter serve` simulates: the step table, 10,000 requests, a 20-point QPS sweep.
 
     python benchmarks/bench_serve.py [--model llama-3-8b] [--device_spec h100-sxm]
-        [--execution cudagraphs|compiled|eager|bound]
+        [--execution cudagraphs|compiled|eager|bound] [--engine vllm|trtllm|sglang]
+        [--max_num_seqs 256]
 
 Prints the machine's load (os.getloadavg) beside each figure, the time to build the
 Llama-3-8B step table (counted and priced once), to simulate 10,000 requests at a
 stable rate with the table built, to run a 20-point QPS sweep of 1,000 requests a point,
-and the process's peak resident memory. Goals (issue 25): 10,000 requests in <= 10 s
-after the table is built, <= 1 GB; the 20-point sweep in <= 60 s.
+and the process's peak resident memory. Goals: 10,000 requests in <= 10 s after the table
+is built, <= 1 GB; the 20-point sweep in <= 60 s. --max_num_seqs holds the batch limit of
+the figures in docs/serve.md (256) whatever the engine's default on the device.
 """
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ def main(argv=None) -> int:
     p.add_argument("--device_spec", default="h100-sxm")
     p.add_argument("--execution", default="cudagraphs",
                    help="the regime steps are priced in (bound: the roofline)")
+    p.add_argument("--engine", default="vllm", help="the engine profile (serve/engines.py)")
+    p.add_argument("--max_num_seqs", type=int, default=256,
+                   help="batch limit (256: the figures' workload; the engine's own: give it)")
     p.add_argument("--num_requests", type=int, default=10_000)
     p.add_argument("--prompt_length", default="uniform:128-1024")
     p.add_argument("--max_new_tokens", default="uniform:32-512")
@@ -37,11 +42,13 @@ def main(argv=None) -> int:
     from perfcounter.serve import ServeError, deployment, serve, synthetic
     try:
         t = time.perf_counter()
-        dep = deployment(args.model, args.device_spec, execution=args.execution)
+        dep = deployment(args.model, args.device_spec, execution=args.execution,
+                         engine=args.engine, max_num_seqs=args.max_num_seqs)
         built = time.perf_counter() - t
     except ServeError as e:
         print(f"bench_serve: {e}", file=sys.stderr)
         return 2
+    print(dep.engine_line)
     print(f"{args.model} on {dep.name}; step costs: {dep.table.label}")
     print(f"step table (count + price): {built:.2f} s  [{_load()}]")
 

@@ -1,6 +1,8 @@
 """serve's text: the memory plan, one result in vLLM's benchmark layout, sweep and compare tables."""
 from __future__ import annotations
 
+from perfcounter.format import format_table
+
 GB = 1e9
 
 
@@ -101,21 +103,12 @@ SWEEP_COLUMNS = (("qps", "qps", 2), ("req/s", "request_throughput", 2),
 
 
 def table(rows: list[dict], columns=SWEEP_COLUMNS, first: tuple | None = None) -> str:
-    """A plain aligned table of result dicts (None: n/a, overloaded rows say so)."""
+    """An aligned table of result dicts (format.format_table; None: n/a, overloaded rows say
+    so in a last cell)."""
     cols = ([first] if first else []) + list(columns)
-    head = [c[0] for c in cols]
     body = []
     for r in rows:
-        cells = []
-        for _, key, digits in cols:
-            v = r.get(key)
-            cells.append(v if isinstance(v, str) else _num(v, digits))
-        if r.get("overloaded"):
-            cells.append("overload")
-        body.append(cells)
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
-    for b in body:
-        lines.append("  ".join(c.rjust(w) for c, w in zip(b, widths))
-                     + ("  " + b[-1] if len(b) > len(widths) else ""))
-    return "\n".join(lines)
+        cells = [v if isinstance(v, str) else _num(v, digits)
+                 for _, key, digits in cols for v in [r.get(key)]]
+        body.append(cells + (["overload"] if r.get("overloaded") else []))
+    return format_table(body, [c[0] for c in cols], align="r" * len(cols) + "l")
