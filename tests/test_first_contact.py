@@ -131,3 +131,44 @@ def test_smollm2_continues_the_default_prompt_in_words(smollm2_dir):
     assert text.startswith("Alice was beginning to get very tired of sitting by her sister")
     words = text[len(text) // 2:].split()
     assert len(words) >= 4 and all(w.isascii() for w in words)  # readable, not random ids
+
+
+# -- a GGUF's figures from its header --------------------------------------------------------
+def test_a_gguf_headers_figures_are_read_without_transformers(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from perfcounter.models.gguf_header import gguf_shape
+    path = tmp_path / "tiny.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(2)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_context_length(512)
+    w.add_token_list([f"t{i}" for i in range(300)])  # an array of strings, skipped by length
+    w.add_tensor("x", torch.zeros(4, dtype=torch.float32).numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    shape = gguf_shape(path)
+    assert (shape.num_hidden_layers, shape.hidden_size, shape.intermediate_size,
+            shape.num_attention_heads, shape.num_key_value_heads, shape.max_position_embeddings,
+            shape.vocab_size) == (2, 64, 128, 4, 2, 512, 300)
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF")  # the header ends early: transformers asked
+    assert gguf_shape(tmp_path / "bad.gguf") is None
+
+
+@pytest.mark.slow  # transformers' reader of the built-in GGUF: seconds
+def test_the_header_agrees_with_transformers_on_the_built_in_model():
+    from perfcounter.models.checkpoint_config import gguf_config
+    from perfcounter.models.gguf_header import gguf_shape
+    from perfcounter.models.loading import default_checkpoint
+    try:
+        path = default_checkpoint()
+    except CheckpointError as e:
+        pytest.skip(str(e))
+    shape, config = gguf_shape(path), gguf_config(path)
+    for name in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                 "num_key_value_heads", "max_position_embeddings", "vocab_size"):
+        assert getattr(shape, name) == getattr(config, name), name

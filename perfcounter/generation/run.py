@@ -30,8 +30,7 @@ from perfcounter.generation import speculative
 from perfcounter.generation.config_only import context_error, resolve_config
 from perfcounter.generation.prompt import prompt_tensor
 from perfcounter.models.args import ModelArgs
-from perfcounter.models.checkpoint_config import (checkpoint_config, checkpoint_kind,
-                                                  gguf_config, weights_file)
+from perfcounter.models.checkpoint_config import checkpoint_config, checkpoint_kind
 from perfcounter.models.fit import check_fits
 from perfcounter.models.loading import (check_device, default_checkpoint, fake_model, load_hf_model,
                                         load_model, read_config)
@@ -274,7 +273,7 @@ def check_checkpoint(o: Options) -> None:
     if o.hf:  # transformers' own model: its config as transformers reads it
         kind = checkpoint_kind(path)
         folder = path if path.is_dir() else path.parent
-        config = (gguf_config(weights_file(path, kind)) if kind == "gguf" else
+        config = (checkpoint_config(path)[2] if kind == "gguf" else
                   resolve_config(folder) if kind == "hf" else None)  # others: load_hf_model says
     else:
         config = checkpoint_config(path, model_name=o.model, config_path=o.config)[2]

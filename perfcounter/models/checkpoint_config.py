@@ -17,6 +17,7 @@ from pathlib import Path
 from perfcounter.models.args import ModelArgs, UnknownModelError
 from perfcounter.models.checkpoint_files import (CheckpointError, CheckpointNotFoundError,
                                                  model_args_from_dict, read_json)
+from perfcounter.models.gguf_header import gguf_shape
 from perfcounter.models.hf_checkpoint import hf_weight_files, model_args_from_hf
 from perfcounter.models.tokenizer import offline_transformers
 
@@ -137,12 +138,12 @@ def gguf_config(path):
 
 def checkpoint_config(path, *, model_name=None, config_path=None):
     """(kind, weights file or folder, config) of a checkpoint, reading no weights: the
-    config is our ModelArgs, or for a GGUF transformers' config of it."""
+    config is our ModelArgs, or for a GGUF its figures in transformers' names."""
     path = Path(path)
     kind = checkpoint_kind(path)
     weights = weights_file(path, kind)
-    if kind == "gguf":
-        return kind, weights, gguf_config(weights)
+    if kind == "gguf":  # its header's figures (a tenth of a second), else transformers' reader
+        return kind, weights, gguf_shape(weights) or gguf_config(weights)
     if kind == "hf":
         folder = path if path.is_dir() else path.parent
         hf_weight_files(folder)  # an index's shards named inside the folder, and present
