@@ -29,6 +29,18 @@ def test_ratios_and_goals(rows):
     rate = rows["vllm023-a100-40gb-llama31-8b-bf16-c1"]
     assert bench.ratio_of(rate, 80.0) == pytest.approx(80 / 75)
     assert bench.goal_of(rate) == (0.85, 1.2)
+    # several GPUs: 0.8-1.25 whatever the metric
+    assert bench.goal_of(rows["trtllm017-h100-llama31-70b-fp8-tp8-128-128"]) == (0.8, 1.25)
+    assert bench.goal_of(rows["trtllm05-h100-llama70b-fp8-tp4-ttft-128"]) == (0.8, 1.25)
+
+
+def test_summaries_split_by_goal():
+    one_t = {"gpus": 1, "goal": (0.9, 1.1), "throughput": True}
+    one_l = {"gpus": 1, "goal": (0.85, 1.2), "throughput": False}
+    many = {"gpus": 4, "goal": (0.8, 1.25), "throughput": True}
+    parts = dict(bench.summaries([one_t, one_l, many, one_t]))
+    assert parts == {"one GPU, throughput rows": [one_t, one_t],
+                     "one GPU, latency rows": [one_l], "several GPUs, every row": [many]}
 
 
 def test_predicted_figure_reads_serves_metrics(rows):
@@ -78,4 +90,4 @@ def test_a_single_request_row_is_served_and_printed(rows, capsys):
     assert got[0]["ratio"] == pytest.approx(got[0]["predicted"] / 75)
     out = capsys.readouterr().out
     assert "| vllm023-a100-40gb-llama31-8b-bf16-c1 |" in out
-    assert "latency rows: " in out and "of 1 within 0.85-1.2" in out
+    assert "one GPU, latency rows: " in out and "of 1 within 0.85-1.2" in out
