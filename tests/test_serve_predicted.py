@@ -41,18 +41,6 @@ def counted(shape) -> Trace:
     return count_step(TINY, [Piece(*p) for p in shape])
 
 
-def one_kernel_per_group(trace: Trace) -> Trace:
-    """The pieces' records of a group merged: one varlen kernel, as an engine runs it."""
-    merged = {}
-    for r in trace.records:
-        key = (group_key(r), r.module)
-        if key in merged:
-            merged[key].add(r)
-        else:
-            merged[key] = r.copy()
-    return dataclasses.replace(trace, records=list(merged.values()))
-
-
 def engine_program(spec, execution: str):
     """The spec an engine's step is priced on: compiled without a graph, one program compiled
     for any batch and token count (achievable.dynamic_program); else the spec."""

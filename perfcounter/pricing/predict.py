@@ -1,6 +1,11 @@
 """Predicted latency of a counted phase on a device: what the roofline bound becomes
 once each op pays what it really costs there.
 
+The rule below is applied by pricing/price.py's `price(figures, spec, execution)` (one rule for
+every consumer: a serving step table prices its steps' figures with it too); `predict(trace)`
+prices the trace's figures (figures.py: one group a record), `op_predictions` each record's
+share. Op classes are op_classes.py's.
+
 The roofline (roofline.py) is a bound: every op at peak FLOP/s and peak bandwidth,
 nothing else. A prediction prices each op record as
 

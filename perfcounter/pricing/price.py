@@ -36,9 +36,10 @@ from typing import NamedTuple
 import numpy as np
 
 from perfcounter.pricing.achievable import (ASYNCHRONOUS, compiled_step_s, gemv_row_s, kernel_s,
-                                            overhead, rate, rows_flops, vector_flops)
-from perfcounter.pricing.figures import Figures
+                                            measured_dtype, overhead, rate, rows_flops,
+                                            vector_flops)
 from perfcounter.pricing.collectives import call_seconds
+from perfcounter.pricing.figures import Figures
 from perfcounter.pricing.op_classes import COLLECTIVE, ROW_BLOCK, SKINNY_ROWS
 from perfcounter.pricing.roofline import crosses_host_link, is_integer_dtype, peak_flops
 
@@ -92,8 +93,6 @@ class Rates:
     kernel: np.ndarray  # a kernel's fixed device time, a call
     basis: tuple
     strided: np.ndarray  # bool: elementwise on strided views at the stated share
-    peak_flops: np.ndarray  # the bound's FLOP/s: the peak or the achievable, the higher
-    peak_bytes: np.ndarray  # the bound's bytes/s: bandwidth, warm or cold, the highest
 
 
 @dataclass(frozen=True)
@@ -146,32 +145,47 @@ def streams_cold(fig: Figures, spec) -> bool:
 
 def group_rates(fig: Figures, spec, cold: bool, cache: dict | None = None) -> Rates:
     """The rates of every group (module doc of predict.py). `cache`: a dict the caller keeps
-    for figures of one group structure (a serving table's), keyed by the matmuls' rows and
-    cold; unused where the spec has measured curves (rates by working set)."""
-    matmul = _structure(fig, cache).matmul
-    key = None
-    if cache is not None and not spec.op_curves:
-        key = (tuple(fig.rows[matmul].tolist()), cold)
-        hit = cache.get(key)
-        if hit is not None:
-            return hit
+    for figures of one group structure (a serving table's): the other groups' rates once per
+    cold or warm, the matmuls' once per their rows; unused where the spec has measured curves
+    (rates by working set)."""
     n = len(fig)
-    per_flop, per_byte, row_s, kernel = (np.zeros(n) for _ in range(4))
-    peak_f, peak_b = np.zeros(n), np.zeros(n)
-    classes, bases, strided = [], [], np.zeros(n, dtype=bool)
-    for g in range(n):
+    if cache is None or spec.op_curves:
+        return _rates(fig, spec, cold, range(n))
+    matmul = _structure(fig, cache).matmul
+    key = (fig.rows[matmul].tobytes(), cold)
+    out = cache.get(key)
+    if out is None:
+        base = cache.get(("every group", cold))
+        if base is None:
+            out = cache[("every group", cold)] = _rates(fig, spec, cold, range(n))
+        else:  # only the matmuls' rates follow their rows
+            out = _rates(fig, spec, cold, np.flatnonzero(matmul), base)
+        cache[key] = out
+    return out
+
+
+def _rates(fig: Figures, spec, cold: bool, groups, base: Rates | None = None) -> Rates:
+    """Rates of `groups` (the others as in `base`)."""
+    n = len(fig)
+    if base is None:
+        per_flop, per_byte, row_s, kernel = (np.zeros(n) for _ in range(4))
+        classes, bases, strided = [""] * n, [""] * n, np.zeros(n, dtype=bool)
+    else:
+        per_flop, per_byte, row_s, kernel, strided = (
+            x.copy() for x in (base.per_flop, base.per_byte, base.row_s, base.kernel,
+                               base.strided))
+        classes, bases = list(base.cls), list(base.basis)
+    for g in groups:
         cls, dtype, rows = fig.kind[g], fig.dtype[g], int(fig.rows[g])
         rate_cls, scale = cls, 1.0
         if cls == COLLECTIVE:  # priced on its link (collective_s), no rate of its own
-            peak_f[g], peak_b[g] = 1.0, float(spec.bandwidth)
-            classes.append(cls)
-            bases.append("")
+            classes[g] = cls
             continue
         if cls == "matmul":
             cls = "gemv" if rows <= SKINNY_ROWS else "gemm"
             weight_cls, weight_rows = fig.weight[g]
-            if weight_cls == "gemv" and not is_integer_dtype(dtype):
-                row_s[g] = weight_rows * gemv_row_s(spec, dtype, rows)
+            row_s[g] = weight_rows * gemv_row_s(spec, dtype, rows) \
+                if weight_cls == "gemv" and not is_integer_dtype(dtype) else 0.0
             rate_cls = weight_cls if cls == "gemv" else cls
         calls = max(float(fig.calls[g]), 1.0)
         rt = rate(spec, rate_cls, dtype, float(fig.bytes[g]) / calls)
@@ -185,16 +199,10 @@ def group_rates(fig: Figures, spec, cold: bool, cache: dict | None = None) -> Ra
         per_flop[g] = scale / achieved
         per_byte[g] = 1.0 / (rt.cold_bytes_per_s if cold else rt.warm_bytes_per_s)
         kernel[g] = kernel_s(spec, rt.basis)
-        peak_f[g] = max(peak_flops(spec, dtype), rt.flops_per_s, achieved)
-        peak_b[g] = max(float(spec.bandwidth), rt.cold_bytes_per_s, rt.warm_bytes_per_s)
-        classes.append(rate_cls)
-        bases.append(rt.basis)
+        classes[g] = rate_cls
+        bases[g] = rt.basis
         strided[g] = cls == "strided" and "strided" not in spec.op_curves
-    out = Rates(tuple(classes), per_flop, per_byte, row_s, kernel, tuple(bases), strided,
-                peak_f, peak_b)
-    if key is not None:
-        cache[key] = out
-    return out
+    return Rates(tuple(classes), per_flop, per_byte, row_s, kernel, tuple(bases), strided)
 
 
 def _fused_rate(spec, dtype: str, cold: bool, working_set: float, cache: dict | None):
@@ -211,9 +219,14 @@ def _fused_rate(spec, dtype: str, cold: bool, working_set: float, cache: dict | 
     return out
 
 
-def host_link_s(fig: Figures, spec) -> float:
+def host_link_s(fig: Figures, spec, cache: dict | None = None) -> float:
     """Seconds of the step's inputs in and its output back over the host link (roofline.py)."""
-    if not crosses_host_link(spec):
+    crosses = None if cache is None else cache.get("host link")
+    if crosses is None:
+        crosses = crosses_host_link(spec)
+        if cache is not None:
+            cache["host link"] = crosses
+    if not crosses:
         return 0.0
     h2d, d2h = spec.host_to_device_bw, spec.device_to_host_bw
     return (fig.to_device_bytes / h2d if h2d else 0.0) + (fig.to_host_bytes / d2h if d2h else 0.0)
@@ -238,8 +251,7 @@ def price(fig: Figures, spec, execution: str, *, cache: dict | None = None,
     loop: the same seconds)."""
     check_regime(execution)
     cold = streams_cold(fig, spec)
-    rt = group_rates(fig, spec, cold, cache)
-    link = host_link_s(fig, spec)
+    link = host_link_s(fig, spec, cache)
     shape = _structure(fig, cache)
     on_link = collective_s(fig, spec) if shape.any_linked else None
     linked_s = float(on_link @ shape.ones) if on_link is not None else 0.0
@@ -247,15 +259,16 @@ def price(fig: Figures, spec, execution: str, *, cache: dict | None = None,
     # the fused groups: neither extern nor collectives, moving bytes; they move the fused IO,
     # else (not counted) the compulsory bytes the extern kernels do not already stream
     has_fused = bool(fig.bytes @ shape.fusable_f > 0)  # (bytes are never negative)
-    ext_calls = float(fig.calls @ shape.extern_f)
-    kernels = ext_calls + steps  # the fused ones: one a step and one after each extern kernel
     fused_bytes = 0.0
     if has_fused:
         fused_bytes = fig.fused_bytes or \
             max(0.0, fig.compulsory_bytes - float(fig.streamed @ shape.extern_f))
     if execution == "bound":
-        return _bound(fig, spec, rt, shape, has_fused, fused_bytes, kernels, cold, link, cache,
-                      linked_s)
+        return _bound(fig, spec, shape, has_fused, fused_bytes, cold, link, cache, linked_s,
+                      detail)
+    ext_calls = float(fig.calls @ shape.extern_f)
+    kernels = ext_calls + steps  # the fused ones: one a step and one after each extern kernel
+    rt = group_rates(fig, spec, cold, cache)
     fused = (fig.bytes > 0) * shape.fusable_f
     dtype = fig.dtype[int(np.argmax(fig.bytes * fused))] if has_fused else ""
     flops = np.where(fig.dense, fig.flops, fig.executed_flops)
@@ -337,22 +350,49 @@ def price(fig: Figures, spec, execution: str, *, cache: dict | None = None,
                       groups=groups)
 
 
-def _bound(fig, spec, rt, shape, has_fused, fused_bytes, kernels, cold, link, cache, linked_s):
+def peak_rates(fig: Figures, spec, cache: dict | None = None) -> tuple[np.ndarray, float]:
+    """(per group the highest FLOP/s any regime could price it at: its dtype's peak, its
+    classes' achievable rates (a matmul's as a GEMV and as a GEMM), a measured rows table's
+    best; the highest bytes/s: the bandwidth, any group's warm or cold rate)."""
+    out = None if cache is None or spec.op_curves else cache.get("peaks")
+    if out is None:
+        flops, peak_b = np.zeros(len(fig)), float(spec.bandwidth)
+        for g, (kind, dtype) in enumerate(zip(fig.kind, fig.dtype)):
+            if kind == COLLECTIVE:  # priced on its link
+                continue
+            flops[g] = peak_flops(spec, dtype)
+            working_set = float(fig.bytes[g]) / max(float(fig.calls[g]), 1.0)
+            for cls in ((fig.weight[g][0], "gemv", "gemm") if kind == "matmul" else (kind,)):
+                rt = rate(spec, cls, dtype, working_set)
+                flops[g] = max(flops[g], rt.flops_per_s)
+                peak_b = max(peak_b, rt.warm_bytes_per_s, rt.cold_bytes_per_s)
+            key = measured_dtype(spec.matmul_rows, dtype)
+            if kind == "matmul" and key is not None and not is_integer_dtype(dtype):
+                flops[g] = max(flops[g], *(rows_flops(spec, dtype, r)
+                                           for r in spec.matmul_rows[key]))
+        out = (flops, peak_b)
+        if cache is not None and not spec.op_curves:
+            cache["peaks"] = out
+    return out
+
+
+def _bound(fig, spec, shape, has_fused, fused_bytes, cold, link, cache, linked_s, detail):
     """The bound (module doc): max(Σ executed FLOPs / peak, least bytes / peak bandwidth),
     + the collectives' link seconds (as every regime charges them)."""
-    key = ("bound", id(rt), has_fused)  # the peaks at these rates (cached with them)
+    key = ("bound", has_fused)  # the peaks, the fused kernels' rates included
     peaks = None if cache is None or spec.op_curves else cache.get(key)
     if peaks is None:
-        peak_f, peak_b = rt.peak_flops, float(rt.peak_bytes.max(initial=spec.bandwidth))
+        peak_f, peak_b = peak_rates(fig, spec, cache)
         if has_fused:  # a fused kernel's arithmetic at the vector rate where that is higher,
             # its bytes at the fused kernels' rate: of any dtype a fused group computes in
             fusable = shape.fusable_f > 0
+            kernels = float(fig.calls @ shape.extern_f) + max(fig.steps, 1)
             for dtype in {d for d, f in zip(fig.dtype, fusable) if f}:
                 flops_per_s, _, _, _, fused_peak = _fused_rate(spec, dtype, cold,
                                                                fused_bytes / kernels, cache)
                 peak_f = np.where(fusable, np.maximum(peak_f, flops_per_s), peak_f)
                 peak_b = max(peak_b, fused_peak)
-        peaks = (1.0 / peak_f, peak_b)
+        peaks = (np.divide(1.0, peak_f, out=np.zeros(len(fig)), where=peak_f > 0), peak_b)
         if cache is not None and not spec.op_curves:
             cache[key] = peaks
     per_flop, peak_b = peaks
@@ -363,7 +403,7 @@ def _bound(fig, spec, rt, shape, has_fused, fused_bytes, kernels, cold, link, ca
     memory = least / peak_b
     return Prediction("bound", 0.0, max(compute, memory) + linked_s, link,
                       {"compute": compute, "memory": memory, "collective": linked_s}, "peak",
-                      int(fig.calls @ shape.ones))
+                      int(fig.calls @ shape.ones) if detail else 0)
 
 
 __all__ = ["REGIMES", "GroupCosts", "Prediction", "check_regime", "group_rates", "host_link_s",

@@ -81,6 +81,7 @@ class StepTable:
         self.rows, self.view_calls, self.per_expert = _rows_and_view_calls(
             counts, self.matmul, repeats)
         self._no_link = np.zeros(len(samples))
+        self.any_per_expert = bool(self.per_expert.any())
         self.any_linked = bool(self.linked.any())
         self.varlen = self.execution in ("compiled", "cudagraphs") and bool(self.attention.any())
         xs = counts.xs
@@ -118,7 +119,7 @@ class StepTable:
             calls = fig[:, 0]
             if self.varlen:  # a layer's attention pieces one varlen kernel: one call a layer
                 calls = np.where(self.attention, np.minimum(calls, layers), calls)
-            if self.per_expert.any():
+            if self.any_per_expert:
                 k = counts.args.num_activated_experts
                 rows[self.per_expert] = max(1.0, round(f[1] * k / max(f[EXPERTS], 1.0)))
             return Figures(self.kind, self.dtype, self.weight, self.dense, calls, fig[:, 1],
