@@ -60,38 +60,54 @@ def test_enumeration_counted_by_hand():
     pool = parse_devices("h100-sxm:4")
     one = Space(quantizations=(None,), kv_cache_dtypes=(None,), max_num_seqs=(16,),
                 disaggregated=False)
-    cands = enumerate_candidates(TOY, pool, "bfloat16", one)
-    # TP x PP x DP <= 4 GPUs, powers of two: TP 1: PP 1 (DP 1, 2, 4), PP 2 (DP 1, 2), PP 4
-    # (DP 1); TP 2: PP 1 (DP 1, 2), PP 2 (DP 1); TP 4: PP 1, DP 1 -> 3 + 2 + 1 + 2 + 1 + 1 = 10
+    # on one node (4 GPUs of 8 a node) no PP: TP 1 (DP 1, 2, 4), TP 2 (DP 1, 2), TP 4 -> 6
+    assert _triples(enumerate_candidates(TOY, pool, "bfloat16", one)) == [
+        (1, 1, 1), (1, 1, 2), (1, 1, 4), (2, 1, 1), (2, 1, 2), (4, 1, 1)]
+    staged = Space(quantizations=(None,), kv_cache_dtypes=(None,), max_num_seqs=(16,),
+                   disaggregated=False, pipeline_parallel_sizes=(1, 2, 4))
+    cands = enumerate_candidates(TOY, pool, "bfloat16", staged)
+    # PP asked, TP x PP x DP <= 4 GPUs: TP 1: PP 1 (DP 1, 2, 4), PP 2 (DP 1, 2), PP 4 (DP 1);
+    # TP 2: PP 1 (DP 1, 2), PP 2 (DP 1); TP 4: PP 1, DP 1 -> 3 + 2 + 1 + 2 + 1 + 1 = 10
     assert _triples(cands) == [(1, 1, 1), (1, 1, 2), (1, 1, 4), (1, 2, 1), (1, 2, 2), (1, 4, 1),
                                (2, 1, 1), (2, 1, 2), (2, 2, 1), (4, 1, 1)]
     assert {c.num_gpus for c in cands} <= {1, 2, 4}
     # x 2 weights x 2 KV x 3 batch limits = 10 x 12 = 120
     wide = Space(quantizations=(None, "int8"), kv_cache_dtypes=(None, "fp8"),
-                 max_num_seqs=(8, 16, 32), disaggregated=False)
+                 max_num_seqs=(8, 16, 32), disaggregated=False, pipeline_parallel_sizes=(1, 2, 4))
     assert len(enumerate_candidates(TOY, pool, "bfloat16", wide)) == 120
+    # 16 GPUs, two nodes: TP up to 8, PP 1 or 2 across the nodes
+    two_nodes = {(c.tensor_parallel_size, c.pipeline_parallel_size)
+                 for c in enumerate_candidates(TOY, parse_devices("h100-sxm:16"), "bfloat16", one)}
+    assert two_nodes == {(t, p) for t in (1, 2, 4, 8) for p in (1, 2)}
     assert len(enumerate_candidates(TOY, pool, "bfloat16",
                                     Space((None,), (None,), (16,), parallel=False,
                                           disaggregated=False))) == 1
+
+
+def test_sizes_asked_instead_of_the_powers_of_two():
+    space = Space(quantizations=(None,), kv_cache_dtypes=(None,), max_num_seqs=(16,),
+                  disaggregated=False, tensor_parallel_sizes=(2,), data_parallel_sizes=(1, 3))
+    cands = enumerate_candidates(TOY, parse_devices("h100-sxm:8"), "bfloat16", space)
+    # TP 2 of 8 GPUs on one node: PP 1; DP 1 or 3 (2 x 3 = 6 <= 8)
+    assert _triples(cands) == [(2, 1, 1), (2, 1, 3)]
 
 
 def test_disaggregated_ratios_counted_by_hand():
     pool = parse_devices("h100-sxm:4")
     space = Space(quantizations=(None,), kv_cache_dtypes=(None,), max_num_seqs=(16,))
     disagg = [c for c in enumerate_candidates(TOY, pool, "bfloat16", space) if c.disaggregated]
-    # instances of 1 GPU: 2 instances 1P:1D, 4 instances 1:3, 2:2, 3:1; of 2 GPUs (TP 2 or
-    # PP 2): 2 instances, 1:1 each; of 4 GPUs: one instance, no P:D -> 4 + 1 + 1 = 6
+    # instances of TP GPUs (serve's pools: no PP): of 1 GPU, 2 instances 1P:1D, 4 instances
+    # 1:3, 2:2, 3:1; of 2 GPUs: 2 instances, 1:1; of 4 GPUs: one instance, no P:D -> 4 + 1
     got = sorted((c.tensor_parallel_size, c.pipeline_parallel_size, c.num_prefill_instances,
                   c.num_decode_instances) for c in disagg)
-    assert got == [(1, 1, 1, 1), (1, 1, 1, 3), (1, 1, 2, 2), (1, 1, 3, 1), (1, 2, 1, 1),
-                   (2, 1, 1, 1)]
+    assert got == [(1, 1, 1, 1), (1, 1, 1, 3), (1, 1, 2, 2), (1, 1, 3, 1), (2, 1, 1, 1)]
     assert [c.num_gpus for c in disagg if c.num_prefill_instances == 3] == [4]
     two = parse_devices("h100-sxm:2,a100-sxm4-80gb:2")
     cross = [c for c in enumerate_candidates(TOY, two, "bfloat16", space)
              if c.disaggregated and c.device != c.decode_device]
     # H100 -> A100 and A100 -> H100; per instance of 1 GPU P, D in {1, 2}: 4 ratios, of 2
-    # GPUs (TP 2 or PP 2): 1:1 -> (4 + 1 + 1) x 2 directions = 12
-    assert len(cross) == 12
+    # GPUs (TP 2): 1:1 -> (4 + 1) x 2 directions = 10
+    assert len(cross) == 10
 
 
 def test_expert_parallel_only_for_experts_over_several_ranks():
@@ -101,9 +117,9 @@ def test_expert_parallel_only_for_experts_over_several_ranks():
                   disaggregated=False)
     pool = parse_devices("h100-sxm:4")
     cands = enumerate_candidates(moe, pool, "bfloat16", space)
-    # of the 10 (TP, PP, DP) above, TP x DP > 1 in 7: (1,1,2) (1,1,4) (1,2,2) (2,1,1) (2,1,2)
-    # (2,2,1) (4,1,1) -> 10 + 7 = 17
-    assert len(cands) == 17
+    # of the 6 (TP, PP, DP) on one node above, TP x DP > 1 (and dividing the 4 experts) in 5:
+    # (1,1,2) (1,1,4) (2,1,1) (2,1,2) (4,1,1) -> 6 + 5 = 11
+    assert len(cands) == 11
     assert all(c.tensor_parallel_size * c.data_parallel_size > 1
                for c in cands if c.enable_expert_parallel)
     assert not any(c.enable_expert_parallel for c in enumerate_candidates(TOY, pool, "bfloat16",
@@ -180,6 +196,11 @@ def plan_cli(*argv):
     (["--devices", "h100-sxm:8", "--qps", 1, "--prompt_length", "uniform:9-3"], "uniform:LO-HI"),
     (["--devices", "h100-sxm:8", "--qps", 1, "--prompt_length", 2000], "context of 1024"),
     (["--devices", "h100-sxm:8", "--qps", 1, "--ray", "--workers", 2], "give one of them"),
+    (["--devices", "h100-sxm:8", "--qps", 1, "--tp", 3], "valid: 1, 2, 4"),
+    (["--devices", "h100-sxm:8", "--qps", 1, "--pp", 5], "has 2 layers"),
+    (["--devices", "h100-sxm:4", "--qps", 1, "--tp", "2,4", "--dp", "4,8"],
+     "TP 2 x PP 1 x DP 4 asks 8 GPUs; the pool's largest kind holds 4"),
+    (["--devices", "h100-sxm:8", "--qps", 1, "--dp", "0"], "expected integers >= 1"),
 ])
 def test_bad_input_one_line_before_any_counting(capsys, tiny, argv, expected):
     if "--slo" not in argv:
@@ -195,3 +216,30 @@ def test_bad_input_one_line_before_any_counting(capsys, tiny, argv, expected):
 def test_a_search_needs_an_slo(tiny):
     with pytest.raises(PlanError, match="--slo"):
         plan(tiny, "h100-sxm:1", slo=None, qps=1)
+
+
+def test_a_step_table_prices_a_step_of_the_same_features_once(monkeypatch, tiny):
+    """A search serves hundreds of candidates on one table: a step whose features were priced
+    is not priced again (the same float back), so that a run costs its distinct steps."""
+    from perfcounter.serve import deployment
+    from perfcounter.serve import table as step_table
+    cache_clear()
+    table = deployment(tiny, "h100-sxm", execution="cudagraphs").table
+    calls = []
+    price = step_table.price
+    monkeypatch.setattr(step_table, "price", lambda *a, **k: calls.append(1) or price(*a, **k))
+    decode = table.counts.features([(1, 40), (1, 8)])  # two sequences, one token each
+    first = table.seconds(decode)
+    assert table.seconds(decode.copy()) == first and len(calls) == 1
+    table.seconds(table.counts.features([(1, 40), (1, 9)]))  # one more token of context
+    assert len(calls) == 2
+
+
+def test_a_rank_the_int4_group_cannot_store_is_refused_with_its_reason():
+    spec = parse_devices("h100-sxm:2")[0].spec
+    one = Candidate("h100-sxm", "bfloat16", "int4-64", None, 1, 1, 1, False, 16)
+    two = Candidate("h100-sxm", "bfloat16", "int4-64", None, 2, 1, 1, False, 16)
+    assert memory_fit(TOY, torch.bfloat16, one, spec, cache={}).fits
+    # TP 2: wo's inputs are 8 heads x 8 / 2 = 32, which a group of 64 does not divide
+    fit = memory_fit(TOY, torch.bfloat16, two, spec, cache={})
+    assert not fit.fits and "TP 2" in fit.error and "64" in fit.error

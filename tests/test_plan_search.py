@@ -16,7 +16,7 @@ TINY = {"block_size": 1024, "vocab_size": 64, "n_layer": 2, "n_head": 4, "n_loca
         "dim": 32, "intermediate_size": 64}
 SEARCH = dict(slo="ttft=50ms,tpot=2ms", qps=50.0, num_requests=24, prompt_length="uniform:16-48",
               max_new_tokens="8", quantizations=("none", "int8"), kv_cache_dtypes=("none",),
-              max_num_seqs=(2, 8))
+              max_num_seqs=(2, 8), pipeline_parallel_size=(1, 2), disaggregated=False)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,8 @@ def _first(result, **sizes):
 def test_the_recommendation_reserved_by_its_command(tmp_path, capsys, serial):
     assert serial.recommended is not None, "the tiny model meets a loose SLO"
     # the recommendation, and a tensor-, a pipeline- and a data-parallel candidate
-    for i in (serial.recommended,):
+    for i in (serial.recommended, _first(serial, tensor_parallel_size=2),
+              _first(serial, pipeline_parallel_size=2), _first(serial, data_parallel_size=2)):
         argv = shlex.split(serial.commands[i])
         assert argv[:2] == ["perfcounter", "serve"]
         out = tmp_path / f"served{i}.json"
@@ -114,3 +115,25 @@ def test_the_command_line_prints_and_saves(tmp_path, capsys, tiny):
     d = json.loads(out.read_text())
     assert [r["kv_cache_dtype"] for r in d["candidates"]] == [None, "fp8"]
     assert not list(tmp_path.glob("*.tmp*"))  # written atomically: no temporary left
+
+
+def test_a_disaggregated_candidate_and_its_command(tmp_path, capsys, tiny):
+    search = {**SEARCH, "quantizations": ("none",), "max_num_seqs": (8,), "disaggregated": True}
+    result = plan(tiny, "h100-sxm:2", backend="serial", **search)
+    # aggregated (TP, PP, DP) (1, 1, 1) (1, 1, 2) (1, 2, 1) (2, 1, 1); disaggregated: two
+    # instances of 1 GPU, 1P:1D (an instance of TP 2 leaves no second one) -> 4 + 1
+    assert len(result.candidates) == 5
+    i = next(i for i, c in enumerate(result.candidates) if c.disaggregated)
+    c, mine = result.candidates[i], result.figures[i]
+    assert (c.num_prefill_instances, c.num_decode_instances, c.num_gpus) == (1, 1, 2)
+    assert mine["usd_per_hour"] == 2 * 6.88  # both pools' GPUs at the H100's price
+    # the KV moved: every prompt token's K and V, 2 layers x 2 KV heads x 8 x 2 B x 2 = 128 B
+    served = tmp_path / "pools.json"
+    argv = shlex.split(result.commands[i])
+    assert "--prefill_pool" in argv and "--decode_pool" in argv
+    assert main(argv=[*argv[1:], "--save_path", str(served)]) == 0
+    overall = json.loads(served.read_text())["overall"]
+    for key in ("request_goodput", "output_throughput", "median_tpot_ms", "p99_ttft_ms",
+                "j_per_output_token", "kv_transfer_bytes", "kv_transfer_j"):
+        assert overall[key] == mine[key], key
+    assert mine["kv_transfer_bytes"] == overall["total_input_tokens"] * 128

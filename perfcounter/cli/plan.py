@@ -52,6 +52,13 @@ def add_parser(sub) -> None:
                    help="KV cache storage, a list (none: --precision)")
     g.add_argument("--max_num_seqs", default=",".join(map(str, MAX_NUM_SEQS)),
                    help="engine batch limits, a list")
+    for flag, short, what in (("--tensor_parallel_size", "--tp", "TP"),
+                              ("--pipeline_parallel_size", "--pp", "PP"),
+                              ("--data_parallel_size", "--dp", "DP")):
+        g.add_argument(flag, short, help=f"{what} sizes to try, a list (default: every power "
+                       "of two the pool holds; TP at most 8)")
+    g.add_argument("--aggregated_only", action="store_true",
+                   help="no disaggregated candidates (prefill and decode pools of P:D instances)")
     g.add_argument("--gpu_memory_utilization", type=float, default=0.9)
     g.add_argument("--max_num_batched_tokens", type=int, default=8192, help="token budget a step")
     g.add_argument("--block_size", type=int, default=16, help="KV cache block (tokens)")
@@ -107,6 +114,10 @@ def _main(args) -> int:
                   [v.strip() for v in args.quantize.split(",") if v.strip()],
                   kv_cache_dtypes=[v.strip() for v in args.kv_dtype.split(",") if v.strip()],
                   max_num_seqs=_ints(args.max_num_seqs, "--max_num_seqs"),
+                  **{k: None if getattr(args, k) is None else _ints(getattr(args, k), f"--{k}")
+                     for k in ("tensor_parallel_size", "pipeline_parallel_size",
+                               "data_parallel_size")},
+                  disaggregated=not args.aggregated_only,
                   slo_attainment=args.slo_attainment, backend=backend, workers=args.workers,
                   address=args.ray or None)
     print(plan_text(result))

@@ -9,15 +9,18 @@ prefilled on instances of one kind and decoded on instances of another (or the s
       x aggregated | disaggregated (prefill:decode instances)
       x max_num_seqs
 
-Degrees are powers of two; TP one that shards the model (parallel/sharding.py: it divides
-the heads and the intermediate size, and divides or is a multiple of the KV heads) and no
-higher than 8 (one NVLink domain), PP no higher than the layers, EP only where TP x DP
-divides the experts; TP x PP x DP GPUs of a kind at most as many as the pool holds (a
+Degrees are powers of two (or the sizes asked); TP one that shards the model
+(parallel/sharding.py: it divides the heads and the intermediate size, and divides or is a
+multiple of the KV heads) and no larger than a node (8 GPUs: one NVLink domain); PP across
+nodes, as vLLM's documentation advises (tensor parallelism within a node, pipeline
+parallelism across nodes): up to the kind's count / 8 and the layers (1 on one node; asked
+with --pipeline_parallel_size, any that fits); EP only where TP x DP divides the experts; TP x PP x DP GPUs of a kind at most as many as the pool holds (a
 disaggregated candidate: TP x PP x (P + D)). A device without a link between its GPUs
 (pricing/collectives.py) runs one-GPU instances only; fp8 weights need a device with an fp8
 peak. Before anything is simulated, a candidate whose rank's weights and workspace leave no
 KV cache (serve/memory.py's plan of the rank's args, parallel/sharding.py) is left out, and
-counted as such.
+counted as such; so is one whose rank the weight scheme cannot store (an int4 group larger
+than a sharded linear's inputs), its reason kept.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import torch
 from perfcounter.models.args import ModelArgs
 from perfcounter.parallel.sharding import ParallelConfig, rank_args, valid_tensor_parallel_sizes
 from perfcounter.plan.pool import DeviceKind
-from perfcounter.pricing.collectives import LinkError, check_link
+from perfcounter.pricing.collectives import GPUS_PER_NODE, LinkError, check_link
 from perfcounter.serve.api import resolve_quantization
 from perfcounter.serve.memory import memory_plan
 
@@ -37,7 +40,6 @@ QUANTIZATIONS = (None, "fp8", "int8", "int4-128")  # quantize.parse_scheme's nam
 INT4_GROUPS = (128, 64, 32)  # the default int4: the largest group dividing every linear
 KV_CACHE_DTYPES = (None, "fp8")  # None: the precision ("auto" in vLLM)
 MAX_NUM_SEQS = (16, 32, 64, 128, 256)
-MAX_TP = 8  # one NVLink domain
 
 
 @dataclass(frozen=True)
@@ -80,13 +82,17 @@ class Candidate:
 @dataclass(frozen=True)
 class Space:
     """What a search enumerates (module doc). parallel: degrees above 1 (TP, PP, DP, EP);
-    disaggregated: prefill and decode pools beside the aggregated deployments."""
+    disaggregated: prefill and decode pools beside the aggregated deployments; the sizes:
+    those to try instead of the powers of two (None: every power of two that fits)."""
 
     quantizations: tuple = QUANTIZATIONS
     kv_cache_dtypes: tuple = KV_CACHE_DTYPES
     max_num_seqs: tuple = MAX_NUM_SEQS
     parallel: bool = True
     disaggregated: bool = True
+    tensor_parallel_sizes: tuple | None = None
+    pipeline_parallel_sizes: tuple | None = None
+    data_parallel_sizes: tuple | None = None
 
 
 def default_quantizations(args: ModelArgs, dtype: torch.dtype) -> tuple:
@@ -123,13 +129,24 @@ def linked(spec) -> bool:
     return True
 
 
-def shards(args: ModelArgs, gpus: int, parallel: bool) -> list[tuple[int, int]]:
+def _sizes(given, limit: int) -> list[int]:
+    """The sizes given (those up to `limit`), else the powers of two up to it."""
+    return powers_of_two(limit) if given is None else [n for n in given if n <= limit]
+
+
+def shards(args: ModelArgs, gpus: int, parallel: bool,
+           space: Space = Space()) -> list[tuple[int, int]]:
     """(TP, PP) pairs of one instance on at most `gpus` GPUs (module doc)."""
     if not parallel:
-        return [(1, 1)]
+        return [(1, 1)] if 1 in (space.tensor_parallel_sizes or (1,)) \
+            and 1 in (space.pipeline_parallel_sizes or (1,)) else []
     valid = set(valid_tensor_parallel_sizes(args))
-    return [(tp, pp) for tp in powers_of_two(min(gpus, MAX_TP)) if tp in valid
-            for pp in powers_of_two(min(gpus // tp, args.n_layer))]
+    tps, pps = space.tensor_parallel_sizes, space.pipeline_parallel_sizes
+    nodes = max(1, gpus // GPUS_PER_NODE)
+    return [(tp, pp) for tp in _sizes(tps, gpus if tps else min(gpus, GPUS_PER_NODE))
+            if tp in valid
+            for pp in _sizes(pps, min(gpus // tp if pps else nodes, args.n_layer))
+            if tp * pp <= gpus]
 
 
 def enumerate_candidates(args: ModelArgs, kinds: list[DeviceKind], dtype: str,
@@ -141,8 +158,8 @@ def enumerate_candidates(args: ModelArgs, kinds: list[DeviceKind], dtype: str,
         quants = [q for q in space.quantizations if q != "fp8" or has_fp8(kind.spec)]
         parallel = space.parallel and linked(kind.spec)
         for q, kv, (tp, pp) in itertools.product(quants, space.kv_cache_dtypes,
-                                                 shards(args, kind.count, parallel)):
-            dps = powers_of_two(kind.count // (tp * pp)) if parallel else [1]
+                                                 shards(args, kind.count, parallel, space)):
+            dps = _sizes(space.data_parallel_sizes, kind.count // (tp * pp) if parallel else 1)
             for dp, seqs in itertools.product(dps, space.max_num_seqs):
                 split = moe and tp * dp > 1 and args.num_experts % (tp * dp) == 0
                 for ep in ((False, True) if split else (False,)):
@@ -155,8 +172,8 @@ def enumerate_candidates(args: ModelArgs, kinds: list[DeviceKind], dtype: str,
 def disaggregated_candidates(args: ModelArgs, kinds: list[DeviceKind], dtype: str,
                              space: Space) -> list[Candidate]:
     """Prefill on P instances of one kind, decode on D of another or the same: every P:D
-    with P, D >= 1 the pool holds at the instance's TP x PP (no EP, no DP: the instances
-    are the replicas)."""
+    with P, D >= 1 the pool holds at the instance's TP (serve's pools are TP instances: no
+    PP, no EP; the instances are the replicas)."""
     out: list[Candidate] = []
     for pk, dk in itertools.product(kinds, kinds):
         quants = [q for q in space.quantizations
@@ -164,8 +181,10 @@ def disaggregated_candidates(args: ModelArgs, kinds: list[DeviceKind], dtype: st
         gpus = min(pk.count, dk.count) if pk.name != dk.name else pk.count
         parallel = space.parallel and linked(pk.spec) and linked(dk.spec)
         for q, kv, (tp, pp) in itertools.product(quants, space.kv_cache_dtypes,
-                                                 shards(args, gpus, parallel)):
-            per = tp * pp
+                                                 shards(args, gpus, parallel, space)):
+            if pp > 1:
+                continue
+            per = tp
             for p, d in _ratios(pk, dk, per):
                 for seqs in space.max_num_seqs:
                     out.append(Candidate(pk.name, dtype, q, kv, tp, pp, 1, False, seqs, True,
@@ -187,8 +206,9 @@ class Fit:
     """A candidate's memory on one rank (serve/memory.py), or why it cannot run."""
 
     fits: bool
-    weight_bytes: int
+    weight_bytes: int | None
     kv_tokens: int
+    error: str | None = None  # a rank the scheme cannot store (an int4 group too large)
 
 
 def memory_fit(args: ModelArgs, dtype: torch.dtype, c: Candidate, spec, *, cache: dict,
@@ -203,7 +223,11 @@ def memory_fit(args: ModelArgs, dtype: torch.dtype, c: Candidate, spec, *, cache
         weights, kv = resolve_quantization(c.quantization, c.kv_cache_dtype)
         rank = rank_args(args, ParallelConfig(c.tensor_parallel_size, c.pipeline_parallel_size,
                                               c.data_parallel_size, c.enable_expert_parallel))
-        plan = memory_plan(rank, dtype, spec, max_num_seqs=c.max_num_seqs, weights=weights,
-                           kv=kv, **options)
-        fit = cache[key] = Fit(plan.fits, plan.weight_bytes, plan.kv_tokens)
+        try:
+            plan = memory_plan(rank, dtype, spec, max_num_seqs=c.max_num_seqs, weights=weights,
+                               kv=kv, **options)
+        except ValueError as e:  # QuantizeError: the rank's linears refuse the scheme
+            fit = cache[key] = Fit(False, None, 0, f"a rank of TP {c.tensor_parallel_size}: {e}")
+        else:
+            fit = cache[key] = Fit(plan.fits, plan.weight_bytes, plan.kv_tokens)
     return fit

@@ -3,18 +3,24 @@
 A candidate is evaluated exactly as `perfcounter serve` would serve it (`serve_command`
 prints that command line): `serve.deployment(...)` with the candidate's precision, storage,
 engine limits and parallel degrees, `serve.synthetic(...)` with the search's workload (one
-rate, --qps), `serve.serve(...)` with the SLO. Its figures:
+rate, --qps), `serve.serve(...)` with the SLO; a disaggregated one by
+`serve.disaggregated(...)` on its prefill and decode pools (`DEVICE,instances=N,tp=T`), its
+overall metrics (TTFT its prefill's, the KV moved between the pools, TPOT its decode's).
+Its figures:
 
     goodput_per_gpu      request_goodput / GPUs: requests a second meeting every SLO target
                          at the workload's rate (vLLM's goodput), per GPU
     output_throughput_per_gpu   output tokens a second / GPUs (AIConfigurator's tokens/s/gpu)
     usd_per_1m_output_tokens    the GPUs' price an hour (each at the pool's price a GPU-hour)
-                                x duration / output tokens x 1e6 (serve's, at that price)
-    j_per_output_token          serve's energy over the run / output tokens
+                                x duration / output tokens x 1e6 (serve's, at that price;
+                                disaggregated: both pools' GPUs, each at its kind's price)
+    j_per_output_token          serve's energy over the run / output tokens (disaggregated:
+                                both pools'; the KV moves' joules beside, kv_transfer_j)
 
 Goodput is measured at the workload's rate, not searched for the highest rate meeting the
-SLO (serve's find_max_qps simulates ~11 rates a deployment): a search ranks deployments on
-the traffic given, and one that meets the SLO on fewer GPUs ranks higher per GPU.
+SLO (serve's find_max_qps bisects rates, each a run of thousands of requests): a search ranks
+deployments on the traffic given, and one that meets the SLO on fewer GPUs ranks higher per
+GPU.
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ import shlex
 from dataclasses import dataclass
 
 from perfcounter.plan.candidates import Candidate
-from perfcounter.serve.api import deployment, serve
+from perfcounter.serve.api import deployment, disaggregated, serve
 from perfcounter.serve.workload import synthetic
 
 FIGURES = ("request_goodput", "slo_met_fraction", "request_throughput", "output_throughput",
@@ -51,7 +57,7 @@ class Job:
     prices: tuple = ()  # (kind, $ a GPU-hour or None): the pool's (pool.DeviceKind)
 
 
-DISAGGREGATED = False  # serve serves prefill and decode on pools of their own
+DISAGGREGATED = True  # serve serves prefill and decode on pools of their own
 
 
 def parallel_kwargs(c: Candidate) -> dict:
@@ -89,18 +95,46 @@ def workload(job: Job, block_size: int | None = None):
                      block_size=job.block_size if block_size is None else block_size)
 
 
+def pools(c: Candidate) -> tuple[str, str]:
+    """A disaggregated candidate's --prefill_pool and --decode_pool."""
+    return (f"{c.device},instances={c.num_prefill_instances},tp={c.tensor_parallel_size}",
+            f"{c.decode_device},instances={c.num_decode_instances},"
+            f"tp={c.tensor_parallel_size}")
+
+
+def pools_price(c: Candidate, job: Job) -> float | None:
+    """Both pools' GPUs an hour, each at its kind's price a GPU-hour (None: one unpriced)."""
+    price = dict(job.prices)
+    p, d = price.get(c.device), price.get(c.decode_device)
+    if p is None or d is None:
+        return None
+    return c.tensor_parallel_size * (p * c.num_prefill_instances + d * c.num_decode_instances)
+
+
 def evaluate(c: Candidate, job: Job) -> dict:
     """`c` served to the job's workload: FIGURES from serve's metrics and the per-GPU ones
     (module doc), as plain data."""
-    dep = deployment(job.model, c.device, **deployment_kwargs(c, job))
-    m = serve(dep, workload(job), slo=job.slo).metrics
+    if c.disaggregated:
+        kwargs = deployment_kwargs(c, job)
+        for name in ("usd_per_hour", *parallel_kwargs(c)):
+            del kwargs[name]
+        result = disaggregated(job.model, workload(job), *pools(c), slo=job.slo, **kwargs)
+        m, price = result.overall, pools_price(c, job)
+        extra = {"usd_per_hour": price, "kv_transfer_bytes": m["kv_transfer_bytes"],
+                 "kv_transfer_j": m["kv_transfer_j"],
+                 "usd_per_1m_output_tokens": None if price is None else
+                 price * m["duration"] / 3600 / m["total_output_tokens"] * 1e6}
+    else:
+        dep = deployment(job.model, c.device, **deployment_kwargs(c, job))
+        m = serve(dep, workload(job), slo=job.slo).metrics
+        extra = {"usd_per_hour": dep.usd_per_hour,  # every GPU of the deployment
+                 "kv_cache_tokens": dep.plan.kv_tokens}
     out = {k: m.get(k) for k in FIGURES}
     gpus = c.num_gpus
     out["goodput_per_gpu"] = None if m.get("request_goodput") is None \
         else m["request_goodput"] / gpus
     out["output_throughput_per_gpu"] = m["output_throughput"] / gpus
-    out["usd_per_hour"] = dep.usd_per_hour  # every GPU of the deployment
-    out["kv_cache_tokens"] = dep.plan.kv_tokens
+    out.update(extra)
     for k, v in out.items():  # JSON holds no NaN: a figure without a value is None
         if isinstance(v, float) and not math.isfinite(v):
             out[k] = None
@@ -109,13 +143,17 @@ def evaluate(c: Candidate, job: Job) -> dict:
 
 def serve_command(c: Candidate, job: Job) -> str:
     """The `perfcounter serve` command line that serves `c` to the job's workload."""
-    argv = ["perfcounter", "serve", "--model", job.model, "--device_spec", c.device,
-            "--precision", c.dtype]
+    argv = ["perfcounter", "serve", "--model", job.model]
+    if c.disaggregated:
+        prefill, decode = pools(c)
+        argv += ["--prefill_pool", prefill, "--decode_pool", decode]
+    else:
+        argv += ["--device_spec", c.device, *parallel_flags(c)]
+    argv += ["--precision", c.dtype]
     if c.quantization is not None:
         argv += ["--quantize", c.quantization]
     if c.kv_cache_dtype is not None:
         argv += ["--kv_dtype", c.kv_cache_dtype]
-    argv += parallel_flags(c)
     argv += ["--max_num_seqs", str(c.max_num_seqs),
              "--max_num_batched_tokens", str(job.max_num_batched_tokens),
              "--gpu_memory_utilization", f"{job.gpu_memory_utilization:g}",
@@ -125,6 +163,6 @@ def serve_command(c: Candidate, job: Job) -> str:
              "--prompt_length", job.prompt_length, "--max_new_tokens", job.max_new_tokens,
              "--burstiness", repr(job.burstiness), "--seed", str(job.seed), "--slo", job.slo]
     price = dict(job.prices).get(c.device)
-    if price is not None:  # a GPU-hour at the pool's price (serve prices every GPU at it)
+    if price is not None and not c.disaggregated:  # a GPU-hour (serve prices every GPU)
         argv += ["--usd_per_hour", repr(price)]
     return shlex.join(argv)

@@ -35,7 +35,8 @@ def table_group(c: Candidate) -> tuple:
     """What a candidate's step tables depend on: the kinds, storage and shard (the experts
     a rank holds: split over TP x DP with expert parallelism)."""
     ep = c.tensor_parallel_size * c.data_parallel_size if c.enable_expert_parallel else 1
-    return (c.device, c.decode_device, c.dtype, c.quantization, c.kv_cache_dtype,
+    decode = None if c.decode_device == c.device else c.decode_device  # one kind: one table
+    return (c.device, decode, c.dtype, c.quantization, c.kv_cache_dtype,
             c.tensor_parallel_size, c.pipeline_parallel_size, ep)
 
 

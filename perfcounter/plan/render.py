@@ -36,7 +36,9 @@ def plan_text(result) -> str:
     pool = ", ".join(f"{k.count} x {k.name} (" + ("no price listed" if k.usd_per_hour is None
                                                   else f"${k.usd_per_hour:g} a GPU-hour") + ")"
                      for k in result.kinds)
-    errors = sum(1 for f in result.figures if f is not None and "error" in f)
+    errors = sum(1 for f, ok in zip(result.figures, result.fits)
+                 if ok and f is not None and "error" in f)
+    unstored = sum(1 for f, ok in zip(result.figures, result.fits) if not ok and f)
     runner = {"serial": "in this process", "processes": "on a process pool",
               "ray": "on Ray"}[result.backend]
     lines = [f"plan: {job.model} on {pool}",
@@ -44,8 +46,11 @@ def plan_text(result) -> str:
              f"{job.prompt_length}, output {job.max_new_tokens} tokens; SLO {job.slo} for "
              f"{result.slo_attainment:.0%} of requests; steps {job.execution}",
              f"candidates: {len(result.candidates)} enumerated, "
-             f"{len(result.candidates) - result.simulated} left out (no KV cache fits a rank), "
-             f"{result.simulated} simulated {runner}"
+             f"{len(result.candidates) - result.simulated - unstored} left out (no KV cache "
+             f"fits a rank), "
+             + (f"{unstored} left out (a rank the weight scheme cannot store), "
+                if unstored else "")
+             + f"{result.simulated} simulated {runner}"
              + (f", {errors} refused by serve (their error in the JSON)" if errors else "")]
     lines.append("")
     lines.append("Pareto front (output tokens/s per GPU against median TPOT):")

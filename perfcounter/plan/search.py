@@ -20,6 +20,7 @@ from perfcounter.plan import evaluate as ev
 from perfcounter.plan.candidates import (KV_CACHE_DTYPES, MAX_NUM_SEQS, Candidate, Space,
                                          default_quantizations, enumerate_candidates,
                                          memory_fit)
+from perfcounter.parallel.sharding import valid_tensor_parallel_sizes
 from perfcounter.plan.execute import check_backend, run_candidates
 from perfcounter.plan.front import pareto_front, recommend
 from perfcounter.plan.pool import DeviceKind, PlanError, kind_named, parse_devices
@@ -38,7 +39,7 @@ class PlanResult:
     kinds: list[DeviceKind]
     candidates: list[Candidate]
     fits: list[bool]
-    figures: list[dict | None]  # None: left out (does not fit)
+    figures: list[dict | None]  # None: left out (no KV cache fits); {"error": why}: refused
     front: list[int]  # candidate indices, by ascending TPOT
     recommended: int | None
     slo_attainment: float
@@ -86,17 +87,51 @@ def _names(values, what: str, check) -> tuple:
     return out
 
 
+def _check_sizes(args, kinds: list[DeviceKind], model: str, tp, pp, dp) -> dict:
+    """The parallel sizes asked (None: enumerated), checked: integers >= 1, TP sizes that
+    shard the model, PP at most its layers, the smallest asked on the pool's largest kind."""
+    out = {}
+    for flag, values in (("tensor_parallel_size", tp), ("pipeline_parallel_size", pp),
+                         ("data_parallel_size", dp)):
+        if values is None:
+            out[flag + "s"] = None
+            continue
+        values = tuple(values)
+        if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
+                             for v in values):
+            raise PlanError(f"--{flag} {','.join(map(str, values))}: expected integers >= 1")
+        out[flag + "s"] = values
+    for t in out["tensor_parallel_sizes"] or ():
+        if t not in valid_tensor_parallel_sizes(args):
+            raise PlanError(f"--tensor_parallel_size {t} does not shard {model}; valid: "
+                            f"{', '.join(map(str, valid_tensor_parallel_sizes(args)))}")
+    for p in out["pipeline_parallel_sizes"] or ():
+        if p > args.n_layer:
+            raise PlanError(f"--pipeline_parallel_size {p}: {model} has {args.n_layer} layers, "
+                            f"at most one stage each; valid: 1..{args.n_layer}")
+    least = [min(v) if v else 1 for v in out.values()]
+    gpus, most = least[0] * least[1] * least[2], max(k.count for k in kinds)
+    if gpus > most:
+        raise PlanError(f"TP {least[0]} x PP {least[1]} x DP {least[2]} asks {gpus} GPUs; the "
+                        f"pool's largest kind holds {most} (--devices)")
+    return out
+
+
 def plan(model, devices, *, slo, qps: float, num_requests: int = 200,
          prompt_length="512", max_new_tokens="128", burstiness: float = 1.0, seed: int = 0,
          precision: str = "bfloat16", execution: str = "cudagraphs",
          gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192,
          block_size: int = 16, usd_per_hour: float | None = None,
          quantizations=None, kv_cache_dtypes=KV_CACHE_DTYPES,
-         max_num_seqs=MAX_NUM_SEQS, slo_attainment: float = 0.9, backend: str = "processes",
+         max_num_seqs=MAX_NUM_SEQS, tensor_parallel_size=None, pipeline_parallel_size=None,
+         data_parallel_size=None, disaggregated: bool = True, slo_attainment: float = 0.9,
+         backend: str = "processes",
          workers: int | None = None, address: str | None = None) -> PlanResult:
     """Search the deployments of `model` on the pool `devices` ('h100-sxm:8,...') for the
     workload (serve's flags; one rate) and the SLO (module doc). quantizations: the weight
-    schemes to try (None: candidates.default_quantizations)."""
+    schemes to try (None: candidates.default_quantizations); tensor_parallel_size,
+    pipeline_parallel_size, data_parallel_size: the sizes to try (None: every power of two
+    the pool holds); disaggregated: prefill and decode pools beside the aggregated ones."""
     started = time.perf_counter()
     args = resolve_model(model)
     dtype = resolve_precision(precision)
@@ -126,6 +161,8 @@ def plan(model, devices, *, slo, qps: float, num_requests: int = 200,
     if not 0 < gpu_memory_utilization <= 1:
         raise PlanError(f"--gpu_memory_utilization {gpu_memory_utilization}: expected a "
                         "fraction in (0, 1]")
+    sizes = _check_sizes(args, kinds, str(model), tensor_parallel_size, pipeline_parallel_size,
+                         data_parallel_size)
     check_backend(backend, workers)
     job = ev.Job(str(model), execution, gpu_memory_utilization, max_num_batched_tokens,
                  block_size, float(qps), num_requests, prompt_length, max_new_tokens,
@@ -136,22 +173,24 @@ def plan(model, devices, *, slo, qps: float, num_requests: int = 200,
     except ServeError as e:
         raise PlanError(f"{e} (the workload)") from None
 
-    space = Space(quants, kvs, seqs, disaggregated=ev.DISAGGREGATED)
+    space = Space(quants, kvs, seqs, disaggregated=bool(disaggregated) and ev.DISAGGREGATED,
+                  **sizes)
     candidates = enumerate_candidates(args, kinds, str(dtype).replace("torch.", ""), space)
     cache: dict = {}
     options = {"gpu_memory_utilization": gpu_memory_utilization, "block_size": block_size,
                "max_num_batched_tokens": max_num_batched_tokens}
-    fits = []
-    for c in candidates:
-        ok = memory_fit(args, dtype, c, kind_named(kinds, c.device).spec, cache=cache,
-                        **options).fits
-        if ok and c.disaggregated:
-            ok = memory_fit(args, dtype, c, kind_named(kinds, c.decode_device).spec,
-                            cache=cache, **options).fits
-        fits.append(ok)
+    fits, refused = [], {}
+    for i, c in enumerate(candidates):
+        kinds_used = [c.device] + ([c.decode_device] if c.disaggregated else [])
+        found = [memory_fit(args, dtype, c, kind_named(kinds, k).spec, cache=cache, **options)
+                 for k in kinds_used]
+        fits.append(all(f.fits for f in found))
+        reasons = [f.error for f in found if f.error]
+        if reasons:
+            refused[i] = {"error": reasons[0]}
     kept = [c for c, ok in zip(candidates, fits) if ok]
     done = iter(run_candidates(kept, job, backend=backend, workers=workers, address=address))
-    figures = [next(done) if ok else None for ok in fits]
+    figures = [next(done) if ok else refused.get(i) for i, ok in enumerate(fits)]
     usable = [f or {"error": "does not fit"} for f in figures]
     front = pareto_front(usable)
     best = recommend(usable, [c.num_gpus for c in candidates], slo_attainment)
