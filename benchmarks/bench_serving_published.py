@@ -22,8 +22,8 @@ How a row is served (lengths, counts and rates are the row's):
   H100) in 7x the time; the engine's scheduler chooses the batch; output tokens over the run.
 - poisson: `num_requests` requests at `request_rate` a second (seed 0); the row's statistic
   (mean / median) of TTFT, ITL or TPOT.
-- concurrency: a closed loop of `batch` requests in flight (CONCURRENCY_REQUESTS requests where
-  the source states no count); a decode rate is 1 / the mean TPOT.
+- concurrency: a closed loop of `batch` requests in flight (where the source states no count,
+  4 requests a slot, at least CONCURRENCY_REQUESTS); a decode rate is 1 / the mean TPOT.
 
 measured ÷ predicted: of the throughput for throughput rows, of the latency for latency rows (a
 decode rate is a latency: predicted rate ÷ measured rate). Goals: on one GPU 0.9-1.1 for a
@@ -54,7 +54,8 @@ MULTI_GPU_GOAL = (0.8, 1.25)  # a row on several GPUs, any metric
 PRECISION = {"bf16": {"precision": "bfloat16"}, "fp16": {"precision": "float16"},
              "fp8": {"precision": "bfloat16", "quantize": "fp8", "kv_dtype": "fp8"},
              "int8": {"precision": "bfloat16", "quantize": "int8"}}
-CONCURRENCY_REQUESTS = 8  # a closed loop's requests where the source states no count
+# a closed loop's requests where the source states no count: 4 a slot in flight, at least 8
+CONCURRENCY_REQUESTS = 8
 MAX_REQUESTS = 3000  # a flood's or a Poisson row's requests at most (the module doc says why)
 FLOOD = 1e9  # requests a second: every request at once
 # A static engine (gptSessionBenchmark) allocates its batch's KV cache outright, with no share
@@ -106,7 +107,7 @@ def workload_of(row, max_requests: int | None):
     if row.workload == "static":
         return synthetic(row.batch, p, o, qps=FLOOD, seed=0)
     if row.workload == "concurrency":
-        n = row.num_requests or CONCURRENCY_REQUESTS
+        n = row.num_requests or max(CONCURRENCY_REQUESTS, 4 * row.batch)
         return synthetic(n, p, o, concurrency=row.batch, seed=0)
     n = row.num_requests or 1000
     if max_requests is not None:

@@ -68,6 +68,9 @@ def test_workloads_as_the_rows_ran(rows):
     assert len(poisson) == 500 and 200 < float(poisson.arrival[-1]) < 300  # ~499 / 2 s
     closed = bench.workload_of(rows["vllm023-a100-40gb-llama31-8b-bf16-c1"], None)
     assert closed.concurrency == 1 and len(closed) == bench.CONCURRENCY_REQUESTS
+    # NIM's concurrency 25 with no count stated: 4 requests a slot, 100
+    wide = bench.workload_of(rows["nim180-h100-llama33-70b-fp8-tp2-5000-500-c25-output"], None)
+    assert wide.concurrency == 25 and len(wide) == 100
 
 
 def test_rows_it_cannot_price_say_why(rows, monkeypatch):
