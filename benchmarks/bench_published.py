@@ -28,7 +28,8 @@ fp8 rows (TensorRT-LLM's FP8: --enable_fp8 --fp8_kv_cache) are W8A8: `--quantize
 (float8_e4m3fn weights with a per-tensor scale, activations quantized per call, matmuls at the
 device's fp8 peak) with an fp8 KV cache, activations in bfloat16 between the linears.
 Rows not priced, and why: a device not in the registry, a batch the serving scheduler chose
-("saturated": `perfcounter serve` prices those), a precision with no scheme here.
+("saturated": `perfcounter serve` prices those, benchmarks/bench_serving_published.py with the
+serving rows of benchmarks/data/published_serving.yaml), a precision with no scheme here.
 """
 from __future__ import annotations
 
@@ -88,7 +89,8 @@ def skip_reason(row) -> str:
     if row.device_spec is None:
         return f"{row.device}: not in the registry"
     if row.batch == "saturated":
-        return "batch chosen by the serving scheduler (perfcounter serve prices it)"
+        return ("batch chosen by the serving scheduler (perfcounter serve prices it: "
+                "bench_serving_published.py)")
     if row.precision not in PRECISION:
         return f"{row.precision}: no scheme of perfcounter's stands for it"
     if row.tensor_parallel != 1:
