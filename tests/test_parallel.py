@@ -186,3 +186,16 @@ def test_expert_parallel_rank_holds_its_experts_and_dispatches_its_rows():
     assert not any(r.op == ALL_REDUCE for r in ep.records)
     with pytest.raises(ParallelError, match="over TP x DP = 3 ranks, which does not divide"):
         rank_args(MOE, ParallelConfig(data_parallel_size=3, enable_expert_parallel=True))
+
+
+def test_link_energy_is_charged_with_memory(toy_traces):
+    import dataclasses
+
+    from perfcounter.pricing.energy import record_energies
+    spec = dataclasses.replace(get_device_spec("h100-sxm", dtype=torch.bfloat16),
+                               interconnect_pj_per_bit=5.0)
+    (r,) = [r for r in toy_traces[2].records
+            if r.op == ALL_REDUCE and r.module.endswith("layers.0.attention")]
+    # 1024 B summed over 2 ranks: a ring sends 2 x 1/2 x 1024 = 1024 B = 8192 bits x 5 pJ
+    (e,) = record_energies([r], spec)
+    assert e.memory_pj == pytest.approx(r.bytes * 8 * spec.mem_pj_per_bit + 8192 * 5.0)

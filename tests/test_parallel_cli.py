@@ -165,3 +165,11 @@ def test_collectives_reach_perfetto_and_the_priced_classes(capsys, tmp_path):
     # the prediction prices them on NVLink in their own class (pricing/collectives.py)
     assert '"collective":' in json.dumps(doc) and '"collective":' not in json.dumps(
         _json(capsys, [*SMALL, "--json"]))
+
+
+def test_simulate_needs_a_device_with_a_link_for_a_rank(capsys):
+    argv = ["simulate", "--model", "smollm2-135m", "--prompt_length", "8", "--max_new_tokens",
+            "2", "--tp", "3"]
+    assert main(argv=argv) == 2  # unplaced modules run on the host, a CPU: no link
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "give --default_device" in err[0]

@@ -41,12 +41,13 @@ from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output, add_
                                    parallel_of,
                                    model_source, precision_of, refuse)
 from perfcounter.counter import TransformerPerformanceCounter
+from perfcounter.devices import get_device_spec
 from perfcounter.generation.config_only import count_hf_config, greedy_generate, resolve_config
 from perfcounter.generation.derive import count_generation
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.loading import fake_model, load_hf_model, load_model, read_config
 from perfcounter.models.tokenizer import cache_keyword
-from perfcounter.parallel import shard
+from perfcounter.parallel import check_links, shard
 from perfcounter.quant import quantize as quantization
 from perfcounter.quant.gguf_types import check_gguf_type, stored_as
 from perfcounter.report.plots import check_outputs, source_name, write_outputs
@@ -111,6 +112,12 @@ def count(args):
         raise MappingError(f"{parallel.label() or '--enable_expert_parallel'}: one rank of "
                            "perfcounter's model is counted from its config; leave out --hf, "
                            "checkpoints and --gguf_type")
+    if sharded:  # the collectives' link: the device the unplaced modules run on
+        where = args.default_device or args.device_spec
+        if where is None:
+            raise MappingError(f"{parallel.label() or '--enable_expert_parallel'}: give "
+                               "--default_device, the device whose link prices the collectives")
+        check_links(get_device_spec(where, dtype=dtype), parallel)
     if args.checkpoint_path is not None:
         _count_checkpoint(args, counter, dtype, sizes)
     elif args.hf:

@@ -2,6 +2,8 @@
 
     compute   = Σ_records executed_flops · pJ/FLOP(dtype of the record)
     memory    = bytes of the io model · 8 · memory pJ/bit
+                (+ a sharded model's collectives: the bytes each rank sends on its link
+                · 8 · the link's pJ/bit, pricing/collectives.py; 0 where the link has none)
     host link = bytes host→device · 8 · pJ/bit  +  bytes device→host · 8 · pJ/bit
                 (only for a device behind a host link; which bytes cross is
                 decided in roofline.py: the phase's inputs in, its output back)
@@ -21,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from perfcounter.pricing.collectives import is_collective, record_joules
 from perfcounter.pricing.roofline import Roofline, is_integer_dtype
 from perfcounter.trace import Trace
 
@@ -92,7 +95,10 @@ def record_energies(records, spec) -> list[RecordEnergy]:
                 cache[r.dtype] = record_pj_per_flop(spec, r.dtype)
             pj = cache[r.dtype]
             compute = None if pj is None else r.executed_flops * pj
-        out.append(RecordEnergy(compute, None if mem_pj is None else r.bytes * 8 * mem_pj))
+        memory = None if mem_pj is None else r.bytes * 8 * mem_pj
+        if memory is not None and is_collective(getattr(r, "op", "")):  # + its link traffic
+            memory += record_joules(r, spec) / PJ
+        out.append(RecordEnergy(compute, memory))
     return out
 
 
@@ -110,7 +116,8 @@ def energy(trace: Trace, spec, io_bytes: int, line: Roofline) -> Energy:
     """A phase's energy on a device given its io-model bytes and roofline."""
     compute = compute_energy_j(trace, spec)
     mem_pj = spec.mem_pj_per_bit
-    memory = None if mem_pj is None else io_bytes * 8 * mem_pj * PJ
+    memory = None if mem_pj is None else io_bytes * 8 * mem_pj * PJ + sum(
+        record_joules(r, spec) for r in trace.records if is_collective(r.op))
     host = 0.0
     for nbytes, pj in ((line.host_to_device_bytes, spec.host_to_device_pj_per_bit),
                        (line.device_to_host_bytes, spec.device_to_host_pj_per_bit)):
