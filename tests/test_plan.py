@@ -243,3 +243,12 @@ def test_a_rank_the_int4_group_cannot_store_is_refused_with_its_reason():
     # TP 2: wo's inputs are 8 heads x 8 / 2 = 32, which a group of 64 does not divide
     fit = memory_fit(TOY, torch.bfloat16, two, spec, cache={})
     assert not fit.fits and "TP 2" in fit.error and "64" in fit.error
+
+
+def test_ray_without_ray_installed_is_one_line(monkeypatch, capsys, tiny):
+    import sys
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    code = plan_cli("--model", tiny, "--devices", "h100-sxm:1", "--qps", 1, "--slo",
+                    "ttft=1s", "--ray")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "pip install 'perfcounter[ray]'" in err and "\n" not in err
