@@ -1,6 +1,6 @@
 """How long `perfcounter plan` takes: a deployment search of Llama-3.1-70B on 8 x H100.
 
-    python benchmarks/bench_plan.py                      # the default search, on this machine's cores
+    python benchmarks/bench_plan.py                  # the default search, on this machine's cores
     python benchmarks/bench_plan.py --workers 1          # in one process
 
 The search is perfcounter.plan.plan's default space (weights bf16, fp8, int8, int4-128; KV

@@ -191,6 +191,7 @@ def plan_cli(*argv):
     (["--devices", "h999:8", "--qps", 1], "h999"),
     (["--devices", "h100-sxm:8", "--qps", 1, "--slo", "ttft=1"], "a unit is required"),
     (["--devices", "h100-sxm:8", "--qps", 0], "--qps 0"),
+    (["--devices", "h100-sxm:8", "--qps", 1, "--slo", "itl=5ms"], "not itl"),
     (["--devices", "h100-sxm:8", "--qps", 1, "--quantize", "int3"], "int3"),
     (["--devices", "h100-sxm:8", "--qps", 1, "--max_num_seqs", "8,x"], "--max_num_seqs"),
     (["--devices", "h100-sxm:8", "--qps", 1, "--prompt_length", "uniform:9-3"], "uniform:LO-HI"),
@@ -200,7 +201,9 @@ def plan_cli(*argv):
     (["--devices", "h100-sxm:8", "--qps", 1, "--pp", 5], "has 2 layers"),
     (["--devices", "h100-sxm:4", "--qps", 1, "--tp", "2,4", "--dp", "4,8"],
      "TP 2 x PP 1 x DP 4 asks 8 GPUs; the pool's largest kind holds 4"),
-    (["--devices", "h100-sxm:8", "--qps", 1, "--dp", "0"], "expected integers >= 1"),
+    (["--devices", "h100-sxm:8", "--qps", 1, "--dp", "0"], "expected distinct integers >= 1"),
+    (["--devices", "h100-sxm:8", "--qps", 1, "--max_num_seqs", "8,8"], "expected distinct"),
+    (["--devices", "h100-sxm:8", "--qps", 1, "--quantize", "int8,none,INT8"], "named twice"),
 ])
 def test_bad_input_one_line_before_any_counting(capsys, tiny, argv, expected):
     if "--slo" not in argv:

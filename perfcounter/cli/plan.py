@@ -69,7 +69,8 @@ def add_parser(sub) -> None:
                    help="prompt tokens: a number, uniform:LO-HI or normal:MEAN,STD")
     g.add_argument("--max_new_tokens", default="128",
                    help="output tokens: a number, uniform:LO-HI or normal:MEAN,STD")
-    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps (1: Poisson)")
+    g.add_argument("--burstiness", type=float, default=1.0,
+                   help="gamma shape of the gaps (1: Poisson)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--slo", help="targets with units: ttft=1s,tpot=50ms[,e2el=10s]")
     g.add_argument("--slo_attainment", type=float, default=0.9,

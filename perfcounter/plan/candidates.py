@@ -14,8 +14,9 @@ Degrees are powers of two (or the sizes asked); TP one that shards the model
 multiple of the KV heads) and no larger than a node (8 GPUs: one NVLink domain); PP across
 nodes, as vLLM's documentation advises (tensor parallelism within a node, pipeline
 parallelism across nodes): up to the kind's count / 8 and the layers (1 on one node; asked
-with --pipeline_parallel_size, any that fits); EP only where TP x DP divides the experts; TP x PP x DP GPUs of a kind at most as many as the pool holds (a
-disaggregated candidate: TP x PP x (P + D)). A device without a link between its GPUs
+with --pipeline_parallel_size, any that fits); EP only where TP x DP divides the experts;
+TP x PP x DP GPUs of a kind at most as many as the pool holds (a disaggregated candidate:
+TP x (P + D), its pools' instances TP GPUs each). A device without a link between its GPUs
 (pricing/collectives.py) runs one-GPU instances only; fp8 weights need a device with an fp8
 peak. Before anything is simulated, a candidate whose rank's weights and workspace leave no
 KV cache (serve/memory.py's plan of the rank's args, parallel/sharding.py) is left out, and

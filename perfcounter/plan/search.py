@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass, field
 
 from perfcounter._util import atomic_write
+from perfcounter.parallel.sharding import valid_tensor_parallel_sizes
 from perfcounter.plan import evaluate as ev
 from perfcounter.plan.candidates import (KV_CACHE_DTYPES, MAX_NUM_SEQS, Candidate, Space,
                                          default_quantizations, enumerate_candidates,
                                          memory_fit)
-from perfcounter.parallel.sharding import valid_tensor_parallel_sizes
 from perfcounter.plan.execute import check_backend, run_candidates
 from perfcounter.plan.front import pareto_front, recommend
 from perfcounter.plan.pool import DeviceKind, PlanError, kind_named, parse_devices
@@ -78,10 +78,12 @@ class PlanResult:
 
 
 def _names(values, what: str, check) -> tuple:
-    out = tuple(None if v is None or str(v).strip().lower() in ("none", "auto") else str(v)
-                for v in values)
+    out = tuple(None if v is None or str(v).strip().lower() in ("none", "auto")
+                else str(v).strip().lower() for v in values)
     if not out:
         raise PlanError(f"{what}: expected at least one value")
+    if len(set(out)) < len(out):
+        raise PlanError(f"{what} {','.join(str(v) for v in out)}: a value named twice")
     for v in out:
         check(v)
     return out
@@ -98,8 +100,9 @@ def _check_sizes(args, kinds: list[DeviceKind], model: str, tp, pp, dp) -> dict:
             continue
         values = tuple(values)
         if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
-                             for v in values):
-            raise PlanError(f"--{flag} {','.join(map(str, values))}: expected integers >= 1")
+                             for v in values) or len(set(values)) < len(values):
+            raise PlanError(f"--{flag} {','.join(map(str, values))}: expected distinct "
+                            "integers >= 1")
         out[flag + "s"] = values
     for t in out["tensor_parallel_sizes"] or ():
         if t not in valid_tensor_parallel_sizes(args):
@@ -130,8 +133,8 @@ def plan(model, devices, *, slo, qps: float, num_requests: int = 200,
     """Search the deployments of `model` on the pool `devices` ('h100-sxm:8,...') for the
     workload (serve's flags; one rate) and the SLO (module doc). quantizations: the weight
     schemes to try (None: candidates.default_quantizations); tensor_parallel_size,
-    pipeline_parallel_size, data_parallel_size: the sizes to try (None: every power of two
-    the pool holds); disaggregated: prefill and decode pools beside the aggregated ones."""
+    pipeline_parallel_size, data_parallel_size: the sizes to try (None: candidates.py's
+    powers of two); disaggregated: prefill and decode pools beside the aggregated ones."""
     started = time.perf_counter()
     args = resolve_model(model)
     dtype = resolve_precision(precision)
@@ -139,7 +142,8 @@ def plan(model, devices, *, slo, qps: float, num_requests: int = 200,
     check_execution(execution)
     if not slo:
         raise PlanError("--slo: a search needs targets, e.g. ttft=1s,tpot=50ms")
-    parse_slo(slo)
+    if "itl" in parse_slo(slo):
+        raise PlanError(f"--slo {slo}: goodput takes ttft, tpot and e2el (vLLM's), not itl")
     if not 0 < slo_attainment <= 1:
         raise PlanError(f"--slo_attainment {slo_attainment}: expected a fraction in (0, 1]")
     check_rate(qps)
@@ -152,10 +156,13 @@ def plan(model, devices, *, slo, qps: float, num_requests: int = 200,
                     lambda q: resolve_quantization(q, None, args, dtype))
     kvs = _names(kv_cache_dtypes, "--kv_dtype", lambda k: resolve_quantization(None, k))
     seqs = tuple(max_num_seqs)
-    if not seqs or any(not isinstance(s, int) or s < 1 for s in seqs):
-        raise PlanError(f"--max_num_seqs {','.join(map(str, seqs))}: expected integers >= 1")
+    if not seqs or any(not isinstance(s, int) or s < 1 for s in seqs) \
+            or len(set(seqs)) < len(seqs):
+        raise PlanError(f"--max_num_seqs {','.join(map(str, seqs))}: expected distinct "
+                        "integers >= 1")
     for name, value, least in (("--max_num_batched_tokens", max_num_batched_tokens, 1),
-                               ("--block_size", block_size, 1), ("--num_requests", num_requests, 1)):
+                               ("--block_size", block_size, 1),
+                               ("--num_requests", num_requests, 1)):
         if not isinstance(value, int) or value < least:
             raise PlanError(f"{name} {value}: expected an integer >= {least}")
     if not 0 < gpu_memory_utilization <= 1:
