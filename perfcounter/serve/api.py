@@ -12,8 +12,10 @@ with its scales), a device
 spec (its memory holds weights, workspace and the KV cache), the execution regime its
 steps are priced in (`execution`: "eager", "compiled" or "cudagraphs", perfcounter's
 prediction (predicted.py); "bound": the roofline bound; a placement alike, each device's
-share on that device, placement.py), optionally a placement mapping that prices the steps
-(`perfcounter.simulate`), and the engine's limits. Its step table
+share on that device, placement.py; None: the engine profile's regime on the device),
+optionally a placement mapping that prices the steps (`perfcounter.simulate`), and the
+engine (`engine`: a profile of engines.py, whose defaults the limits given override). Its
+step table
 is built once per (model, precision, device or mapping, regime) and cached
 (pricing.step_table), so sweeps and searches re-use it; `serve(..., execution=...)`
 re-prices a deployment in another regime from the same counts.
@@ -28,42 +30,43 @@ import numpy as np
 import torch
 
 from perfcounter.counting.op_data import ExpertLoad
-from perfcounter.devices.spec import EXECUTIONS as PREDICTED
 from perfcounter.generation.run import PRECISIONS  # noqa: F401  (the shared names, re-exported)
 from perfcounter.models.args import ModelArgs
 from perfcounter.parallel.disaggregated import Pool, end_link
 from perfcounter.parallel.disaggregated import simulate as simulate_pools
 from perfcounter.parallel.replicas import simulate as simulate_parallel
 from perfcounter.parallel.sharding import ParallelConfig, check_links, shard
-from perfcounter.serve.engines import EngineProfile, check_given, engine_profile, engine_settings
+from perfcounter.pricing.price import REGIMES, check_regime
 from perfcounter.quant.gguf_types import GgufFile
 from perfcounter.quant.quantize import WeightScheme
+from perfcounter.serve.engines import EngineProfile, check_given, engine_profile, engine_settings
 from perfcounter.serve.errors import ServeError
-from perfcounter.serve.resolve import (gguf_file, is_gguf, precision_label,  # noqa: F401
-                                       resolve_expert_load, resolve_model, resolve_precision,
-                                       resolve_quantization, resolve_spec)
 from perfcounter.serve.memory import MemoryPlan, kv_bytes_per_token, memory_plan, weight_bytes
 from perfcounter.serve.metrics import metrics, parse_slo
 from perfcounter.serve.placement import PlacementPricer, placement_memory
 from perfcounter.serve.predicted import PredictionPricer
 from perfcounter.serve.pricing import RooflinePricer, step_table
+from perfcounter.serve.resolve import (gguf_file, is_gguf, precision_label,  # noqa: F401
+                                       resolve_expert_load, resolve_model, resolve_precision,
+                                       resolve_quantization, resolve_spec)
 from perfcounter.serve.scheduler import EngineConfig, Run, simulate_engine
 from perfcounter.serve.search import PROBE_REQUESTS, Search
 from perfcounter.serve.search import find_max_qps as _search
 from perfcounter.serve.workload import Workload, check_fits_model
 from perfcounter.simulation.placement import Mapping
 
-EXECUTIONS = ("bound", *PREDICTED)  # bound: the roofline; the others perfcounter's prediction
+EXECUTIONS = REGIMES  # the regimes pricing/ names once (bound: the least any regime takes)
 MAX_BLOCK = 65_536  # the most tokens a KV block holds
 MAX_RATES = 100  # rates one --qps list or range may hold
 
 
 def check_execution(execution) -> str:
-    """execution itself when it is one of EXECUTIONS; else a ServeError naming them."""
-    if execution not in EXECUTIONS:
+    """pricing's check_regime, its refusal a ServeError naming the flag."""
+    try:
+        return check_regime(execution)
+    except ValueError:
         raise ServeError(f"--execution {execution!r}; valid: {', '.join(EXECUTIONS)} "
-                         "(bound: the roofline)")
-    return execution
+                         "(bound: the least any regime takes)") from None
 
 
 def pricer_for(spec, execution: str = "eager"):
