@@ -93,6 +93,11 @@ def test_a_trace_is_scaled_and_a_closed_loop_refused(dep):
                      np.zeros(4, dtype=np.int64), None, "t.jsonl")
     # its own rate: 3 gaps over 4 s = 0.75/s; at 3/s the arrivals are 4x closer
     assert scaled_trace(trace, 3.0).arrival.tolist() == [0.0, 0.25, 0.5, 1.0]
+    # repeated to 8 requests: the second copy one mean gap (4 / 3 s) after the first's last
+    # arrival, 4 + 4/3 = 16/3 s, scaled by 1/4: 4/3 s
+    twice = scaled_trace(trace, 3.0, at_least=6)
+    assert len(twice) == 8 and twice.arrival[4] == pytest.approx(4 / 3)
+    assert twice.arrival[7] == pytest.approx((16 / 3 + 4) / 4)
     at_once = dataclasses.replace(trace, arrival=np.zeros(4))
     with pytest.raises(ServeError, match="all arrive at once"):
         scaled_trace(at_once, 3.0)

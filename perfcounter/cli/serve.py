@@ -253,9 +253,10 @@ def _smallest_fit(model, dep) -> str:
 
 def _workload_maker(args, block_size: int, trace):
     """make(qps, at_least=0): the workload at a rate, at least `at_least` requests long (the
-    QPS search's probes; a trace is its own length)."""
+    QPS search's probes; a trace scaled and repeated, search.scaled_trace)."""
     if trace is not None:
-        return (lambda qps, at_least=0: scaled_trace(trace, qps)) if args.find_max_qps else \
+        return (lambda qps, at_least=0: scaled_trace(trace, qps, at_least)) \
+            if args.find_max_qps else \
             (lambda qps, at_least=0: trace)
     if args.concurrency is not None:
         return lambda qps, at_least=0: synthetic(

@@ -21,7 +21,8 @@
    rate (each probe it fails the looser one may pass, never the reverse).
 
 A trace file is replayed at rate q with its arrival times scaled by (its own rate / q),
-its own rate being (requests - 1) / (last arrival - first arrival); a closed loop
+its own rate being (requests - 1) / (last arrival - first arrival), and repeated (each copy
+one mean gap after the one before) to PROBE_REQUESTS requests at least; a closed loop
 (--concurrency) has no rate to search and is refused.
 """
 from __future__ import annotations
@@ -86,15 +87,22 @@ def attained(result, slo: dict, warmup: float = WARMUP) -> float:
     return float(good.mean()) if len(good) else 0.0
 
 
-def scaled_trace(w: Workload, qps: float) -> Workload:
-    """A trace replayed at `qps`: its arrivals scaled by (its own rate / qps)."""
+def scaled_trace(w: Workload, qps: float, at_least: int = 0) -> Workload:
+    """A trace replayed at `qps`: its arrivals scaled by (its own rate / qps), the trace
+    repeated (each copy one mean gap after the last arrival of the one before) until it
+    holds at least `at_least` requests."""
     span = float(w.arrival[-1] - w.arrival[0])
     if len(w) < 2 or span <= 0:
         raise ServeError("--find_max_qps with --trace_file scales the trace's arrival times; "
                          "this trace's requests all arrive at once (no rate to scale)")
     own = (len(w) - 1) / span
-    return replace(w, arrival=(w.arrival - w.arrival[0]) * (own / qps),
-                   source=f"{w.source} at qps {qps:g}")
+    reps = max(1, -(-at_least // len(w)))
+    offsets = np.repeat(np.arange(reps) * (span + 1 / own), len(w))
+    arrival = np.tile(w.arrival - w.arrival[0], reps) + offsets
+    return Workload(arrival * (own / qps), np.tile(w.prompt, reps), np.tile(w.output, reps),
+                    np.tile(w.cached, reps), None,
+                    f"{w.source} at qps {qps:g}" + (f", repeated {reps} times" if reps > 1
+                                                    else ""))
 
 
 def find_max_qps(dep, make, slo, *, attainment: float = 0.9, serve=None,
