@@ -157,7 +157,10 @@ PROFILES = {
                          "flags.md: capacity scheduler policy GUARANTEED_NO_EVICT (default) "
                          "guarantees that a started request is never paused"),
         max_num_seqs=_trt_seqs, max_num_batched_tokens=_trt_tokens,
-        step_overhead_s=Figure(0.0, _NONE_PUBLISHED.format(_TRT, "step_overhead_ms")),
+        step_overhead_s=Figure(0.0, f"{_TRT} docs torch/features/overlap_scheduler.md: the "
+                               "overlap scheduler (enabled by default) runs step n's CPU work "
+                               "(stop criteria, responses, the next batch's schedule) while the "
+                               "GPU runs step n+1: no host time between steps"),
         request_overhead_s=Figure(0.0, _NONE_PUBLISHED.format(_TRT, "request_overhead_ms")),
         kv_scales=Figure("tensor", _TENSOR_SCALES.format(
             _TRT, "docs/source/reference/precision.md, kv_cache_scaling_factor a layer")),
