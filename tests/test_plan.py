@@ -191,6 +191,7 @@ def plan_cli(*argv):
     (["--devices", "h999:8", "--qps", 1], "h999"),
     (["--devices", "h100-sxm:8", "--qps", 1, "--slo", "ttft=1"], "a unit is required"),
     (["--devices", "h100-sxm:8", "--qps", 0], "--qps 0"),
+    (["--devices", "h100-sxm:8", "--qps", 1, "--engine", "tgi"], "invalid choice"),
     (["--devices", "h100-sxm:8", "--qps", 1, "--slo", "itl=5ms"], "not itl"),
     (["--devices", "h100-sxm:8", "--qps", 1, "--quantize", "int3"], "int3"),
     (["--devices", "h100-sxm:8", "--qps", 1, "--max_num_seqs", "8,x"], "--max_num_seqs"),

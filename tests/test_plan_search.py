@@ -102,6 +102,19 @@ def test_the_recommendation_reserved_by_its_command(tmp_path, capsys, serial):
             assert served[key] == mine[key], (serial.commands[i], key)
 
 
+def test_another_engine_and_its_command(tmp_path, tiny):
+    result = plan(tiny, "h100-sxm:1", backend="serial", engine="sglang",
+                  **{**SEARCH, "quantizations": ("none",), "max_num_seqs": (8,)})
+    (i,) = range(len(result.candidates))  # one GPU, one weight, one batch limit
+    argv = shlex.split(result.commands[i])
+    assert argv[argv.index("--engine") + 1] == "sglang"
+    out = tmp_path / "sglang.json"
+    assert main(argv=[*argv[1:], "--save_path", str(out)]) == 0
+    served = json.loads(out.read_text())
+    assert served["engine_profile"] == "sglang"
+    assert served["median_tpot_ms"] == result.figures[i]["median_tpot_ms"]
+
+
 def test_the_command_line_prints_and_saves(tmp_path, capsys, tiny):
     out = tmp_path / "plan.json"
     code = main(argv=["plan", "--model", tiny, "--devices", "h100-sxm:1", "--qps", "50",

@@ -1,4 +1,5 @@
-"""`perfcounter plan`: the deployment search (perfcounter/plan/).
+"""`perfcounter plan`: which deployment of a model on a pool of devices serves a workload within
+an SLO, with the most goodput per GPU (the deployment search, perfcounter/plan/).
 
     perfcounter plan --model llama-3.1-70b --devices h100-sxm:8 --qps 4 \\
         --prompt_length 512 --max_new_tokens 128 --slo ttft=1s,tpot=50ms --save_path plan.json
@@ -22,6 +23,7 @@ from perfcounter.plan.pool import PlanError
 from perfcounter.plan.render import plan_text
 from perfcounter.plan.search import plan
 from perfcounter.serve.api import EXECUTIONS, PRECISIONS
+from perfcounter.serve.engines import ENGINES
 from perfcounter.serve.errors import ServeError
 
 
@@ -44,6 +46,9 @@ def add_parser(sub) -> None:
                    help="the activations' dtype")
     g.add_argument("--execution", default="cudagraphs", choices=EXECUTIONS,
                    help="the regime steps are priced in (bound: the roofline)")
+    g.add_argument("--engine", default="vllm", choices=ENGINES,
+                   help="the serving engine whose defaults run (serve's --engine; --execution "
+                        "and the limits here override them)")
     g = p.add_argument_group("what to try")
     g.add_argument("--quantize", help="weights as stored, a list (default: "
                    f"{_names(QUANTIZATIONS)}, int4 at the largest group dividing the model's "
@@ -108,6 +113,7 @@ def _main(args) -> int:
                   num_requests=args.num_requests, prompt_length=args.prompt_length,
                   max_new_tokens=args.max_new_tokens, burstiness=args.burstiness,
                   seed=args.seed, precision=args.precision, execution=args.execution,
+                  engine=args.engine,
                   gpu_memory_utilization=args.gpu_memory_utilization,
                   max_num_batched_tokens=args.max_num_batched_tokens,
                   block_size=args.block_size, usd_per_hour=args.usd_per_hour,

@@ -44,6 +44,7 @@ class Job:
 
     model: str
     execution: str = "cudagraphs"
+    engine: str = "vllm"  # the engine whose defaults run (serve/engines.py)
     gpu_memory_utilization: float = 0.9
     max_num_batched_tokens: int = 8192
     block_size: int = 16
@@ -81,7 +82,8 @@ def parallel_flags(c: Candidate) -> list[str]:
 
 def deployment_kwargs(c: Candidate, job: Job) -> dict:
     """serve.deployment's keywords for `c` (the same a serve command line gives)."""
-    return {"precision": c.dtype, "quantize": c.quantization, "kv_dtype": c.kv_cache_dtype,
+    return {"engine": job.engine, "precision": c.dtype, "quantize": c.quantization,
+            "kv_dtype": c.kv_cache_dtype,
             "gpu_memory_utilization": job.gpu_memory_utilization,
             "block_size": job.block_size, "max_num_batched_tokens": job.max_num_batched_tokens,
             "max_num_seqs": c.max_num_seqs, "execution": job.execution,
@@ -149,7 +151,7 @@ def serve_command(c: Candidate, job: Job) -> str:
         argv += ["--prefill_pool", prefill, "--decode_pool", decode]
     else:
         argv += ["--device_spec", c.device, *parallel_flags(c)]
-    argv += ["--precision", c.dtype]
+    argv += ["--engine", job.engine, "--precision", c.dtype]
     if c.quantization is not None:
         argv += ["--quantize", c.quantization]
     if c.kv_cache_dtype is not None:

@@ -26,6 +26,7 @@ from perfcounter.plan.front import pareto_front, recommend
 from perfcounter.plan.pool import DeviceKind, PlanError, kind_named, parse_devices
 from perfcounter.serve.api import (check_execution, resolve_model, resolve_precision,
                                    resolve_quantization)
+from perfcounter.serve.engines import ENGINES
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.metrics import parse_slo
 from perfcounter.serve.workload import check_fits_model, check_rate, parse_lengths
@@ -69,7 +70,7 @@ class PlanResult:
                              "max_new_tokens": job.max_new_tokens,
                              "burstiness": job.burstiness, "seed": job.seed},
                 "slo": job.slo, "slo_attainment": self.slo_attainment,
-                "execution": job.execution, "enumerated": len(self.candidates),
+                "engine": job.engine, "execution": job.execution, "enumerated": len(self.candidates),
                 "simulated": self.simulated, "pareto_front": self.front,
                 "recommended": self.recommended, "candidates": rows}
 
@@ -122,7 +123,7 @@ def _check_sizes(args, kinds: list[DeviceKind], model: str, tp, pp, dp) -> dict:
 
 def plan(model, devices, *, slo, qps: float, num_requests: int = 200,
          prompt_length="512", max_new_tokens="128", burstiness: float = 1.0, seed: int = 0,
-         precision: str = "bfloat16", execution: str = "cudagraphs",
+         precision: str = "bfloat16", execution: str = "cudagraphs", engine: str = "vllm",
          gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192,
          block_size: int = 16, usd_per_hour: float | None = None,
          quantizations=None, kv_cache_dtypes=KV_CACHE_DTYPES,
@@ -140,6 +141,8 @@ def plan(model, devices, *, slo, qps: float, num_requests: int = 200,
     dtype = resolve_precision(precision)
     kinds = parse_devices(devices, dtype, usd_per_hour)
     check_execution(execution)
+    if engine not in ENGINES:
+        raise PlanError(f"--engine {engine!r}; valid: {', '.join(ENGINES)}")
     if not slo:
         raise PlanError("--slo: a search needs targets, e.g. ttft=1s,tpot=50ms")
     if "itl" in parse_slo(slo):
@@ -171,10 +174,12 @@ def plan(model, devices, *, slo, qps: float, num_requests: int = 200,
     sizes = _check_sizes(args, kinds, str(model), tensor_parallel_size, pipeline_parallel_size,
                          data_parallel_size)
     check_backend(backend, workers)
-    job = ev.Job(str(model), execution, gpu_memory_utilization, max_num_batched_tokens,
-                 block_size, float(qps), num_requests, prompt_length, max_new_tokens,
-                 float(burstiness), seed, str(slo),
-                 tuple((k.name, k.usd_per_hour) for k in kinds))
+    job = ev.Job(model=str(model), execution=execution, engine=engine,
+                 gpu_memory_utilization=gpu_memory_utilization,
+                 max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+                 qps=float(qps), num_requests=num_requests, prompt_length=prompt_length,
+                 max_new_tokens=max_new_tokens, burstiness=float(burstiness), seed=seed,
+                 slo=str(slo), prices=tuple((k.name, k.usd_per_hour) for k in kinds))
     try:
         check_fits_model(ev.workload(job), args.block_size)
     except ServeError as e:
