@@ -69,7 +69,7 @@ def test_spot_values_h100_sxm():
     assert spec.bandwidth == 3.35e12  # 3,350 GB/s
     assert spec.dtype == torch.bfloat16
     assert spec.flops_per_s == pytest.approx(989e12, rel=1e-3)  # 1,979 sparse / 2 = 989.5
-    assert spec.vram == 80e9
+    assert spec.vram == 85.52e9  # nvidia-smi's 81559 MiB x 1,048,576 = 85.52e9 B, not 80e9
     # 989.5e12 / 3.35e12 = 295.37 FLOP/byte
     assert spec.roofline_balancepoint == pytest.approx(295.37, abs=0.01)
     assert spec.peak_flops(torch.float8_e4m3fn) == 1979e12  # 3,958 sparse / 2

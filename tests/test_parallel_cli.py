@@ -52,9 +52,10 @@ def test_a_model_that_does_not_fit_is_said_in_one_line(capsys):
             "--device_spec", "h100-sxm"]
     assert main(argv=argv) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "does not fit" in ln]
-    # 70,553,706,496 params x 2 B = 141.11 GB of weights on an 80 GB part
+    # 70,553,706,496 params x 2 B = 141.11 GB of weights on a part that reports 81559 MiB
+    # = 85.52 GB
     assert lines == ["llama-3.1-70b does not fit on h100-sxm: weights 141.11 GB + KV cache "
-                     "0.00 GB > 80.00 GB of memory; --tensor_parallel_size shards it"]
+                     "0.00 GB > 85.52 GB of memory; --tensor_parallel_size shards it"]
     assert main(argv=[*argv, "--tp", "2"]) == 0  # 70.56 GB a rank: fits
     out = capsys.readouterr().out
     assert "does not fit" not in out and "TP2: one rank counted" in out
@@ -141,7 +142,7 @@ def test_serve_plan_names_the_smallest_tensor_parallel_size(capsys):
     argv = ["serve", "--model", "llama-3.1-70b", "--device_spec", "h100-sxm", "--plan"]
     assert main(argv=argv) == 0
     out = capsys.readouterr().out
-    assert "does not fit" in out  # 141.11 GB of weights on 72 GB usable
+    assert "does not fit" in out  # 141.11 GB of weights on 0.9 x 85.52 = 76.97 GB usable
     # TP 2: 2 x 35,277,512,704 params = 70.56 GB a rank (tests/test_parallel_serve.py)
     assert "smallest fit: TP 2 in bfloat16 (70.56 GB of weights a rank)" in out
     assert main(argv=[*argv, "--tp", "4"]) == 0
