@@ -65,6 +65,11 @@ def first_run(flags: list[str]) -> tuple[dict, str, float]:
         for key, value in saved.items():
             os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
     line = next(s for s in out.getvalue().splitlines() if s.startswith("Device spec: "))
+    for said in out.getvalue().splitlines():  # what the run read and wrote, as a user sees it
+        if said.startswith("Prompt: "):
+            print(said, flush=True)
+        elif said.startswith("Generated text for sample 0: "):  # its end: what the model wrote
+            print("Generated text, its last 300 characters: ..." + said[-300:], flush=True)
     phases = {}
     for label, s in result["counter"].counts.items():
         generic = get_device_spec("generic-cpu", dtype=s.device_spec.dtype)
