@@ -72,14 +72,21 @@ def weight_bytes(args: ModelArgs, dtype: torch.dtype, weights=None) -> int:
     if isinstance(weights, GgufFile):  # the file's weights as stored, norms at `dtype`
         return sum(weights.stored.values()) + \
             (weight_params(args) - file_params(args, weights.stored)) * element_bytes(dtype)
-    model, _ = fake_model(dataclasses.replace(args, n_layer=1), dtype=dtype, weights=weights)
-    layer = other = 0
-    for name, p in model.named_parameters():  # a tied weight once
-        if name.startswith("layers."):
-            layer += stored_nbytes(p)
-        else:
-            other += stored_nbytes(p)
-    return other + args.n_layer * layer
+    key = (repr(args), repr(sorted(vars(args).items())), str(dtype), weights)
+    if key not in _STORED:  # a fake model per (model, dtype, scheme): once a process
+        model, _ = fake_model(dataclasses.replace(args, n_layer=1), dtype=dtype,
+                              weights=weights)
+        layer = other = 0
+        for name, p in model.named_parameters():  # a tied weight once
+            if name.startswith("layers."):
+                layer += stored_nbytes(p)
+            else:
+                other += stored_nbytes(p)
+        _STORED[key] = other + args.n_layer * layer
+    return _STORED[key]
+
+
+_STORED: dict = {}  # weight_bytes of the quantized models asked, by model, dtype and scheme
 
 
 def weight_params(args: ModelArgs) -> int:
