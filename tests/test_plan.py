@@ -147,7 +147,7 @@ def test_memory_fit_of_llama_70b_on_one_h100():
     spec = parse_devices("h100-sxm:1")[0].spec
     c = Candidate("h100-sxm", "bfloat16", None, None, 1, 1, 1, False, 64)
     fit = memory_fit(llama, torch.bfloat16, c, spec, cache={})
-    # 70.55e9 parameters x 2 B = 141.1 GB > 0.9 x 80 GB (80 GiB: 85.9 GB) usable
+    # 70.55e9 parameters x 2 B = 141.1 GB > 0.9 x 85.52 GB (81559 MiB reported) usable
     assert not fit.fits and fit.weight_bytes == pytest.approx(141.1e9, rel=1e-3)
     assert fit.weight_bytes > 0.9 * spec.vram
     q4 = Candidate("h100-sxm", "bfloat16", "int4-128", None, 1, 1, 1, False, 64)

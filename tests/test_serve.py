@@ -75,9 +75,9 @@ def test_kv_bytes_per_token_and_capacity_by_hand():
     args = ModelArgs.from_name("llama-3-70b")
     # 80 layers x 8 KV heads x 128 x 2 (K and V) x 2 B = 327,680
     assert kv_bytes_per_token(args, torch.bfloat16) == 327_680
-    spec = get_device_spec("h100-sxm", dtype=torch.bfloat16)  # 80 GB
+    spec = get_device_spec("h100-sxm", dtype=torch.bfloat16)  # 81559 MiB = 85.52e9 B
     plan = memory_plan(args, torch.bfloat16, spec)
-    # 70,553,706,496 parameters x 2 B = 141.1 GB > 80 GB x 0.9: it does not fit
+    # 70,553,706,496 parameters x 2 B = 141.1 GB > 85.52 GB x 0.9: it does not fit
     assert plan.weight_bytes == 141_107_412_992 and not plan.fits
     big = memory_plan(args, torch.bfloat16, spec, device_bytes=400e9)
     # 400 GB x 0.9 = 360 GB - 141,107,412,992 weights - 1,674,838,016 workspace
@@ -92,10 +92,10 @@ def test_kv_bytes_per_token_and_capacity_by_hand():
 
 
 def test_capacity_of_the_tiny_model_on_80_gb(dep):
-    # 80e9 x 0.9 = 72e9 - 22,688 params x 2 B - workspace 512 x (32 + max(2 x 32 + 2 x 16,
-    # 3 x 64)) x 2 B - 64 x 64 x 4 B = 72e9 - 45,376 - 229,376 - 16,384; KV 2 x 2 x 2 x 8 x
-    # 2 B = 128 B a token
-    kv = 72e9 - 45_376 - 229_376 - 16_384
+    # 85.52e9 (81559 MiB) x 0.9 = 76.968e9 - 22,688 params x 2 B - workspace 512 x (32 +
+    # max(2 x 32 + 2 x 16, 3 x 64)) x 2 B - 64 x 64 x 4 B = 76.968e9 - 45,376 - 229,376
+    # - 16,384; KV 2 x 2 x 2 x 8 x 2 B = 128 B a token: 37,581,889 blocks of 16
+    kv = 76.968e9 - 45_376 - 229_376 - 16_384
     assert dep.plan.kv_bytes_per_token == 128
     assert dep.plan.kv_blocks == int(kv // (16 * 128))
 

@@ -70,13 +70,13 @@ def test_plan_holds_the_larger_kv_cache():
     quant = memory_plan(LLAMA3_8B, torch.bfloat16, spec, weights=parse_scheme("int4-32"),
                         kv="int8")
     # workspace 8,192 x (4,096 + max(2 x 4,096 + 2 x 1,024, 3 x 14,336)) x 2 + 256 x 128,256
-    # x 4 = 903,086,080; bf16: (72e9 - 16,060,522,496 - 903,086,080) / (16 x 131,072)
-    # = 26,243.4
-    assert bf16.kv_blocks == 26_243
-    # int4-32 + int8 KV (a scale per token and head): (72e9 - 5,741,617,152 - 903,086,080)
-    # / (16 x 66,560) = 61,368.8
+    # x 4 = 903,086,080; 0.9 x 85.52e9 (81559 MiB) = 76.968e9 usable; bf16:
+    # (76.968e9 - 16,060,522,496 - 903,086,080) / (16 x 131,072) = 28,612.3
+    assert bf16.kv_blocks == 28_612
+    # int4-32 + int8 KV (a scale per token and head): (76.968e9 - 5,741,617,152
+    # - 903,086,080) / (16 x 66,560) = 66,033.7 -> 66,033 blocks x 16 = 1,056,528 tokens
     assert quant.weight_bytes == 5_741_617_152 and quant.kv_bytes_per_token == 66_560
-    assert quant.kv_blocks == 61_368 and quant.kv_tokens == 981_888
+    assert quant.kv_blocks == 66_033 and quant.kv_tokens == 1_056_528
 
 
 @pytest.mark.parametrize("weights, kv", [("int4-32", "int8"), ("int8", "fp8")])
