@@ -15,14 +15,9 @@ the step's fused IO at the elementwise rate (compiled: a launch per kernel, an e
 hidden behind the kernels on an asynchronous device; cudagraphs: one graph launch a step).
 
 The rates each group is priced at are rates.py's (looked up once per group structure in a
-serving loop). The bound ("bound"): no fixed cost, every rate at the highest any regime could use for that
-group (the spec's peak FLOP/s at the dtype and bandwidth, or a measured rate above them: a
-warm cache, a fused kernel's vector FLOP/s), its FLOPs the executed ones, and the fewest bytes
-any regime moves: the least of the per-op bytes (eager), the matmuls' and attention's bytes
-plus the fused IO (compiled, CUDA graphs) and the compulsory bytes (each storage once: perfect
-fusion). The step takes max(Σ compute, bytes / bandwidth) + its host link. Each regime takes
-at least its work, whose groups each take at least their compute and their bytes at those
-rates; so bound <= every regime's price (tests/test_bound_bounds.py holds it on random steps).
+serving loop). The bound ("bound", bound.py): no fixed cost, every rate at the highest any
+regime could use for that group, its FLOPs the executed ones and the fewest bytes any regime
+moves; so bound <= every regime's price (tests/test_bound_bounds.py holds it on random steps).
 
 Collectives (op class "collective": all-reduce, all-gather, send/recv, all-to-all on a link)
 take their link's seconds (pricing/collectives.py's call_seconds: record_seconds' rule, from
@@ -37,8 +32,9 @@ import numpy as np
 
 from perfcounter.pricing.achievable import ASYNCHRONOUS, compiled_step_s, overhead
 from perfcounter.pricing.collectives import call_seconds
+from perfcounter.pricing.bound import bound_parts
 from perfcounter.pricing.figures import Figures
-from perfcounter.pricing.rates import fused_rate, group_rates, peak_rates, structure
+from perfcounter.pricing.rates import fused_rate, group_rates, structure
 from perfcounter.pricing.roofline import crosses_host_link
 
 REGIMES = ("bound", "eager", "compiled", "cudagraphs")
@@ -51,9 +47,10 @@ def check_regime(execution) -> str:
     return execution
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Prediction:
-    """A phase's (or step's) price on one device; seconds unless named otherwise."""
+    """A phase's (or step's) price on one device; seconds unless named otherwise. (Not
+    frozen: a frozen dataclass takes 2 us more to build, a fifth of a serving step's bound.)"""
 
     execution: str
     overhead_s: float  # Σ fixed costs
@@ -132,11 +129,16 @@ def price(fig: Figures, spec, execution: str, *, cache: dict | None = None,
     cache: see group_rates; detail=False leaves by_class, basis and groups out (a serving
     loop: the same seconds)."""
     check_regime(execution)
-    cold = streams_cold(fig, spec)
     link = host_link_s(fig, spec, cache)
     shape = structure(fig, cache)
     on_link = collective_s(fig, spec) if shape.any_linked else None
     linked_s = float(on_link @ shape.ones) if on_link is not None else 0.0
+    if execution == "bound":
+        compute, memory = bound_parts(fig, spec, shape, lambda: streams_cold(fig, spec), cache)
+        return Prediction("bound", 0.0, max(compute, memory) + linked_s, link,
+                          {"compute": compute, "memory": memory, "collective": linked_s},
+                          "peak", int(fig.calls @ shape.ones) if detail else 0)
+    cold = streams_cold(fig, spec)
     steps = max(fig.steps, 1)
     # the fused groups: neither extern nor collectives, moving bytes; they move the fused IO,
     # else (not counted) the compulsory bytes the extern kernels do not already stream
@@ -145,9 +147,6 @@ def price(fig: Figures, spec, execution: str, *, cache: dict | None = None,
     if has_fused:
         fused_bytes = fig.fused_bytes or \
             max(0.0, fig.compulsory_bytes - float(fig.streamed @ shape.extern_f))
-    if execution == "bound":
-        return _bound(fig, spec, shape, has_fused, fused_bytes, cold, link, cache, linked_s,
-                      detail)
     ext_calls = float(fig.calls @ shape.extern_f)
     kernels = ext_calls + steps  # the fused ones: one a step and one after each extern kernel
     rt = group_rates(fig, spec, cold, cache)
@@ -230,36 +229,6 @@ def price(fig: Figures, spec, execution: str, *, cache: dict | None = None,
                       "+".join(sorted(basis)), int(ext_calls + (kernels if has_fused else 0)),
                       host_shown=shown, fixed_s=float(fixed[extern].sum()) + fused_fixed,
                       groups=groups)
-
-
-def _bound(fig, spec, shape, has_fused, fused_bytes, cold, link, cache, linked_s, detail):
-    """The bound (module doc): max(Σ executed FLOPs / peak, least bytes / peak bandwidth),
-    + the collectives' link seconds (as every regime charges them)."""
-    key = ("bound", has_fused)  # the peaks, the fused kernels' rates included
-    peaks = None if cache is None or spec.op_curves else cache.get(key)
-    if peaks is None:
-        peak_f, peak_b = peak_rates(fig, spec, cache)
-        if has_fused:  # a fused kernel's arithmetic at the vector rate where that is higher,
-            # its bytes at the fused kernels' rate: of any dtype a fused group computes in
-            fusable = shape.fusable_f > 0
-            kernels = float(fig.calls @ shape.extern_f) + max(fig.steps, 1)
-            for dtype in {d for d, f in zip(fig.dtype, fusable) if f}:
-                flops_per_s, _, _, _, fused_peak = fused_rate(spec, dtype, cold,
-                                                               fused_bytes / kernels, cache)
-                peak_f = np.where(fusable, np.maximum(peak_f, flops_per_s), peak_f)
-                peak_b = max(peak_b, fused_peak)
-        peaks = (np.divide(1.0, peak_f, out=np.zeros(len(fig)), where=peak_f > 0), peak_b)
-        if cache is not None and not spec.op_curves:
-            cache[key] = peaks
-    per_flop, peak_b = peaks
-    compute = float(fig.executed_flops @ per_flop)
-    least = min(float(fig.bytes @ shape.ones), float(fig.bytes @ shape.extern_f) + fused_bytes)
-    if fig.compulsory_bytes:
-        least = min(least, fig.compulsory_bytes)
-    memory = least / peak_b
-    return Prediction("bound", 0.0, max(compute, memory) + linked_s, link,
-                      {"compute": compute, "memory": memory, "collective": linked_s}, "peak",
-                      int(fig.calls @ shape.ones) if detail else 0)
 
 
 __all__ = ["REGIMES", "GroupCosts", "Prediction", "check_regime", "group_rates", "host_link_s",
