@@ -119,13 +119,14 @@ def test_generate_says_which_spec_and_why_and_saves_the_reason(fresh_machine, tm
         assert doc[phase]["perfcounter"]["run"]["device_spec_why"].startswith("measured now")
 
 
-@pytest.mark.slow  # measures this machine (~11 s on a 2-core VM)
+@pytest.mark.slow  # measures this machine (~11 s on a quiet 2-core VM; at most 15 s)
 def test_the_real_measurement_passes_on_a_quiet_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("PERFCOUNTER_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("PERFCOUNTER_MEASURE")
     spec, why = this_machine.spec_for_run(torch.float32, measure=True)
-    if spec.name == "generic-cpu":  # a busy machine: said so, never used silently
-        assert "FAILED its checks" in why
+    if spec.name == "generic-cpu":  # a busy machine: said so, never used silently, and saved
+        assert "FAILED its checks" in why or "stopped after " in why
+        assert json.loads(this_machine.saved_path().read_text())["passed"] is False
         return
     assert spec.name == "this-machine" and spec.op_curves and spec.matmul_rows
     assert set(spec.matmul_rows) == {"float32"} and spec.op_overhead_s["eager"] > 0
