@@ -72,12 +72,12 @@ def bound_parts(fig: Figures, spec, shape: Structure, cold, cache: dict | None):
     the figures (module doc). cold: a callable giving streams_cold (asked only when the peaks
     are looked up)."""
     rule = bound_rule(fig, shape, cache)
-    every, extern, fusable = (fig.bytes @ rule.byte_weights).tolist()
+    every, extern, fusable = fig.bytes.dot(rule.byte_weights).tolist()  # (.dot: no ufunc)
     has_fused = fusable > 0  # (bytes are never negative)
     fused_bytes = 0.0
     if has_fused:  # the fused IO, else (not counted) the compulsory bytes extern kernels miss
         fused_bytes = fig.fused_bytes or \
-            max(0.0, fig.compulsory_bytes - float(fig.streamed @ rule.extern_f))
+            max(0.0, fig.compulsory_bytes - float(fig.streamed.dot(rule.extern_f)))
     per_flop = rule.per_flop.get(has_fused)
     if per_flop is None:
         per_flop, peak_b = peaks(fig, spec, shape, has_fused, fused_bytes, cold(), cache)
@@ -85,7 +85,7 @@ def bound_parts(fig: Figures, spec, shape: Structure, cold, cache: dict | None):
             rule.per_flop[has_fused], rule.peak_b[has_fused] = per_flop, peak_b
     else:
         peak_b = rule.peak_b[has_fused]
-    compute = float(fig.executed_flops @ per_flop)
+    compute = float(fig.executed_flops.dot(per_flop))
     least = min(every, extern + fused_bytes)
     if fig.compulsory_bytes:
         least = min(least, fig.compulsory_bytes)

@@ -135,9 +135,11 @@ def price(fig: Figures, spec, execution: str, *, cache: dict | None = None,
     linked_s = float(on_link @ shape.ones) if on_link is not None else 0.0
     if execution == "bound":
         compute, memory = bound_parts(fig, spec, shape, lambda: streams_cold(fig, spec), cache)
+        if not detail:
+            return Prediction("bound", 0.0, max(compute, memory) + linked_s, link, {}, "", 0)
         return Prediction("bound", 0.0, max(compute, memory) + linked_s, link,
                           {"compute": compute, "memory": memory, "collective": linked_s},
-                          "peak", int(fig.calls @ shape.ones) if detail else 0)
+                          "peak", int(fig.calls @ shape.ones))
     cold = streams_cold(fig, spec)
     steps = max(fig.steps, 1)
     # the fused groups: neither extern nor collectives, moving bytes; they move the fused IO,
