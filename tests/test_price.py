@@ -63,3 +63,25 @@ def test_the_bound_is_below_every_regime_with_collectives(rank_trace):
     fig, _ = figures_of(rank_trace)
     bound = price(fig, spec, "bound").latency_s
     assert all(bound <= price(fig, spec, e).latency_s for e in REGIMES[1:])
+
+
+def test_the_roofline_of_a_rank_adds_its_collectives_on_the_link(rank_trace):
+    # h100-sxm's NVLink: 450 GB/s a way x 0.8 bus efficiency = 360e9 B/s, 0.6 us a ring step.
+    # 5 all-reduces of 1,024 B over 2 ranks: 2(2-1)/2 x 1,024 / 360e9 + 2(2-1) x 0.6e-6
+    #   = 2.8444e-9 + 1.2e-6 = 1.2028444e-6 s each;
+    # 1 all-gather of 4,096 B: (2-1)/2 x 4,096 / 360e9 + (2-1) x 0.6e-6 = 6.056889e-7 s;
+    # 5 x 1.2028444e-6 + 6.056889e-7 = 6.6199111e-6 s on top of the ops' roofline
+    from perfcounter.pricing.roofline import roofline
+    from perfcounter.report.phase import format_stats
+    spec = get_device_spec("h100-sxm", dtype=torch.bfloat16)
+    line = roofline(rank_trace, spec)
+    assert line.collective_s == pytest.approx(6.6199111e-6, rel=1e-6)
+    assert line.latency_s == pytest.approx(line.ops_s + line.host_link_s + 6.6199111e-6)
+    assert line.to_dict()["collective_s"] == line.collective_s
+    # one device, no collectives: the roofline as before, its dict without the key
+    one = count_config(TOY, batch_size=1, prompt_length=8, new_tokens=2).counts["prefill"]
+    assert "collective_s" not in roofline(one.trace, spec).to_dict()
+    # the report says it on the roofline line
+    stats = count_config(rank_args(TOY, ParallelConfig(tensor_parallel_size=2)), batch_size=1,
+                         prompt_length=8, new_tokens=2, device_spec=spec).counts["prefill"]
+    assert "collectives 6.62 µs on the link)" in format_stats(stats)

@@ -196,6 +196,8 @@ def describe_basis(spec, prediction: Prediction) -> str:
     if prediction.fixed_s:
         text += (f"; {si(prediction.fixed_s, 's')} of the work is the kernels' fixed device "
                  f"time ({si(kernel_s(spec, 'default'), 's')} a kernel)")
+    if prediction.by_class.get("collective"):
+        text += f"; {si(prediction.by_class['collective'], 's')} of it collectives on the link"
     return text
 
 

@@ -27,12 +27,18 @@ whose spec gives host-link figures receives the phase's inputs (compulsory
 bytes of role "input": token ids, positions, masks) host→device and returns
 its output (the bytes written by the phase's last op that writes any: logits,
 or the sampled token when sampling runs inside the phase) device→host.
+
+Collectives. One rank of a sharded model (perfcounter/parallel) records its all-reduces,
+gathers, sends and all-to-alls as ops; each also costs its link's seconds
+(collectives.record_seconds: the ring or tree on the spec's link, none for a send/recv that
+overlaps compute), added on top as the host link is: the bound of a rank that talks.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from perfcounter.costs import op_info_by_name
+from perfcounter.pricing.collectives import trace_collectives_s
 from perfcounter.counting.module_kinds import NORM, own_kind
 from perfcounter.trace import ROLES, OpRecord, Trace, check_io_model
 from perfcounter.trace_args import tensor_args
@@ -167,10 +173,11 @@ class Roofline:
     device_to_host_bytes: int
     host_link_s: float
     io_model: str
+    collective_s: float = 0.0  # a rank's collectives on its link (the module doc)
 
     @property
     def latency_s(self) -> float:
-        return self.ops_s + self.host_link_s
+        return self.ops_s + self.host_link_s + self.collective_s
 
     @property
     def bound(self) -> str:
@@ -187,6 +194,7 @@ class Roofline:
             "host_to_device_bytes": self.host_to_device_bytes,
             "device_to_host_bytes": self.device_to_host_bytes,
             "io_model": self.io_model,
+            **({"collective_s": self.collective_s} if self.collective_s else {}),
         }
 
 
@@ -209,4 +217,5 @@ def roofline(trace: Trace, spec, io_model: str = "per_op") -> Roofline:
         h2d = spec.host_to_device_bw
         d2h = spec.device_to_host_bw
         link = (to_device / h2d if h2d else 0.0) + (to_host / d2h if d2h else 0.0)
-    return Roofline(compute, memory, ops, memory_bound, to_device, to_host, link, io_model)
+    return Roofline(compute, memory, ops, memory_bound, to_device, to_host, link, io_model,
+                    trace_collectives_s(trace, spec))

@@ -84,7 +84,9 @@ def format_stats(stats, module_depth: int | None = 4) -> str:
             f"  Roofline on {_device_line(s)}",
             f"    Latency: {si(line.latency_s, 's')} ({line.bound}-bound; "
             f"compute {si(line.compute_s, 's')}, memory {si(line.memory_s, 's')}"
-            + (f", host link {si(line.host_link_s, 's')}" if line.host_link_s else "") + ")",
+            + (f", host link {si(line.host_link_s, 's')}" if line.host_link_s else "")
+            + (f", collectives {si(line.collective_s, 's')} on the link"
+               if line.collective_s else "") + ")",
             f"    Throughput: {rate(s.roofline_token_throughput, 'tokens/s')}",
             f"    Arithmetic intensity: {s.arithmetic_intensity or 0:.2f} FLOPs/B",
             *_prediction_lines(s),
