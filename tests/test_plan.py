@@ -257,3 +257,20 @@ def test_ray_without_ray_installed_is_one_line(monkeypatch, capsys, tiny):
                     "ttft=1s", "--ray")
     err = capsys.readouterr().err.strip()
     assert code == 2 and "pip install 'perfcounter[ray]'" in err and "\n" not in err
+
+
+def test_a_quantized_rank_weighed_once_a_process(monkeypatch):
+    # a search asks every candidate's weight bytes: a fake model per model, dtype and scheme.
+    # TOY at int8 (a row scale of 2 B): wqkv 192 x 64 + 192 x 2 = 12,672; wo 64 x 64 + 128 =
+    # 4,224; w1, w3 128 x 64 + 256 = 8,448 each; w2 64 x 128 + 128 = 8,320; 2 norms 2 x 128
+    # -> a layer 42,368, x 4 = 169,472; + embedding 64 x 64 x 2 = 8,192, norm 128, output
+    # 64 x 64 + 128 = 4,224 -> 182,016
+    from perfcounter.quant.quantize import WeightScheme
+    from perfcounter.serve import memory
+    int8 = WeightScheme("int8")
+    monkeypatch.setattr(memory, "_STORED", {})  # none weighed yet in this test
+    assert memory.weight_bytes(TOY, torch.bfloat16, int8) == 182_016
+    monkeypatch.setattr(memory, "fake_model", lambda *a, **k: pytest.fail("built again"))
+    assert memory.weight_bytes(TOY, torch.bfloat16, int8) == 182_016
+    with pytest.raises(pytest.fail.Exception):  # another scheme is another model
+        memory.weight_bytes(TOY, torch.bfloat16, WeightScheme("int4", 32))
