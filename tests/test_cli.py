@@ -27,10 +27,12 @@ def test_devices_table(capsys):
                               "TFLOP/s", "balance", "source"]
     rows = {line.split()[0]: line for line in out[2:] if line and not line.startswith(" ")}
     assert set(list_device_specs()) <= set(rows)
-    # h100-sxm: 80 GB, 3,350 GB/s, 989.5 bf16 TFLOP/s, 989.5e12 / 3.35e12 = 295.4 FLOP/B
-    assert re.search(r"h100-sxm\s+cuda\s+80 GB\s+3,350 GB/s\s+bfloat16\s+989\.5\s+295\.4 FLOP/B"
+    # h100-sxm: 81559 MiB as reported = 85.52 GB, shown to the GB: 86 GB; 3,350 GB/s,
+    # 989.5 bf16 TFLOP/s, 989.5e12 / 3.35e12 = 295.4 FLOP/B
+    assert re.search(r"h100-sxm\s+cuda\s+86 GB\s+3,350 GB/s\s+bfloat16\s+989\.5\s+295\.4 FLOP/B"
                      r"\s+NVIDIA H100", rows["h100-sxm"])
-    # t4 has no bfloat16: the column says so; 65e12 / 320e9 = 203.1 FLOP/B at float16
+    # t4 has no bfloat16: the column says so; 65e12 / 320e9 = 203.1 FLOP/B at float16; its
+    # 15360 MiB reported = 16.11 GB, shown as 16 GB
     assert re.search(r"t4\s+cuda\s+16 GB\s+320 GB/s\s+float16\s+-\s+203\.1 FLOP/B", rows["t4"])
 
 
