@@ -2,8 +2,10 @@
 
 A mapping is `perfcounter simulate`'s (UPMEM's notation; perfcounter.simulation.placement):
 which device runs each module of perfcounter's model (`tok_embeddings`, `TransformerBlock`,
-`attention`, `wqkv`, `feed_forward`, `output`, globs such as `layers.1?.*`). A step on it
-costs, in the regime asked (`execution`, as a single device's steps are priced)
+`attention`, `wqkv`, `feed_forward`, `output`, globs such as `layers.1?.*`; transformers'
+names as simulate reads them: q_proj, k_proj and v_proj on different devices split the fused
+wqkv as simulate splits it, split_counts.py). A step on it costs, in the regime asked
+(`execution`, as a single device's steps are priced)
 
     bound:     Σ_devices (its records' step-table figures at its roofline) / (peak_fraction x tp)
     predicted: Σ_devices (its records' step-table figures predicted on it in eager, compiled
@@ -53,7 +55,9 @@ from perfcounter.serve.memory import (
 )
 from perfcounter.serve.predicted import PredictedTable, PredictionPricer
 from perfcounter.serve.pricing import PricedTable, RooflinePricer
+from perfcounter.serve.split_counts import fused_parents, split_counts
 from perfcounter.serve.steps import fit
+from perfcounter.simulation.hf_names import names_qkv, split_modules, split_qkv
 from perfcounter.simulation.placement import (
     Mapping,
     MappingError,
@@ -164,6 +168,8 @@ class PlacementPricer:
             elif isinstance(host, str):
                 host = resolve_device(host, None, where="--host", extra=devices)
             modules = model_modules(args)
+            if names_qkv(self.mapping.to_dict()):  # q_proj, k_proj, v_proj: wqkv's parts
+                modules = split_modules(modules)
             plan = Plan(self.mapping, modules, host, default_device=default_device,
                         peak_fraction=peak_fraction, extra=devices)
             unmatched = self.mapping.unmatched(plan.used, modules)
@@ -204,8 +210,9 @@ def _replay(trace: Trace, pricer: PlacementPricer):
     joules)."""
     sim = simulate(trace, pricer.mapping, detail=True, execution=None, **pricer.options)
     phase = next(iter(sim.phases.values()))
+    replayed = split_qkv({"": (trace, 0)}, pricer.mapping.to_dict())[""][0]  # as simulate
     where, views = {}, {}
-    for r, device in zip(trace.records, phase.record_devices, strict=True):
+    for r, device in zip(replayed.records, phase.record_devices, strict=True):
         if device is not None:  # a view: where the step that pays its calls runs
             (where if r.bytes or r.flops or r.executed_flops else views)[
                 (r.module, r.segment)] = device
@@ -229,6 +236,13 @@ class PlacedTable:
             moved_s.append([s])
             moved_j.append([j])
         self.where = where  # (module path, segment) -> device key
+        # q, k, v named: the fused projection's parts ran where the mapping puts them; on
+        # different devices the step's counts are split as simulate splits the trace
+        # (split_counts.py), on one device the projection is the one kernel counted there
+        parents = fused_parents(where)
+        split = any(len(d) > 1 for d in parents.values())
+        self.together = {} if split else {p: next(iter(d)) for p, d in parents.items()}
+        self.priced = priced = split_counts(counts) if split else counts
         xs = counts.xs
         self.transfer_s = fit(xs, np.array(moved_s), "transfer seconds")[0]  # [features]
         self.transfer_j = fit(xs, np.array(moved_j), "transfer joules")[0]
@@ -241,13 +255,14 @@ class PlacedTable:
                 paths = [at_layer(r.module, i) for i in range(n)] \
                     if _LAYER0.search(r.module) else [r.module]
                 seg = segments.get(r.module, {}).get(r.segment, r.segment)
-                return sum(where.get((p, seg), "host") == key for p in paths)
+                return sum((where.get((p, seg)) or self.together.get(p, "host")) == key
+                           for p in paths)
             if pricer.execution == "bound":
                 on = _OnDevice(elementwise_spec(dev.spec, "roofline"))
-                part = (key, 1.0 / (dev.fraction * dev.tp), PricedTable(counts, on, share))
+                part = (key, 1.0 / (dev.fraction * dev.tp), PricedTable(priced, on, share))
             else:
                 on = _PredictedOnDevice(dev.spec, pricer.execution)
-                part = (key, 1.0 / dev.tp, PredictedTable(counts, on, share))
+                part = (key, 1.0 / dev.tp, PredictedTable(priced, on, share))
             self.parts.append(part)
         self.has_energy = all(t.has_energy for _, _, t in self.parts)
         self.static_w = sum(float(pricer.devices[k].spec.static_w or 0.0) * pricer.devices[k].tp
@@ -301,6 +316,8 @@ def placement_memory(table: PlacedTable, dtype, *, gpu_memory_utilization: float
     on = {}
     for (path, _), key in table.where.items():
         on.setdefault(path, key)
+    for path, key in table.together.items():  # q, k, v on one device: the fused projection
+        on.setdefault(path, key)
     kv_dtype = table.counts.kv
     per_layer_kv = kv_bytes_per_token(args, dtype, kv_dtype) // args.n_layer
     weights, kv = {k: 0 for k, _, _ in table.parts}, {k: 0 for k, _, _ in table.parts}
@@ -310,7 +327,7 @@ def placement_memory(table: PlacedTable, dtype, *, gpu_memory_utilization: float
             continue
         if m.cls == "Attention":
             kv[key] += per_layer_kv
-    for info in table.counts.fit_traces[0].modules:
+    for info in table.priced.fit_traces[0].modules:  # wqkv's parts where it is split
         paths = [at_layer(info.path, i) for i in range(args.n_layer)] \
             if _LAYER0.search(info.path) else [info.path]
         for p in paths:
