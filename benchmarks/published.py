@@ -207,9 +207,11 @@ def parse_row(row, index: int, path=DATA_FILE) -> PublishedRow:
                         quote=text["quote"], notes=notes)
 
 
-def load_rows(path=DATA_FILE) -> list[PublishedRow]:
-    """Every row of the data file, validated; PublishedDataError (one line) on the first bad one."""
-    path = Path(path)
+def load_rows(path=DATA_FILE, parse=None) -> list[PublishedRow]:
+    """Every row of the data file, validated by `parse(raw, index, path)` (default: this
+    file's parse_row; published_serving.py gives its own); PublishedDataError (one line) on the
+    first bad one."""
+    path, parse = Path(path), parse or parse_row
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as e:
@@ -223,7 +225,7 @@ def load_rows(path=DATA_FILE) -> list[PublishedRow]:
         raise PublishedDataError(f"{path}: expected a mapping with a non-empty list 'rows'")
     rows, seen = [], set()
     for i, raw in enumerate(data["rows"]):
-        row = parse_row(raw, i, path)
+        row = parse(raw, i, path)
         if row.id in seen:
             raise PublishedDataError(f"{path}: row {i + 1} ({row.id}): field 'id': duplicate "
                                      f"of an earlier row")

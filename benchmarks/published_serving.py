@@ -33,8 +33,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
+import published
 from published import (PublishedDataError, REGIMES, Source, _LENGTHS_NOT_STATED, _count,
                        _fail, _figure_in_quote, _text)
 
@@ -203,27 +202,7 @@ def _source(path, where, source) -> Source:
 
 def load_rows(path=DATA_FILE) -> list[ServingRow]:
     """Every row of the file, validated; PublishedDataError (one line) on the first bad one."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise PublishedDataError(f"{path}: cannot read: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise PublishedDataError(f"{path}: not valid YAML{at}: "
-                                 f"{getattr(e, 'problem', None) or e}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("rows"), list) or not data["rows"]:
-        raise PublishedDataError(f"{path}: expected a mapping with a non-empty list 'rows'")
-    rows, seen = [], set()
-    for i, raw in enumerate(data["rows"]):
-        row = parse_row(raw, i, path)
-        if row.id in seen:
-            raise PublishedDataError(f"{path}: row {i + 1} ({row.id}): field 'id': duplicate "
-                                     f"of an earlier row")
-        seen.add(row.id)
-        rows.append(row)
-    return rows
+    return published.load_rows(path, parse=parse_row)
 
 
 if __name__ == "__main__":
