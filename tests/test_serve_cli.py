@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from perfcounter.cli.main import build_parser, main
+from perfcounter.cli.main import build_parser
 from perfcounter.cli import serve as command
 from perfcounter.serve import cache_clear, cache_info
 

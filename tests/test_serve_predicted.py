@@ -17,7 +17,7 @@ from perfcounter.serve.predicted import PredictionPricer
 from perfcounter.serve.table import engine_trace
 from perfcounter.serve.pricing import RooflinePricer
 from perfcounter.serve.ragged import Piece, count_step
-from perfcounter.serve.steps import features, group_key
+from perfcounter.serve.steps import features
 from perfcounter.serve.workload import Workload
 from perfcounter.trace import Trace
 

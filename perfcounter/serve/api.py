@@ -41,7 +41,7 @@ from perfcounter.quant.gguf_types import GgufFile
 from perfcounter.quant.quantize import WeightScheme
 from perfcounter.serve.engines import EngineProfile, check_given, engine_profile, engine_settings
 from perfcounter.serve.errors import ServeError
-from perfcounter.serve.memory import MemoryPlan, kv_bytes_per_token, memory_plan, weight_bytes
+from perfcounter.serve.memory import MemoryPlan, kv_bytes_per_token, memory_plan
 from perfcounter.serve.metrics import metrics, parse_slo
 from perfcounter.serve.placement import PlacementPricer, placement_memory
 from perfcounter.serve.predicted import PredictionPricer

@@ -27,7 +27,7 @@ one mean gap after the one before) to PROBE_REQUESTS requests at least; a closed
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
