@@ -135,21 +135,28 @@ def _figure_in_quote(figure: float, quote: str) -> bool:
     return False
 
 
-def parse_row(row, index: int, path=DATA_FILE) -> PublishedRow:
-    """One row of the file, validated; `index` (0-based) names it in errors until its id is read."""
+def check_fields(row, index: int, path, required: tuple, optional: tuple) -> str:
+    """A row's name in errors ("row 3 (its id)"; the index, 0-based, until its id is read),
+    once it is a mapping with every required field and no field outside the two lists."""
     where = f"row {index + 1}"
     if not isinstance(row, dict):
         raise PublishedDataError(f"{path}: {where}: expected a mapping of fields, got "
                                  f"{type(row).__name__}")
     if isinstance(row.get("id"), str) and row["id"].strip():
         where = f"row {index + 1} ({row['id']})"
-    for field in REQUIRED:
+    for field in required:
         if field not in row:
             raise PublishedDataError(f"{path}: {where}: field '{field}' is missing")
-    unknown = sorted(set(row) - set(REQUIRED) - set(OPTIONAL))
+    unknown = sorted(set(row) - set(required) - set(optional))
     if unknown:
         raise PublishedDataError(f"{path}: {where}: unknown field '{unknown[0]}' (fields: "
-                                 f"{', '.join(REQUIRED + OPTIONAL)})")
+                                 f"{', '.join((*required, *optional))})")
+    return where
+
+
+def parse_row(row, index: int, path=DATA_FILE) -> PublishedRow:
+    """One row of the file, validated; `index` (0-based) names it in errors until its id is read."""
+    where = check_fields(row, index, path, REQUIRED, OPTIONAL)
     text = {f: _text(path, where, row, f)
             for f in ("id", "model", "preset", "device", "engine", "quote")}
     spec = row["device_spec"]

@@ -116,19 +116,7 @@ def _batch(path, where, row, workload):
 
 def parse_row(row, index: int, path=DATA_FILE) -> ServingRow:
     """One row of the file, validated; `index` (0-based) names it in errors until its id is read."""
-    where = f"row {index + 1}"
-    if not isinstance(row, dict):
-        raise PublishedDataError(f"{path}: {where}: expected a mapping of fields, got "
-                                 f"{type(row).__name__}")
-    if isinstance(row.get("id"), str) and row["id"].strip():
-        where = f"row {index + 1} ({row['id']})"
-    for field in REQUIRED:
-        if field not in row:
-            raise PublishedDataError(f"{path}: {where}: field '{field}' is missing")
-    unknown = sorted(set(row) - set(REQUIRED) - set(OPTIONAL))
-    if unknown:
-        raise PublishedDataError(f"{path}: {where}: unknown field '{unknown[0]}' (fields: "
-                                 f"{', '.join(REQUIRED + OPTIONAL)})")
+    where = published.check_fields(row, index, path, REQUIRED, OPTIONAL)
     text = {f: _text(path, where, row, f) for f in ("id", "model", "device", "engine", "quote")}
     for field in ("preset", "device_spec"):
         value = row[field]
