@@ -135,6 +135,24 @@ def _figure_in_quote(figure: float, quote: str) -> bool:
     return False
 
 
+def notes_and_figure(path, where: str, row: dict, prompt, output, quote: str) -> tuple:
+    """(notes, figure) of a row: notes a string saying 'not stated' where a length is null,
+    the figure a finite number > 0 that its quote states."""
+    notes = row.get("notes", "")
+    if notes is None or not isinstance(notes, str):
+        _fail(path, where, "notes", "a string", notes)
+    if (prompt is None or output is None) and not _LENGTHS_NOT_STATED.search(notes):
+        _fail(path, where, "notes", "a sentence saying the length is 'not stated' (a length "
+              "is null)", notes)
+    figure = row["figure"]
+    if isinstance(figure, bool) or not isinstance(figure, (int, float)) \
+            or not math.isfinite(figure) or figure <= 0:
+        _fail(path, where, "figure", "a finite number > 0", figure)
+    if not _figure_in_quote(float(figure), quote):
+        _fail(path, where, "quote", f"the source's text stating the figure {figure}", quote)
+    return notes, figure
+
+
 def check_fields(row, index: int, path, required: tuple, optional: tuple) -> str:
     """A row's name in errors ("row 3 (its id)"; the index, 0-based, until its id is read),
     once it is a mapping with every required field and no field outside the two lists."""
@@ -180,19 +198,7 @@ def parse_row(row, index: int, path=DATA_FILE) -> PublishedRow:
         _fail(path, where, "tensor_parallel", "an integer >= 1", tp)
     prompt = _count(path, where, row, "prompt_len", nullable=True, minimum=0)
     output = _count(path, where, row, "output_len", nullable=True, minimum=0)
-    notes = row.get("notes", "")
-    if notes is None or not isinstance(notes, str):
-        _fail(path, where, "notes", "a string", notes)
-    if (prompt is None or output is None) and not _LENGTHS_NOT_STATED.search(notes):
-        _fail(path, where, "notes", "a sentence saying the length is 'not stated' (a length "
-              "is null)", notes)
-    figure = row["figure"]
-    if isinstance(figure, bool) or not isinstance(figure, (int, float)) \
-            or not math.isfinite(figure) or figure <= 0:
-        _fail(path, where, "figure", "a finite number > 0", figure)
-    if not _figure_in_quote(float(figure), text["quote"]):
-        _fail(path, where, "quote", f"the source's text stating the figure {figure}",
-              text["quote"])
+    notes, figure = notes_and_figure(path, where, row, prompt, output, text["quote"])
     source = row["source"]
     if not isinstance(source, dict):
         _fail(path, where, "source", "a mapping {url, where, date}", source)

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import published
-from published import (PublishedDataError, REGIMES, Source, _LENGTHS_NOT_STATED, _count,
-                       _fail, _figure_in_quote, _text)
+from published import (PublishedDataError, REGIMES, Source, _count,
+                       _fail, _text)
 
 DATA_FILE = Path(__file__).resolve().parent / "data" / "published_serving.yaml"
 
@@ -146,19 +146,8 @@ def parse_row(row, index: int, path=DATA_FILE) -> ServingRow:
         _fail(path, where, "expert_parallel", "true or false", expert)
     prompt = _count(path, where, row, "prompt_len", nullable=True, minimum=1)
     output = _count(path, where, row, "output_len", nullable=True, minimum=1)
-    notes = row.get("notes", "")
-    if not isinstance(notes, str):
-        _fail(path, where, "notes", "a string", notes)
-    if (prompt is None or output is None) and not _LENGTHS_NOT_STATED.search(notes):
-        _fail(path, where, "notes", "a sentence saying the length is 'not stated' (a length "
-              "is null)", notes)
-    figure = row["figure"]
-    if isinstance(figure, bool) or not isinstance(figure, (int, float)) \
-            or not math.isfinite(figure) or figure <= 0:
-        _fail(path, where, "figure", "a finite number > 0", figure)
-    if not _figure_in_quote(float(figure), text["quote"]):
-        _fail(path, where, "quote", f"the source's text stating the figure {figure}",
-              text["quote"])
+    notes, figure = published.notes_and_figure(path, where, row, prompt, output,
+                                               text["quote"])
     source = _source(path, where, row["source"])
     return ServingRow(id=text["id"], model=text["model"], preset=row["preset"],
                       device=text["device"], device_spec=row["device_spec"], precision=precision,

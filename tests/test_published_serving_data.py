@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import published  # noqa: E402
 import published_serving  # noqa: E402
 from published import PublishedDataError  # noqa: E402
 from published_serving import load_rows  # noqa: E402
@@ -23,7 +24,7 @@ def rows():
 def test_every_row_has_its_quote_source_and_fields(rows):
     for r in rows:
         assert r.model and r.device and r.engine and r.quote, r.id
-        assert published_serving._figure_in_quote(r.figure, r.quote), r.id
+        assert published._figure_in_quote(r.figure, r.quote), r.id
         assert r.source.url.startswith(("https://", "http://")), r.id
         assert r.source.where and r.source.date, r.id
         assert r.unit == published_serving.METRIC_UNITS[r.metric], r.id
@@ -32,7 +33,7 @@ def test_every_row_has_its_quote_source_and_fields(rows):
             assert isinstance(r.batch, int) and r.batch >= 1, r.id
         assert (r.request_rate is not None) == (r.workload == "poisson"), r.id
         if r.prompt_len is None or r.output_len is None:
-            assert published_serving._LENGTHS_NOT_STATED.search(r.notes), r.id
+            assert published._LENGTHS_NOT_STATED.search(r.notes), r.id
 
 
 def test_enough_rows_on_one_gpu_and_on_many(rows):
