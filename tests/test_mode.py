@@ -375,6 +375,36 @@ def test_depth_truncates_module_paths(tiny_llama):
     assert max(len(r.module.split(".")) for r in t.records) == 3
 
 
+class _Scale(torch.nn.Module):
+    """A function wrapped as a module object, made once and called from inside a model
+    that never registers it (as `kernels` wraps transformers' apply_rotary_pos_emb)."""
+
+    def forward(self, x):
+        return x * 2.0
+
+
+_SCALE = _Scale()
+
+
+class _CallsScale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4, bias=False)
+
+    def forward(self, x):
+        return self.proj(_SCALE(x))  # the orphan runs before the first child: segment 0
+
+
+def test_a_module_no_child_of_the_model_counts_with_its_caller():
+    m, x = _CallsScale(), torch.ones(3, 4)
+    t = count(lambda: m(x))
+    mul = one(t, "aten.mul.Tensor")
+    # the 3 x 4 multiply is _CallsScale's own op, before proj ran: its scope (path, segment 0)
+    assert (mul.module, mul.flops) == ("_CallsScale", 12)
+    assert {r.module for r in t.records} == {"_CallsScale", "_CallsScale.proj"}
+    assert "_Scale" not in t.modules and "_Scale" not in {r.module.split(".")[0] for r in t.records}
+
+
 def test_flex_attention_counted_once():
     from torch.nn.attention.flex_attention import flex_attention
 

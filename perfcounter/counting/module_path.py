@@ -9,6 +9,12 @@ than `depth` are listed in `modules` (a `trace.ModuleInfo` each, in the order
 they first ran, with their own parameters, their first call's input and output
 sizes, and the children they called).
 
+A module that is no child of the running model but is called from inside it (a
+function wrapped as a module object at import time, as the `kernels` package that
+transformers >= 5.25 requires wraps `apply_rotary_pos_emb`) is not a module of the
+model: its ops are attributed to the module that calls it, in that module's current
+segment, as if the function were called directly.
+
 Hooks are process-wide; only calls on the thread that entered the tracker are
 tracked, so a model running on another thread does not disturb the count.
 """
@@ -95,9 +101,12 @@ class ModulePath:
         return name
 
     def _named(self, mod) -> _Named:
-        """A module seen for the first time (or whose id was reused)."""
+        """A module seen for the first time (or whose id was reused). One called from
+        inside a running module that never named it as a child is unlisted: its ops stay
+        with its caller."""
+        orphan = bool(self.stack) and mod not in self._names
         name = self._full_name(mod)
-        named = self._by_id[id(mod)] = _Named(mod, name, name.count(".") < self.depth)
+        named = self._by_id[id(mod)] = _Named(mod, name, not orphan and name.count(".") < self.depth)
         if self.on_new_module is not None:
             self.on_new_module(mod)
         return named
