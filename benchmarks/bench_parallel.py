@@ -10,7 +10,8 @@ from perfcounter import get_device_spec
 from perfcounter.format import format_table
 from perfcounter.models.args import ModelArgs
 from perfcounter.parallel import ParallelConfig, fits_text, rank_args, smallest_fit
-from perfcounter.pricing.collectives import all_reduce_s, collective_s, link_for
+from perfcounter.pricing.collectives import all_reduce_s, collective_s
+from perfcounter.pricing.links import within as link_for
 from perfcounter.serve import deployment, serve, synthetic
 from perfcounter.serve.memory import memory_plan
 

@@ -7,7 +7,7 @@ from perfcounter import get_device_spec
 from perfcounter.generation.config_only import count_config
 from perfcounter.models.args import ModelArgs
 from perfcounter.parallel.sharding import ParallelConfig, ParallelError, rank_args
-from perfcounter.pricing import collectives
+from perfcounter.pricing import collectives, links
 from perfcounter.trace import ROLES, OpRecord
 from perfcounter.trace_args import TensorArg
 
@@ -123,7 +123,7 @@ def record(op, nbytes, ranks, calls=1):
 
 def test_ring_all_reduce_by_hand():
     spec = get_device_spec("h100-sxm", dtype=torch.bfloat16)
-    link = collectives.link_for(spec, 8)
+    link = links.within(spec, 8)
     # NVLink 450 GB/s one way x 0.8 = 360 GB/s busbw; 0.6 us a step
     assert (link.kind, link.busbw, link.latency_s) == ("nvlink", 360e9, 0.6e-6)
     # 2 * 7/8 * 360e6 B / 360e9 B/s = 1.75 ms; + 2 * 7 * 0.6 us = 8.4 us
@@ -134,14 +134,14 @@ def test_ring_all_reduce_by_hand():
 
 def test_all_gather_send_and_tree_by_hand():
     spec = get_device_spec("h100-sxm", dtype=torch.bfloat16)
-    nv = collectives.link_for(spec, 4)
+    nv = links.within(spec, 4)
     # all-gather of a 4 MB output over 4: 3/4 * 4e6 / 360e9 + 3 * 0.6e-6
     assert collectives.record_seconds(record(ALL_GATHER, 4_000_000, 4), spec) == \
         pytest.approx(3e6 / 360e9 + 1.8e-6, rel=1e-12)
     assert collectives.collective_s("send_recv", 1e6, 2, nv) == pytest.approx(1e6 / 360e9 + 0.6e-6)
     # 16 ranks cross nodes: InfiniBand 50 GB/s x 0.8 = 40 GB/s, 5 us a step; the ring's
     # 2 * 15 = 30 steps against the tree's 2 * log2 16 = 8: NCCL's tree
-    net = collectives.link_for(spec, 16)
+    net = links.within(spec, 16)
     assert (net.kind, net.busbw) == ("network", 40e9)
     seconds, algo = collectives.all_reduce_s(1e6, 16, net)
     assert algo == "tree"

@@ -273,12 +273,40 @@ def test_a_link_without_pj_per_bit_costs_time_and_warns_of_its_0_joules(two):
 
 
 def test_shipped_nvlink_figures_price_a_gpu_to_gpu_transfer(two):
-    # h100-sxm -> a tp=2 group of h100-sxm: NVLink, 450 GB/s each way: 32 B in 32/450 ns
+    # h100-sxm -> a tp=2 group of h100-sxm: NVLink, 450 GB/s each way, as NCCL achieves it
+    # (pricing/links.py, kind "nvlink": 0.8 of it, 0.6 us a message): 32 B in
+    # 32 / 360e9 s + 0.6 us = 0.0889 ns + 600 ns
     with pytest.warns(UserWarning, match="has no pJ/bit"):
         p = simulate(two, {"a": "h100-sxm", "b": "h100-sxm,tp=2"}, host=HOST).phases["decode"]
     hop = next(r for r in p.log if r.transfer == "h100-sxm->h100-sxm,tp=2")
-    assert hop.bytes == 32 and hop.duration_s == pytest.approx(32 / 450e9)
+    assert hop.bytes == 32 and hop.duration_s == pytest.approx(32 / 360e9 + 0.6e-6, rel=1e-12)
     assert p.devices["h100-sxm,tp=2"].host_to_device_bytes == 0
+
+
+def test_a_tp2_all_reduce_has_one_price_whether_a_mapping_or_the_parallel_flag_asks():
+    from perfcounter.pricing import collectives, links
+    from test_parallel import ALL_REDUCE, record
+
+    torch.manual_seed(0)
+    counter = count(Block(), torch.ones(1, 4))
+    h100 = perfcounter.get_device_spec("h100-sxm", dtype=F32)
+    with pytest.warns(UserWarning, match="has no pJ/bit"):
+        p = simulate(counter, {"mlp": "h100-sxm,tp=2"}, host=HOST).phases["decode"]
+    row = next(r for r in p.log if r.transfer == "all-reduce x2")
+    # the MLP's output [1, 4] float32 = 16 B; a ring over 2 sends 2 * 1/2 * 16 = 16 B a rank
+    assert row.bytes == 16
+    # --tensor_parallel_size 2 prices a rank's all-reduce record of the same 16 B so: NVLink
+    # 450e9 x 0.8 = 360e9 B/s, 0.6 us a step: 16 / 360e9 + 2 * 1 * 0.6 us
+    flag = collectives.record_seconds(record(ALL_REDUCE, 16, 2), h100)
+    assert row.duration_s == flag == pytest.approx(16 / 360e9 + 1.2e-6, rel=1e-12)
+    assert links.within(h100, 2).kind == "nvlink"
+    # the same bytes over a link given by its figures alone (450 GB/s, "direct": no latency,
+    # the full bandwidth): the only difference is what the link says: 16 / 450e9
+    given = simulate(counter, {"mlp": "h100-sxm,tp=2"}, host=HOST,
+                     interconnect=Link(450e9, 1.0)).phases["decode"]
+    row = next(r for r in given.log if r.transfer == "all-reduce x2")
+    assert row.duration_s == pytest.approx(16 / 450e9, rel=1e-12)
+    assert row.duration_s == collectives.collective_s("all_reduce", 16, 2, Link(450e9, 1.0))
 
 
 def test_the_interconnect_comes_from_the_spec_unless_given():

@@ -51,7 +51,7 @@ from perfcounter.parallel import check_links, shard
 from perfcounter.quant import quantize as quantization
 from perfcounter.quant.gguf_types import check_gguf_type, stored_as
 from perfcounter.report.plots import check_outputs, source_name, write_outputs
-from perfcounter.simulation.links import Link
+from perfcounter.pricing.links import Link, LinkError
 from perfcounter.serve.placement import model_modules
 from perfcounter.simulation.hf_names import names_qkv, split_modules
 from perfcounter.simulation.placement import (Mapping, MappingError, Plan, default_host,
@@ -206,7 +206,7 @@ def _link(bw_gbs, pj, name: str):
         raise MappingError(f"--{name}_GBs must be a finite number > 0, got {bw_gbs}")
     try:
         return Link(bw_gbs * 1e9, pj)
-    except MappingError as e:
+    except LinkError as e:
         raise MappingError(f"--{name}_pj_per_bit: {e}") from None
 
 

@@ -14,9 +14,9 @@ AttAcc and NeuPIMs place them). As DistServe and Splitwise run it:
 2. transfer: its KV cache, prompt tokens x KV bytes per token of the whole model (every
    layer, every KV head: each prefill rank sends its shard), moves to the decode pool over
    the link between the pools, the T prefill ranks sending in parallel:
-   bytes / (T x busbw) + latency (pricing/collectives.py's link of the slower end: a GPU's
-   node link, InfiniBand, or a device's host link, PCIe, where it has no GPU fabric), with
-   bytes x 8 x the link's pJ/bit of energy (0 where the link gives none);
+   bytes / (T x busbw) + latency, bytes x 8 x the link's pJ/bit (pricing/links.py's
+   `pool_link`: the slower end of a GPU's node link, InfiniBand, or a device's host link,
+   PCIe, where it has no GPU fabric; `transfer`);
 3. decode: it arrives at the decode pool when its KV has, as a request whose prompt and
    first token are cached (prompt + 1 tokens, prompt cached), asking for output - 1 tokens.
 Per pool the metrics are its own run's; overall, each request's TTFT is its prefill's, its
@@ -34,8 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfcounter.pricing.collectives import (BUS_EFFICIENCY, NODE_LINK_BW, STEP_LATENCY_S,
-                                             LinkError)
+from perfcounter.pricing.links import Link, pool_link, transfer
 from perfcounter.parallel.sharding import ParallelError
 
 
@@ -70,46 +69,12 @@ class Pool:
         return {"tensor_parallel_size": self.tp, "data_parallel_size": self.instances}
 
 
-@dataclass(frozen=True)
-class PoolLink:
-    """The link KV moves over between the pools: bus bandwidth a rank, latency, pJ/bit."""
-
-    kind: str
-    busbw: float
-    latency_s: float
-    pj_per_bit: float | None
-
-
-def end_link(spec) -> PoolLink:
-    """One pool's end of the link: a GPU's node link (it has a GPU fabric: interconnect_bw),
-    else its host link (PCIe: a PIM part, a card without NVLink); LinkError for neither."""
-    if getattr(spec, "interconnect_bw", None) and spec.device_type != "cpu":
-        bw = getattr(spec, "node_link_bw", None) or NODE_LINK_BW
-        return PoolLink("network", bw * BUS_EFFICIENCY["network"], STEP_LATENCY_S["network"],
-                        getattr(spec, "node_link_pj_per_bit", None))
-    if getattr(spec, "host_to_device_bw", None) and spec.device_type != "cpu":
-        return PoolLink("pcie", spec.host_to_device_bw * BUS_EFFICIENCY["pcie"],
-                        STEP_LATENCY_S["pcie"], spec.host_to_device_pj_per_bit)
-    raise LinkError(f"device {spec.name!r} has no link to move KV caches between pools: give "
-                    "interconnect_GBs or host_to_device_bw_GBs in its YAML entry")
-
-
-def pool_link(prefill_spec, decode_spec) -> PoolLink:
-    """The link between the pools: the slower end's bandwidth, the larger latency, the mean
-    pJ/bit (unknown when either end's is)."""
-    a, b = end_link(prefill_spec), end_link(decode_spec)
-    pj = None if a.pj_per_bit is None or b.pj_per_bit is None else (a.pj_per_bit + b.pj_per_bit) / 2
-    slow = a if a.busbw <= b.busbw else b
-    return PoolLink(slow.kind, slow.busbw, max(a.latency_s, b.latency_s), pj)
-
-
-def kv_transfer(prompt: np.ndarray, kv_bytes_per_token: int, link: PoolLink,
+def kv_transfer(prompt: np.ndarray, kv_bytes_per_token: int, link: Link,
                 senders: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(bytes, seconds, joules) of each request's KV move: prompt x KV bytes per token;
-    bytes / (senders x busbw) + latency; bytes x 8 x pJ/bit."""
+    """(bytes, seconds, joules) of each request's KV move: prompt x KV bytes per token,
+    priced by links.transfer with the `senders` prefill ranks sending side by side."""
     nbytes = prompt.astype(np.int64) * int(kv_bytes_per_token)
-    seconds = nbytes / (senders * link.busbw) + link.latency_s
-    joules = nbytes * 8 * (link.pj_per_bit or 0.0) * 1e-12
+    seconds, joules = transfer(nbytes, link, lanes=senders)
     return nbytes, seconds, joules
 
 
@@ -120,14 +85,16 @@ class DisaggregatedResult:
     prefill: dict
     decode: dict
     overall: dict
-    link: PoolLink
+    link: Link
     prefill_pool: Pool
     decode_pool: Pool
 
     def to_dict(self) -> dict:
         return {"prefill_pool": dataclasses.asdict(self.prefill_pool),
                 "decode_pool": dataclasses.asdict(self.decode_pool),
-                "link": dataclasses.asdict(self.link), "prefill": self.prefill,
+                "link": {"kind": self.link.kind, "busbw": self.link.busbw,
+                         "latency_s": self.link.latency_s, "pj_per_bit": self.link.pj_per_bit},
+                "prefill": self.prefill,
                 "decode": self.decode, "overall": self.overall}
 
 

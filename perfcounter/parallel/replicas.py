@@ -33,7 +33,8 @@ from array import array
 
 import numpy as np
 
-from perfcounter.pricing.collectives import collective_s, link_for
+from perfcounter.pricing.collectives import collective_s
+from perfcounter.pricing.links import within
 
 
 def split(workload, replicas: int) -> list:
@@ -114,5 +115,5 @@ def simulate(workload, dep, simulate_engine):
 def hop_seconds(spec, args, itemsize: int):
     """f -> seconds of one hop of a step's hidden states (tokens x dim x itemsize bytes)
     to the next pipeline stage over `spec`'s link (pricing/collectives.py's send/recv)."""
-    link = link_for(spec, 2)
+    link = within(spec, 2)
     return lambda f: collective_s("send_recv", float(f[1]) * args.dim * itemsize, 2, link)

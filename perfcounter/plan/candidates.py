@@ -33,7 +33,8 @@ import torch
 from perfcounter.models.args import ModelArgs
 from perfcounter.parallel.sharding import ParallelConfig, rank_args, valid_tensor_parallel_sizes
 from perfcounter.plan.pool import DeviceKind
-from perfcounter.pricing.collectives import GPUS_PER_NODE, LinkError, check_link
+from perfcounter.pricing.collectives import LinkError, check_link
+from perfcounter.pricing.links import GPUS_PER_NODE
 from perfcounter.serve.api import resolve_quantization
 from perfcounter.serve.memory import memory_plan
 

@@ -20,25 +20,12 @@ Which algorithm (NCCL's choice): within one node NCCL runs rings over NVLink or 
 the group crosses nodes it runs the double binary tree for all-reduce, whose bandwidth term
 equals the ring's and whose latency grows with log2 n (NCCL picks by its cost model; the
 cheaper of the two is taken). A group crosses nodes when it spans more than
-`GPUS_PER_NODE` ranks (an HGX/DGX board holds 8).
+`links.gpus_per_node(spec)` ranks (an HGX/DGX board holds 8).
 
-The link (`link_for`):
-- within a node, the spec's `interconnect_bw` (NVLink through NVSwitch on SXM boards, one
-  way), else its host link (`host_to_device_bw`: PCIe cards talk through the PCIe switch);
-- across nodes, InfiniBand: `NODE_LINK_BW`, one 400 Gb/s NDR port per GPU (NVIDIA DGX H100
-  datasheet: 8x ConnectX-7 400 Gb/s), unless the spec gives `node_link_bw`.
-- achievable bus bandwidth = the link's bandwidth x BUS_EFFICIENCY of its kind, from
-  nccl-tests' published all_reduce_perf busbw at large sizes (docs.alayanew.com, "NCCL-tests
-  in practice", reference numbers): 8x A100 SXM4 NVLink 230-250 GB/s on a 300 GB/s link
-  (240/300 = 0.8; 8x H100 SXM 460-480 GB/s runs NVLink SHARP, in-switch reduction, which
-  the ring formula does not model: 0.8 of 450 GB/s = 360 GB/s is the ring's figure); 8x H100
-  PCIe 35-45 GB/s on PCIe Gen5's 64 GB/s (40/64 = 0.625); InfiniBand: NVLink's 0.8 assumed.
-- per-step latency a: NCCL's own cost model (src/graph/tuning.cc, hwLat, Ring, LL protocol:
-  what small messages, a decode step's, use): NVLink 0.6 us, PCIe 1.0 us; the network 5 us
-  (its tree LL figure in the same table of NCCL 2.x).
-- energy: the bytes each rank sends x 8 x the link's pJ/bit (`interconnect_pj_per_bit`,
-  `host_to_device_pj_per_bit` for PCIe, `node_link_pj_per_bit`); unknown: 0 J, said by
-  `Link.pj_per_bit` being None.
+The link: links.py's `within(spec, ranks)` (the one rule for a group's link, with its
+sources: NVLink or PCIe within a node, the node link across nodes, each kind's bus
+efficiency and per-step latency from nccl-tests and NCCL's cost model); energy: the bytes
+each rank sends x 8 x the link's pJ/bit (`links.joules`; unknown: 0 J).
 
 Overlap (the regime's rule, `overlaps_compute`): a tensor-parallel collective sits on the
 critical path of the layer that needs its result (the next layer's input), so in every
@@ -49,57 +36,18 @@ stage's step time.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-GPUS_PER_NODE = 8
-NODE_LINK_BW = 50e9  # B/s one way: 400 Gb/s InfiniBand NDR per GPU (see the module doc)
-BUS_EFFICIENCY = {"nvlink": 0.8, "pcie": 0.625, "network": 0.8}  # busbw / link bandwidth
-STEP_LATENCY_S = {"nvlink": 0.6e-6, "pcie": 1.0e-6, "network": 5.0e-6}
+from perfcounter.pricing.links import Link, LinkError, joules, within  # noqa: F401 (LinkError: re-exported)
+
 OPS = {"perfcounter.all_reduce.default": "all_reduce",
        "perfcounter.all_gather.default": "all_gather",
        "perfcounter.send_recv.default": "send_recv",
        "perfcounter.all_to_all.default": "all_to_all"}
 
 
-class LinkError(ValueError):
-    """A device with no link to price a collective on (one line: which figure to give)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Link:
-    """One rank's link: kind ("nvlink", "pcie", "network"), bandwidth in B/s one way,
-    achievable bus bandwidth, per-step latency, energy (None: unknown)."""
-
-    kind: str
-    bandwidth: float
-    busbw: float
-    latency_s: float
-    pj_per_bit: float | None
-
-
-def crosses_nodes(ranks: int) -> bool:
-    return ranks > GPUS_PER_NODE
-
-
-def link_for(spec, ranks: int) -> Link:
-    """The link a group of `ranks` ranks of `spec` talks over (the module doc)."""
-    if crosses_nodes(ranks):
-        bw = getattr(spec, "node_link_bw", None) or NODE_LINK_BW
-        kind, pj = "network", getattr(spec, "node_link_pj_per_bit", None)
-    elif getattr(spec, "interconnect_bw", None):
-        kind, bw, pj = "nvlink", spec.interconnect_bw, spec.interconnect_pj_per_bit
-    elif getattr(spec, "host_to_device_bw", None) and spec.device_type not in ("cpu",):
-        kind, bw, pj = "pcie", spec.host_to_device_bw, spec.host_to_device_pj_per_bit
-    else:
-        raise LinkError(f"device {spec.name!r} has no link to another device to run "
-                        f"collectives over: give interconnect_GBs (NVLink) or "
-                        f"host_to_device_bw_GBs (PCIe) in its YAML entry")
-    return Link(kind, bw, bw * BUS_EFFICIENCY[kind], STEP_LATENCY_S[kind], pj)
-
-
 def check_link(spec, ranks: int) -> Link | None:
     """The link of a group of `ranks` (None for one rank); LinkError before any counting."""
-    return None if ranks <= 1 else link_for(spec, ranks)
+    return None if ranks <= 1 else within(spec, ranks)
 
 
 # -- the formulas -----------------------------------------------------------------------
@@ -118,7 +66,7 @@ def tree_all_reduce_s(nbytes: float, ranks: int, link: Link) -> float:
 def all_reduce_s(nbytes: float, ranks: int, link: Link) -> tuple[float, str]:
     """(seconds, "ring" or "tree"): NCCL's choice (the module doc)."""
     ring = ring_all_reduce_s(nbytes, ranks, link)
-    if crosses_nodes(ranks):
+    if link.kind == "network":  # the group crosses nodes
         tree = tree_all_reduce_s(nbytes, ranks, link)
         if tree < ring:
             return tree, "tree"
@@ -172,14 +120,14 @@ def link_seconds(record, spec) -> float:
     kind, nbytes, ranks = record_call(record)
     if ranks <= 1:
         return 0.0
-    return record.calls * collective_s(kind, nbytes, ranks, link_for(spec, ranks))
+    return record.calls * collective_s(kind, nbytes, ranks, within(spec, ranks))
 
 
 def call_seconds(kind: str, nbytes: float, ranks: int, spec) -> float:
     """One call's seconds in a step (record_seconds' rule) from `record_call`'s figures."""
     if ranks <= 1 or overlaps_compute(kind):
         return 0.0
-    return collective_s(kind, nbytes, ranks, link_for(spec, ranks))
+    return collective_s(kind, nbytes, ranks, within(spec, ranks))
 
 
 def record_seconds(record, spec) -> float:
@@ -197,8 +145,7 @@ def record_joules(record, spec) -> float:
     kind, nbytes, ranks = record_call(record)
     if ranks <= 1:
         return 0.0
-    pj = link_for(spec, ranks).pj_per_bit
-    return 0.0 if pj is None else record.calls * sent_bytes(kind, nbytes, ranks) * 8 * pj * 1e-12
+    return record.calls * joules(sent_bytes(kind, nbytes, ranks), within(spec, ranks))
 
 
 def overlaps_compute(kind: str) -> bool:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from perfcounter.costs import op_info_by_name
 from perfcounter.pricing.collectives import trace_collectives_s
+from perfcounter.pricing.links import host_link_s
 from perfcounter.counting.module_kinds import NORM, own_kind
 from perfcounter.trace import ROLES, OpRecord, Trace, check_io_model
 from perfcounter.trace_args import tensor_args
@@ -214,8 +215,6 @@ def roofline(trace: Trace, spec, io_model: str = "per_op") -> Roofline:
     to_device, to_host, link = 0, 0, 0.0
     if crosses_host_link(spec):
         to_device, to_host = host_link_bytes(trace)
-        h2d = spec.host_to_device_bw
-        d2h = spec.device_to_host_bw
-        link = (to_device / h2d if h2d else 0.0) + (to_host / d2h if d2h else 0.0)
+        link = host_link_s(spec, to_device, to_host)
     return Roofline(compute, memory, ops, memory_bound, to_device, to_host, link, io_model,
                     trace_collectives_s(trace, spec))

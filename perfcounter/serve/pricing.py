@@ -25,7 +25,8 @@ from typing import NamedTuple
 import torch
 
 from perfcounter.models.args import ModelArgs
-from perfcounter.pricing.energy import PJ, record_energies
+from perfcounter.pricing.energy import record_energies
+from perfcounter.pricing.links import host_link, transfer
 from perfcounter.pricing.roofline import crosses_host_link, host_link_bytes
 from perfcounter.serve.steps import FEATURES, StepCounts, count_table
 from perfcounter.serve.table import StepTable
@@ -66,11 +67,11 @@ class RooflinePricer:
         if not crosses_host_link(spec):
             return 0.0, 0.0
         seconds = joules = 0.0
-        for nbytes, bw, pj in zip(host_link_bytes(trace),
-                                  (spec.host_to_device_bw, spec.device_to_host_bw),
-                                  (spec.host_to_device_pj_per_bit, spec.device_to_host_pj_per_bit)):
-            seconds += nbytes / bw if bw else 0.0
-            joules += nbytes * 8 * (pj or 0.0) * PJ
+        for nbytes, direction in zip(host_link_bytes(trace), ("host_to_device", "device_to_host")):
+            link = host_link(spec, direction)
+            if link is not None:
+                t, e = transfer(nbytes, link)
+                seconds, joules = seconds + t, joules + e
         return seconds, joules
 
 

@@ -1,36 +1,20 @@
-"""Links between devices: the device<->device fabric and a tensor-parallel group's interconnect.
-
-A `Link` is a bandwidth (B/s) and an energy (pJ/bit; None: unknown, 0 J charged, said once
-per link and simulation). `Links` holds the options a simulation was given, which override
-the devices' own figures, and answers which link two devices, or one group, use.
+"""Which link a placement's transfer or tensor-parallel all-reduce uses: the options a
+simulation was given (they override the devices' own figures), else pricing/links.py's rule
+on the devices' specs. The link and its price are pricing/links.py's (`Link`, `transfer`);
+this file adds the options and a warning, once per link and simulation, for a link with no
+pJ/bit (its transfers cost time but 0 J).
 """
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 
 from perfcounter._util import PerfcounterWarning
-from perfcounter.simulation.placement import Device, MappingError
+from perfcounter.pricing import links
+from perfcounter.pricing.links import Link
+from perfcounter.simulation.placement import Device
 
-
-@dataclass(frozen=True, slots=True)
-class Link:
-    """A link: bandwidth in B/s and energy in pJ per bit (None: unknown, 0 J charged)."""
-
-    bw: float
-    pj_per_bit: float | None = None
-
-    def __post_init__(self):
-        if isinstance(self.bw, bool) or not isinstance(self.bw, (int, float)) \
-                or not math.isfinite(self.bw) or self.bw <= 0:
-            raise MappingError(f"a link's bandwidth must be a finite number of B/s > 0, "
-                               f"got {self.bw!r:.40}")
-        if self.pj_per_bit is not None and (
-                isinstance(self.pj_per_bit, bool) or not isinstance(self.pj_per_bit, (int, float))
-                or not math.isfinite(self.pj_per_bit) or self.pj_per_bit < 0):
-            raise MappingError(f"a link's energy must be a finite number of pJ/bit >= 0 (or "
-                               f"unknown), got {self.pj_per_bit!r:.40}")
+__all__ = ["Link", "Links"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,22 +35,18 @@ class Links:
         return link
 
     def between(self, src: Device, dst: Device) -> Link | None:
-        """The device<->device link: the fabric given, else both specs' figures when both
-        have one (the slower end's bandwidth, the mean pJ/bit), else None (via the host)."""
+        """The device<->device link: the fabric given, else links.between on both specs
+        (None: via the host)."""
         if self.device_link is not None:
             return self._priced(self.device_link, "the device_link option")
-        ends = [d.spec.device_link_bw for d in (src, dst)]
-        if None in ends:
-            return None
-        pjs = [d.spec.device_link_pj_per_bit for d in (src, dst)]
-        return self._priced(Link(min(ends), None if None in pjs else sum(pjs) / 2),
+        return self._priced(links.between(src.spec, dst.spec),
                             f"the device link {src.spec.name}<->{dst.spec.name}")
 
     def within(self, dev: Device) -> Link | None:
-        """The interconnect of a tensor-parallel group: the one given, else the spec's."""
+        """The interconnect of a tensor-parallel group: the one given, else links.within on
+        the spec's interconnect (None: the spec has none; its all-reduces go via the host)."""
         if self.interconnect is not None:
             return self._priced(self.interconnect, "the interconnect option")
         if dev.spec.interconnect_bw is None:
             return None
-        return self._priced(Link(dev.spec.interconnect_bw, dev.spec.interconnect_pj_per_bit),
-                            f"the interconnect of {dev.spec.name}")
+        return self._priced(links.within(dev.spec, dev.tp), f"the interconnect of {dev.spec.name}")

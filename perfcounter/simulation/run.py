@@ -20,13 +20,14 @@ says, and:
   parent resumed after a child on another device receives the child's output:
   over a device<->device link when one is known (both specs' figures, or
   device_link=), else device->host->device at each host link's bandwidth and
-  pJ/bit; a transfer point (`t`) always goes through the host, a MoE point (`m`)
-  once per sibling group; the phase's last output goes back to the host.
+  pJ/bit (pricing/links.py: the link and `transfer`); a transfer point (`t`)
+  always goes through the host, a MoE point (`m`) once per sibling group; the phase's last output goes back to the host.
   Nothing else moves: weights, KV caches, causal masks and RoPE tables live on
   the device that made or holds them;
-- with tp=N, one ring all-reduce of the block's output (2(N-1)/N of its bytes
-  per device) ends each attention and each MLP block, over the interconnect
-  (else through the host);
+- with tp=N, one all-reduce of the block's output (2(N-1)/N of its bytes sent
+  per device) ends each attention and each MLP block, priced as every all-reduce is
+  (pricing/collectives.py on pricing/links.py's link: the interconnect given, else the
+  spec's, as --tensor_parallel_size N prices it), else through the host;
 - time is the sum of ops and transfers (with overlap=True a transfer and the
   compute after it take the longer of the two); energy is compute + memory +
   host link + device link + static W x phase time per device used.
@@ -34,9 +35,10 @@ says, and:
 from __future__ import annotations
 
 import warnings
-from dataclasses import astuple
 
 from perfcounter._util import PerfcounterWarning
+from perfcounter.pricing.collectives import all_reduce_s, sent_bytes
+from perfcounter.pricing.links import LinkError, host_link, joules, transfer
 from perfcounter.pricing.per_record import per_step_overhead_s
 from perfcounter.pricing.predict import check_execution, phase_program, phase_regime
 from perfcounter.simulation.hf_names import split_qkv
@@ -100,12 +102,11 @@ class _Replay:
         return self.clock
 
     def _leg(self, dev: Device, direction: str, nbytes: float) -> tuple[float, float]:
-        bw = getattr(dev.spec, f"{direction}_bw", None)
-        pj = getattr(dev.spec, f"{direction}_pj_per_bit", None)
-        if not bw or pj is None:
+        link = host_link(dev.spec, direction)
+        if link is None or link.pj_per_bit is None:
             self.notes.add(f"{dev.key} has no {direction.replace('_', '-')} "
-                           f"{'bandwidth' if not bw else 'pJ/bit'}: those transfers cost 0")
-        t, e = (nbytes / bw if bw else 0.0), nbytes * 8 * (pj or 0.0) * 1e-12
+                           f"{'bandwidth' if link is None else 'pJ/bit'}: those transfers cost 0")
+        t, e = (0.0, 0.0) if link is None else transfer(nbytes, link)
         a = self.account(dev)
         a.transfer_s += t
         a.energy_by_component_j["host_link"] += e
@@ -121,7 +122,7 @@ class _Replay:
             return
         link = None if via_host or src.is_host or dst.is_host else self.links.between(src, dst)
         if link is not None:
-            t, e = nbytes / link.bw, nbytes * 8 * (link.pj_per_bit or 0.0) * 1e-12
+            t, e = transfer(nbytes, link)
             for d in {src.key: src, dst.key: dst}.values():
                 self.account(d).transfer_s += t
             a = self.account(dst)
@@ -149,21 +150,21 @@ class _Replay:
     def allreduce(self, dev: Device, nbytes: float, path: str) -> None:
         """A ring all-reduce of nbytes over dev's tensor-parallel group."""
         n = dev.tp
-        ring = 2 * (n - 1) / n * nbytes  # what each device sends
+        ring = sent_bytes("all_reduce", nbytes, n)  # what each device sends: 2(n-1)/n of it
         link = self.links.within(dev)
         a = self.account(dev)
-        if link is not None:
-            t, e = ring / link.bw, n * ring * 8 * (link.pj_per_bit or 0.0) * 1e-12
+        if link is not None:  # the one all-reduce rule (collectives.py) on the group's link
+            t, e = all_reduce_s(nbytes, n, link)[0], n * joules(ring, link)
             a.energy_by_component_j["device_link"] += e
         else:  # through the host: each device's share out and back
             self.notes.add(f"{dev.key}: no interconnect given; its all-reduces go through "
                            "the host link")
-            d2h, h2d = (getattr(dev.spec, f"{d}_bw", None) for d in ("device_to_host",
-                                                                     "host_to_device"))
-            pjs = [getattr(dev.spec, f"{d}_pj_per_bit", None) or 0.0
-                   for d in ("device_to_host", "host_to_device")]
-            t = (ring / d2h if d2h else 0.0) + (ring / h2d if h2d else 0.0)
-            e = n * ring * 8 * sum(pjs) * 1e-12
+            t = e = 0.0
+            for direction in ("device_to_host", "host_to_device"):
+                leg = host_link(dev.spec, direction)
+                if leg is not None:
+                    t_leg, e_leg = transfer(ring, leg)
+                    t, e = t + t_leg, e + n * e_leg
             a.energy_by_component_j["host_link"] += e
         a.allreduce_bytes += ring
         a.transfer_s += t
@@ -305,7 +306,7 @@ def _link(value, name: str) -> Link | None:
     if isinstance(value, (tuple, list)) and len(value) == 2:
         try:
             return Link(*value)
-        except MappingError as e:
+        except LinkError as e:
             raise MappingError(f"{name}: {e}") from None
     raise MappingError(f"{name}: expected Link(bw B/s > 0, pJ/bit) or (bw, pJ/bit), "
                        f"got {value!r}")
@@ -384,7 +385,7 @@ def simulate(source, mapping=None, *, host=None, default_device: str | None = No
     options = {"elementwise_model": elementwise_model, "overlap": bool(overlap),
                "execution": execution,
                "default_device": None if plan.default is None else plan.default.key,
-               **{name: None if link is None else list(astuple(link))
+               **{name: None if link is None else [link.bandwidth, link.pj_per_bit]
                   for name, link in (("device_link", links.device_link),
                                      ("interconnect", links.interconnect))}}
     return Simulation(results, mapping.to_dict(), host.name, options,
