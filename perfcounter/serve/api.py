@@ -32,10 +32,11 @@ import torch
 from perfcounter.counting.op_data import ExpertLoad
 from perfcounter.generation.run import PRECISIONS  # noqa: F401  (the shared names, re-exported)
 from perfcounter.models.args import ModelArgs
-from perfcounter.parallel.disaggregated import Pool, end_link
+from perfcounter.parallel.disaggregated import Pool
 from perfcounter.parallel.disaggregated import simulate as simulate_pools
 from perfcounter.parallel.replicas import simulate as simulate_parallel
 from perfcounter.parallel.sharding import ParallelConfig, check_links, shard
+from perfcounter.pricing.links import pool_end
 from perfcounter.pricing.price import REGIMES, check_regime
 from perfcounter.quant.gguf_types import GgufFile
 from perfcounter.quant.quantize import WeightScheme
@@ -305,7 +306,7 @@ def disaggregated(model, workload: Workload, prefill_pool, decode_pool, *, slo=N
     pools = (Pool.parse(prefill_pool, "--prefill_pool"), Pool.parse(decode_pool, "--decode_pool"))
     dtype = resolve_precision(kwargs.get("precision", "bfloat16"))
     for pool in pools:
-        end_link(resolve_spec(pool.device, dtype))
+        pool_end(resolve_spec(pool.device, dtype))
     deps = [deployment(model, p.device, **p.keywords(), **kwargs) for p in pools]
     check_fits_model(workload, min(d.plan.max_model_len for d in deps))
     kv = kv_bytes_per_token(resolve_model(model), deps[0].dtype, deps[0].kv_dtype)  # all ranks'
