@@ -1,4 +1,4 @@
-"""Disaggregated prefill and decode (parallel/disaggregated.py): the KV each request moves
+"""Disaggregated prefill and decode (serve/disaggregated.py): the KV each request moves
 between the pools, derived by hand; metrics per pool and overall; bad pools refused."""
 import numpy as np
 import pytest
@@ -7,7 +7,8 @@ import torch
 from perfcounter import get_device_spec
 from perfcounter.models.args import ModelArgs
 from perfcounter.parallel import LinkError, ParallelError
-from perfcounter.parallel.disaggregated import Pool, kv_transfer, pool_link
+from perfcounter.pricing.links import pool_link
+from perfcounter.serve.disaggregated import Pool, kv_transfer
 from perfcounter.serve import kv_bytes_per_token, synthetic
 from perfcounter.serve.api import deployment, disaggregated, serve
 

@@ -9,7 +9,7 @@ from perfcounter import get_device_spec
 from perfcounter.models.args import ModelArgs
 from perfcounter.parallel import (LinkError, ParallelConfig, ParallelError, fits_text, rank_args,
                                   smallest_fit)
-from perfcounter.parallel.replicas import join, split
+from perfcounter.serve.replicas import join, split
 from perfcounter.serve import deployment, serve, synthetic
 from perfcounter.serve.memory import kv_bytes_per_token, memory_plan, weight_bytes
 

@@ -1,15 +1,14 @@
 """perfcounter.parallel: a model served on many devices, sharded as vLLM and Megatron shard it.
 
-Owns: one rank's shapes and the checks of a parallel configuration (sharding.py:
-ParallelConfig with vLLM's names, RankArgs, rank_args, shard), data-parallel replicas and
-pipeline micro-batch streams splitting a request stream (replicas.py), the memory one
-rank needs with the smallest tensor-parallel size that fits (memory.py), and disaggregated
-prefill and decode pools with the KV moved between them (disaggregated.py; serve's
-`disaggregated(model, workload, prefill_pool, decode_pool)`). The collectives are
-ops of the cost registry (costs/collectives.py), priced on the devices' link by
-pricing/collectives.py; the model calls them (models/model.py). May import: models, costs,
-counting, quant, devices, pricing (the layers below it); generation, serve, plan and the
-commands import it. serve's scheduler reaches replicas.py as an argument, not an import.
+Owns what one rank holds: its shapes and the checks of a parallel configuration
+(sharding.py: ParallelConfig with vLLM's names, RankArgs, rank_args, shard) and the memory
+one rank needs with the smallest tensor-parallel size that fits (memory.py). The serving
+topologies built of ranks (data-parallel replicas, pipeline streams, disaggregated pools)
+are serve's (serve/replicas.py, serve/disaggregated.py). The collectives are ops of the
+cost registry (costs/collectives.py), priced on the devices' link by
+pricing/collectives.py and pricing/links.py; the model calls them (models/model.py). May
+import: models, costs, counting, quant, devices, pricing (the layers below it); generation,
+serve, plan and the commands import it. Nothing here runs the serving engine.
 
 Python API:
 
@@ -34,7 +33,7 @@ from perfcounter.parallel.memory import Fit, fit_line, fits_text, smallest_fit
 from perfcounter.parallel.sharding import (ParallelConfig, ParallelError, RankArgs, check_links,
                                            check_parallel, rank_args, shard,
                                            valid_tensor_parallel_sizes)
-from perfcounter.pricing.collectives import LinkError
+from perfcounter.pricing.links import LinkError
 
 PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
                   "enable_expert_parallel")  # deployment()'s keywords, vLLM's flag names

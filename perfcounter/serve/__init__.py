@@ -7,7 +7,10 @@ experts, the experts a step touches; quantized weights and KV caches counted as 
 and its pricing
 (pricing.py: the pricer seam; placement.py: a mapping's devices, priced through
 perfcounter.simulation),
-the memory fit (memory.py), serving metrics under vLLM's names (metrics.py), text
+the memory fit (memory.py), the serving topologies (replicas.py: data-parallel replicas and
+pipeline streams, a step on many ranks, one way to join runs; disaggregated.py: prefill and
+decode pools with the KV moved between them), serving metrics under vLLM's names
+(metrics.py), text
 (render.py), files (outputs.py), engine profiles (engines.py) and the QPS search
 (search.py); `perfcounter serve`'s command line is perfcounter/cli/serve.py.
 

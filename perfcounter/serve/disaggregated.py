@@ -23,8 +23,8 @@ Per pool the metrics are its own run's; overall, each request's TTFT is its pref
 end its decode's, its TPOT (end - first token) / (output - 1), the steps and joules both
 pools', and `kv_transfer_bytes` / `kv_transfer_s` / `kv_transfer_j` the moves.
 
-The serving functions are passed in (serve/api.py's `disaggregated` does), so that this file
-imports nothing of serve.
+Each pool runs as any deployment runs (replicas.simulate: its DP replicas and PP streams);
+the pools' runs join as replicas' runs do (replicas.join_steps).
 """
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ import numpy as np
 
 from perfcounter.pricing.links import Link, pool_link, transfer
 from perfcounter.parallel.sharding import ParallelError
+from perfcounter.serve.metrics import metrics
+from perfcounter.serve.replicas import join_steps
+from perfcounter.serve.replicas import simulate as simulate_run
 
 
 @dataclass(frozen=True)
@@ -98,10 +101,11 @@ class DisaggregatedResult:
                 "decode": self.decode, "overall": self.overall}
 
 
-def simulate(workload, prefill_dep, decode_dep, kv_bytes_per_token: int, *, simulate_run,
-             metrics, pools: tuple, slo=None) -> DisaggregatedResult:
-    """The module doc's three steps. simulate_run(workload, dep) -> a Run (serve's, DP and
-    TP as the deployment says); metrics(run, slo=...) -> a dict (serve's)."""
+def simulate(workload, prefill_dep, decode_dep, kv_bytes_per_token: int, *, pools: tuple,
+             slo=None) -> DisaggregatedResult:
+    """The module doc's three steps, each pool's run as its deployment runs (DP replicas,
+    PP streams), measured by serve's metrics (open loop unless the workload is closed)."""
+    open_loop = workload.concurrency is None
     prefill_pool, decode_pool = pools
     link = pool_link(prefill_dep.spec, decode_dep.spec)
     n = len(workload)
@@ -123,11 +127,12 @@ def simulate(workload, prefill_dep, decode_dep, kv_bytes_per_token: int, *, simu
         for j, i in enumerate(order):
             finish[i] = decoded.requests[j].finish
     overall = _overall_run(workload, prefilled, decoded, ready, finish, order)
-    out = metrics(overall, slo=slo)
+    out = metrics(overall, slo=slo, open_loop=open_loop)
     out.update(kv_transfer_bytes=int(nbytes.sum()), kv_transfer_s=float(seconds.sum()),
                kv_transfer_j=float(joules.sum()), gpus=prefill_pool.gpus + decode_pool.gpus)
-    return DisaggregatedResult(metrics(prefilled, slo=None),
-                               metrics(decoded, slo=None) if decoded is not None else {},
+    return DisaggregatedResult(metrics(prefilled, open_loop=open_loop),
+                               metrics(decoded, open_loop=open_loop) if decoded is not None
+                               else {},
                                out, link, prefill_pool, decode_pool)
 
 
@@ -140,11 +145,7 @@ def _overall_run(workload, prefilled, decoded, ready, finish, order):
                                     first_token=float(ready[i]), finish=float(finish[i]))
                 for i, r in enumerate(prefilled.requests)]
     runs = [prefilled] + ([decoded] if decoded is not None else [])
-    names = [f.name for f in dataclasses.fields(prefilled.steps)]
-    cols = {k: np.concatenate([np.frombuffer(getattr(r.steps, k)) for r in runs]) for k in names}
-    by_start = np.argsort(cols["start"], kind="stable")
-    steps = dataclasses.replace(prefilled.steps, **{k: array("d", cols[k][by_start].tolist())
-                                                    for k in names})
+    steps = join_steps(runs)
     itl = array("d", decoded.itl if decoded is not None else [])
     if decoded is not None:  # each gap from the first token (prefill) to the second (decode)
         itl.extend(r.first_token - ready[i] for r, i in zip(decoded.requests, order))

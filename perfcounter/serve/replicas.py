@@ -22,9 +22,9 @@ with PP streams busy the pipeline starts a batch every stage time; with fewer (a
 the last requests), stages idle: the pipeline's bubbles. A step's joules are those of every
 rank it ran on: TP x PP x the stage's.
 
-`split(workload, n)` and `join(runs, order)` work on serve's Workload and Run as data
-(dataclasses.replace), and `simulate` takes serve's scheduler as an argument, so this file
-imports nothing of serve.
+`staged(dep)` is the one rule of a step on many ranks (its seconds through the stages and
+its joules and static power on every rank); `join(runs, total)` joins replicas' runs and
+`join_steps(runs)` any runs' steps (the disaggregated pools' too), in the order they started.
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ import numpy as np
 
 from perfcounter.pricing.collectives import collective_s
 from perfcounter.pricing.links import within
+from perfcounter.serve.scheduler import simulate_engine
 
 
 def split(workload, replicas: int) -> list:
@@ -52,6 +53,18 @@ def split(workload, replicas: int) -> list:
     return out
 
 
+def join_steps(runs: list):
+    """The steps of `runs` as one run's, in the order they started (each run's own order
+    among equal starts)."""
+    first = runs[0]
+    names = [f.name for f in dataclasses.fields(first.steps)]
+    columns = {k: np.concatenate([np.frombuffer(getattr(run.steps, k)) for run in runs])
+               for k in names}
+    order = np.argsort(columns["start"], kind="stable")
+    return dataclasses.replace(first.steps, **{k: array("d", columns[k][order].tolist())
+                                               for k in names})
+
+
 def join(runs: list, total: int):
     """One run of the replicas' runs (module doc), steps in the order they started; `total`
     requests in all, replica r's j-th request being request r + j x len(runs)."""
@@ -63,14 +76,7 @@ def join(runs: list, total: int):
     itl = array("d")
     for run in runs:
         itl.extend(run.itl)
-    first = runs[0]
-    names = [f.name for f in dataclasses.fields(first.steps)]
-    columns = {k: np.concatenate([np.frombuffer(getattr(run.steps, k)) for run in runs])
-               for k in names}
-    order = np.argsort(columns["start"], kind="stable")
-    steps = dataclasses.replace(first.steps, **{k: array("d", columns[k][order].tolist())
-                                                for k in names})
-    return dataclasses.replace(first, requests=requests, itl=itl, steps=steps,
+    return dataclasses.replace(runs[0], requests=requests, itl=itl, steps=join_steps(runs),
                                preemptions=sum(run.preemptions for run in runs),
                                end=max(run.end for run in runs))
 
@@ -94,21 +100,31 @@ class StagedTable:
         return self.ranks * self.table.energy_j(f, seconds / self.stages)
 
 
-def simulate(workload, dep, simulate_engine):
-    """One run of `workload` on a deployment `dep` (serve's Deployment: its table, engine,
-    parallel sizes, spec, rank args and dtype): DP replicas x PP streams, each
-    `simulate_engine(workload, table, config)` with its share of the KV blocks (module doc);
-    one engine's own run when nothing is parallel."""
-    parallel, table, config = dep.parallel, dep.table, dep.engine
-    streams = parallel.data_parallel_size * parallel.pipeline_parallel_size
-    if streams == 1 and parallel.ranks == 1:
-        return simulate_engine(workload, table, config)
+def staged(dep):
+    """The step table as one stream of deployment `dep` sees a step (module doc): its own
+    table on one rank, else a StagedTable over its PP stages and TP x PP ranks. Its
+    `static_w` is every rank's."""
+    parallel = dep.parallel
+    if parallel.ranks == 1:
+        return dep.table
     hop = hop_seconds(dep.spec, dep.args, dep.dtype.itemsize) \
         if parallel.pipeline_parallel_size > 1 else None
-    staged = StagedTable(table, parallel.pipeline_parallel_size, parallel.ranks, hop)
+    return StagedTable(dep.table, parallel.pipeline_parallel_size, parallel.ranks, hop)
+
+
+def simulate(workload, dep):
+    """One run of `workload` on a deployment `dep` (serve's Deployment: its table, engine,
+    parallel sizes, spec, rank args and dtype): DP replicas x PP streams, each the
+    scheduler's run with its share of the KV blocks (module doc); one engine's own run when
+    nothing is parallel."""
+    parallel, config = dep.parallel, dep.engine
+    streams = parallel.data_parallel_size * parallel.pipeline_parallel_size
+    if streams == 1 and parallel.ranks == 1:
+        return simulate_engine(workload, dep.table, config)
     blocks = dataclasses.replace(config, kv_blocks=config.kv_blocks
                                  // parallel.pipeline_parallel_size)
-    runs = [simulate_engine(w, staged, blocks) for w in split(workload, streams)]
+    table = staged(dep)
+    runs = [simulate_engine(w, table, blocks) for w in split(workload, streams)]
     return runs[0] if streams == 1 else join(runs, len(workload))
 
 
