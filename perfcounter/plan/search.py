@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from perfcounter._util import atomic_write
 from perfcounter.parallel.sharding import valid_tensor_parallel_sizes
 from perfcounter.plan import evaluate as ev
-from perfcounter.plan.candidates import (KV_CACHE_DTYPES, MAX_NUM_SEQS, Candidate, Space,
-                                         default_quantizations, enumerate_candidates,
-                                         memory_fit)
+from perfcounter.plan.candidates import (Candidate, Space, default_quantizations,
+                                         enumerate_candidates, memory_fit)
 from perfcounter.plan.execute import check_backend, run_candidates
 from perfcounter.plan.front import pareto_front, recommend
+from perfcounter.plan.options import PlanEngine, PlanOptions, PlanSpace, PlanTarget
 from perfcounter.plan.pool import DeviceKind, PlanError, kind_named, parse_devices
 from perfcounter.serve.api import (check_execution, resolve_model, resolve_precision,
                                    resolve_quantization)
@@ -121,92 +121,137 @@ def _check_sizes(args, kinds: list[DeviceKind], model: str, tp, pp, dp) -> dict:
     return out
 
 
-def plan(model, devices, *, slo, qps: float, num_requests: int = 200,
-         prompt_length="512", max_new_tokens="128", burstiness: float = 1.0, seed: int = 0,
-         precision: str = "bfloat16", execution: str = "cudagraphs", engine: str = "vllm",
-         gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192,
-         block_size: int = 16, usd_per_hour: float | None = None,
-         quantizations=None, kv_cache_dtypes=KV_CACHE_DTYPES,
-         max_num_seqs=MAX_NUM_SEQS, tensor_parallel_size=None, pipeline_parallel_size=None,
-         data_parallel_size=None, disaggregated: bool = True, slo_attainment: float = 0.9,
-         backend: str = "processes",
-         workers: int | None = None, address: str | None = None) -> PlanResult:
+def plan(model, devices, *, options: PlanOptions | None = None, **keywords) -> PlanResult:
     """Search the deployments of `model` on the pool `devices` ('h100-sxm:8,...') for the
-    workload (serve's flags; one rate) and the SLO (module doc). quantizations: the weight
-    schemes to try (None: candidates.default_quantizations); tensor_parallel_size,
-    pipeline_parallel_size, data_parallel_size: the sizes to try (None: candidates.py's
-    powers of two); disaggregated: prefill and decode pools beside the aggregated ones."""
+    workload (serve's flags; one rate) and the SLO (module doc). Its settings come as
+    `options` (a PlanOptions) or as flat keywords, each landing in its group (options.py):
+    the workload (qps, num_requests, prompt_length, max_new_tokens, burstiness, seed), the
+    target (slo, slo_attainment), the engine (precision, execution, engine,
+    gpu_memory_utilization, max_num_batched_tokens, block_size, usd_per_hour), the space
+    (quantizations: the weight schemes to try, None: candidates.default_quantizations;
+    kv_cache_dtypes; max_num_seqs; tensor_parallel_size, pipeline_parallel_size,
+    data_parallel_size: the sizes to try, None: candidates.py's powers of two;
+    disaggregated: prefill and decode pools beside the aggregated ones) and the backend
+    (backend, workers, address)."""
     started = time.perf_counter()
+    if options is None:
+        options = PlanOptions.of(**keywords)
+    elif keywords:
+        raise TypeError(f"plan() takes options or keywords, not both (got "
+                        f"{', '.join(sorted(keywords))})")
+    q = _question(model, devices, options)
+    candidates = enumerate_candidates(q.args, q.kinds, str(q.dtype).replace("torch.", ""),
+                                      q.space)
+    fits, refused = _memory_fits(q, candidates, options.engine)
+    kept = [c for c, ok in zip(candidates, fits) if ok]
+    b = options.backend
+    done = iter(run_candidates(kept, q.job, backend=b.backend, workers=b.workers,
+                               address=b.address))
+    figures = [next(done) if ok else refused.get(i) for i, ok in enumerate(fits)]
+    usable = [f or {"error": "does not fit"} for f in figures]
+    front = pareto_front(usable)
+    attainment = options.target.slo_attainment
+    best = recommend(usable, [c.num_gpus for c in candidates], attainment)
+    commands = {i: ev.serve_command(candidates[i], q.job) for i in range(len(candidates))
+                if fits[i]}
+    return PlanResult(q.job, q.kinds, candidates, fits, figures, front, best, attainment,
+                      b.backend, time.perf_counter() - started, commands)
+
+
+@dataclass(slots=True)
+class _Question:
+    """A search's inputs checked: the model's args and dtype, the pool, the job every
+    candidate runs, the space of candidates."""
+
+    args: object
+    dtype: object
+    kinds: list
+    job: ev.Job
+    space: Space
+
+
+def _question(model, devices, o: PlanOptions) -> _Question:
+    """Every input checked before any table is counted (PlanError, one line)."""
+    eng, w = o.engine, o.workload
     args = resolve_model(model)
-    dtype = resolve_precision(precision)
-    kinds = parse_devices(devices, dtype, usd_per_hour)
-    check_execution(execution)
-    if engine not in ENGINES:
-        raise PlanError(f"--engine {engine!r}; valid: {', '.join(ENGINES)}")
-    if not slo:
-        raise PlanError("--slo: a search needs targets, e.g. ttft=1s,tpot=50ms")
-    if "itl" in parse_slo(slo):
-        raise PlanError(f"--slo {slo}: goodput takes ttft, tpot and e2el (vLLM's), not itl")
-    if not 0 < slo_attainment <= 1:
-        raise PlanError(f"--slo_attainment {slo_attainment}: expected a fraction in (0, 1]")
-    check_rate(qps)
-    prompt_length, max_new_tokens = str(prompt_length), str(max_new_tokens)
+    dtype = resolve_precision(eng.precision)
+    kinds = parse_devices(devices, dtype, eng.usd_per_hour)
+    _check_engine_and_target(eng, o.target)
+    check_rate(w.qps)
+    prompt_length, max_new_tokens = str(w.prompt_length), str(w.max_new_tokens)
     parse_lengths(prompt_length, "--prompt_length")
     parse_lengths(max_new_tokens, "--max_new_tokens")
-    if quantizations is None:
-        quantizations = default_quantizations(args, dtype)
-    quants = _names(quantizations, "--quantize",
-                    lambda q: resolve_quantization(q, None, args, dtype))
-    kvs = _names(kv_cache_dtypes, "--kv_dtype", lambda k: resolve_quantization(None, k))
-    seqs = tuple(max_num_seqs)
-    if not seqs or any(not isinstance(s, int) or s < 1 for s in seqs) \
-            or len(set(seqs)) < len(seqs):
-        raise PlanError(f"--max_num_seqs {','.join(map(str, seqs))}: expected distinct "
-                        "integers >= 1")
-    for name, value, least in (("--max_num_batched_tokens", max_num_batched_tokens, 1),
-                               ("--block_size", block_size, 1),
-                               ("--num_requests", num_requests, 1)):
+    quants, kvs, seqs = _space_values(args, dtype, o.space)
+    for name, value, least in (("--max_num_batched_tokens", eng.max_num_batched_tokens, 1),
+                               ("--block_size", eng.block_size, 1),
+                               ("--num_requests", w.num_requests, 1)):
         if not isinstance(value, int) or value < least:
             raise PlanError(f"{name} {value}: expected an integer >= {least}")
-    if not 0 < gpu_memory_utilization <= 1:
-        raise PlanError(f"--gpu_memory_utilization {gpu_memory_utilization}: expected a "
+    if not 0 < eng.gpu_memory_utilization <= 1:
+        raise PlanError(f"--gpu_memory_utilization {eng.gpu_memory_utilization}: expected a "
                         "fraction in (0, 1]")
-    sizes = _check_sizes(args, kinds, str(model), tensor_parallel_size, pipeline_parallel_size,
-                         data_parallel_size)
-    check_backend(backend, workers)
-    job = ev.Job(model=str(model), execution=execution, engine=engine,
-                 gpu_memory_utilization=gpu_memory_utilization,
-                 max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
-                 qps=float(qps), num_requests=num_requests, prompt_length=prompt_length,
-                 max_new_tokens=max_new_tokens, burstiness=float(burstiness), seed=seed,
-                 slo=str(slo), prices=tuple((k.name, k.usd_per_hour) for k in kinds))
+    sp = o.space
+    sizes = _check_sizes(args, kinds, str(model), sp.tensor_parallel_size,
+                         sp.pipeline_parallel_size, sp.data_parallel_size)
+    check_backend(o.backend.backend, o.backend.workers)
+    job = ev.Job(model=str(model), execution=eng.execution, engine=eng.engine,
+                 gpu_memory_utilization=eng.gpu_memory_utilization,
+                 max_num_batched_tokens=eng.max_num_batched_tokens, block_size=eng.block_size,
+                 qps=float(w.qps), num_requests=w.num_requests, prompt_length=prompt_length,
+                 max_new_tokens=max_new_tokens, burstiness=float(w.burstiness), seed=w.seed,
+                 slo=str(o.target.slo), prices=tuple((k.name, k.usd_per_hour) for k in kinds))
     try:
         check_fits_model(ev.workload(job), args.block_size)
     except ServeError as e:
         raise PlanError(f"{e} (the workload)") from None
-
-    space = Space(quants, kvs, seqs, disaggregated=bool(disaggregated) and ev.DISAGGREGATED,
+    space = Space(quants, kvs, seqs, disaggregated=bool(sp.disaggregated) and ev.DISAGGREGATED,
                   **sizes)
-    candidates = enumerate_candidates(args, kinds, str(dtype).replace("torch.", ""), space)
+    return _Question(args, dtype, kinds, job, space)
+
+
+def _check_engine_and_target(eng: PlanEngine, target: PlanTarget) -> None:
+    check_execution(eng.execution)
+    if eng.engine not in ENGINES:
+        raise PlanError(f"--engine {eng.engine!r}; valid: {', '.join(ENGINES)}")
+    slo = target.slo
+    if not slo:
+        raise PlanError("--slo: a search needs targets, e.g. ttft=1s,tpot=50ms")
+    if "itl" in parse_slo(slo):
+        raise PlanError(f"--slo {slo}: goodput takes ttft, tpot and e2el (vLLM's), not itl")
+    if not 0 < target.slo_attainment <= 1:
+        raise PlanError(f"--slo_attainment {target.slo_attainment}: expected a fraction in "
+                        "(0, 1]")
+
+
+def _space_values(args, dtype, sp: PlanSpace) -> tuple:
+    """(weight schemes, KV dtypes, max_num_seqs) to try, each checked."""
+    quantizations = sp.quantizations
+    if quantizations is None:
+        quantizations = default_quantizations(args, dtype)
+    quants = _names(quantizations, "--quantize",
+                    lambda q: resolve_quantization(q, None, args, dtype))
+    kvs = _names(sp.kv_cache_dtypes, "--kv_dtype", lambda k: resolve_quantization(None, k))
+    seqs = tuple(sp.max_num_seqs)
+    if not seqs or any(not isinstance(s, int) or s < 1 for s in seqs) \
+            or len(set(seqs)) < len(seqs):
+        raise PlanError(f"--max_num_seqs {','.join(map(str, seqs))}: expected distinct "
+                        "integers >= 1")
+    return quants, kvs, seqs
+
+
+def _memory_fits(q: _Question, candidates: list, eng: PlanEngine) -> tuple[list, dict]:
+    """Whether each candidate fits every kind of device it uses (memory_fit), and why not
+    where a plan refused it ({index: {"error": why}})."""
     cache: dict = {}
-    options = {"gpu_memory_utilization": gpu_memory_utilization, "block_size": block_size,
-               "max_num_batched_tokens": max_num_batched_tokens}
+    options = {"gpu_memory_utilization": eng.gpu_memory_utilization,
+               "block_size": eng.block_size, "max_num_batched_tokens": eng.max_num_batched_tokens}
     fits, refused = [], {}
     for i, c in enumerate(candidates):
         kinds_used = [c.device] + ([c.decode_device] if c.disaggregated else [])
-        found = [memory_fit(args, dtype, c, kind_named(kinds, k).spec, cache=cache, **options)
-                 for k in kinds_used]
+        found = [memory_fit(q.args, q.dtype, c, kind_named(q.kinds, k).spec, cache=cache,
+                            **options) for k in kinds_used]
         fits.append(all(f.fits for f in found))
         reasons = [f.error for f in found if f.error]
         if reasons:
             refused[i] = {"error": reasons[0]}
-    kept = [c for c, ok in zip(candidates, fits) if ok]
-    done = iter(run_candidates(kept, job, backend=backend, workers=workers, address=address))
-    figures = [next(done) if ok else refused.get(i) for i, ok in enumerate(fits)]
-    usable = [f or {"error": "does not fit"} for f in figures]
-    front = pareto_front(usable)
-    best = recommend(usable, [c.num_gpus for c in candidates], slo_attainment)
-    commands = {i: ev.serve_command(candidates[i], job) for i in range(len(candidates))
-                if fits[i]}
-    return PlanResult(job, kinds, candidates, fits, figures, front, best, slo_attainment,
-                      backend, time.perf_counter() - started, commands)
+    return fits, refused
