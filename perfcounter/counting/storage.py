@@ -270,16 +270,25 @@ class StorageTable:
     def account(self, plan, tensors, out) -> tuple:
         """One call's bookkeeping: each tensor's role (returned, in the order of
         `OpPlan.contribution`), and what the compulsory and fused-IO models must add."""
+        if plan.cache_write or plan.attention:
+            self.promote(plan, tensors)
+        roles = []
+        stage, reads_kv = self._reads(plan, tensors, roles)
+        self._writes(plan, tensors, roles, stage)
+        if plan.outputs:
+            self._outputs(plan, out, roles, stage, reads_kv)
+        return tuple(roles)
+
+    def _reads(self, plan, tensors, roles: list) -> tuple[int, bool]:
+        """The call's reads: each one's role onto `roles`, the compulsory bytes, and the
+        fused-IO charges; returns (the stage its writes get, whether it read KV cache)."""
         by_id, comp = self.by_id, self.comp
         extern, fused_written = plan.extern, comp.fused_written
         seen, stage = [], 0  # a fused op's reads (storage, bytes, place); the highest stage read
-        if plan.cache_write or plan.attention:
-            self.promote(plan, tensors)
         skip = ()
         for i, j in plan.dups:  # the same tensor passed twice (x * x) is read once
             if tensors[i] is tensors[j]:
                 skip += (j,)
-        roles = []
         reads_kv = False
         for index, nbytes, itemsize, place in plan.reads:
             if skip and index in skip:
@@ -320,6 +329,12 @@ class StorageTable:
             stage += 1
         elif seen:
             fused_reads(seen, stage, comp.fused_read, fused_written, _REPORTED)
+        return stage, reads_kv
+
+    def _writes(self, plan, tensors, roles: list, stage: int) -> None:
+        """The call's writes into existing storages: each one's role onto `roles`, its
+        fused-IO stage, and the compulsory bytes."""
+        comp, extern, fused_written = self.comp, plan.extern, self.comp.fused_written
         for index, nbytes, scattered in plan.writes:
             t = tensors[index]
             st = self.lookup(t)
@@ -346,28 +361,30 @@ class StorageTable:
             else:
                 offset = t.storage_offset() * t.element_size()
             self.touch_part(st, offset, nbytes, True)
-        if plan.outputs:  # new storages: a fresh allocation each, written whole
-            role = KV if plan.out_role == JOINED and reads_kv else plan.out_role
-            outs = (out,) if isinstance(out, torch.Tensor) else flat_tensors(out)
-            for index, nbytes in plan.outputs:
-                o = outs[index]
-                if role == KV:
-                    st = self.new_kv_output(o, nbytes)
-                    if not extern:
-                        fused_written[KV] += nbytes
-                elif nbytes:
-                    self._allocs += 1
-                    st = by_id[storage_id(o)] = Storage(role, nbytes, self._allocs)
-                    st.written = True
-                    comp.written[role] += nbytes
-                    if not extern:
-                        st.fused, st.pending = True, nbytes
-                else:  # an empty() is not written
-                    st = self.new(storage_id(o), role, o.untyped_storage().nbytes())
-                st.stage = stage
-                roles.append(role)
-        return tuple(roles)
 
+    def _outputs(self, plan, out, roles: list, stage: int, reads_kv: bool) -> None:
+        """The call's new storages, a fresh allocation each, written whole (KV cache when a
+        concatenation grows one); their role onto `roles`."""
+        comp, extern = self.comp, plan.extern
+        role = KV if plan.out_role == JOINED and reads_kv else plan.out_role
+        outs = (out,) if isinstance(out, torch.Tensor) else flat_tensors(out)
+        for index, nbytes in plan.outputs:
+            o = outs[index]
+            if role == KV:
+                st = self.new_kv_output(o, nbytes)
+                if not extern:
+                    comp.fused_written[KV] += nbytes
+            elif nbytes:
+                self._allocs += 1
+                st = self.by_id[storage_id(o)] = Storage(role, nbytes, self._allocs)
+                st.written = True
+                comp.written[role] += nbytes
+                if not extern:
+                    st.fused, st.pending = True, nbytes
+            else:  # an empty() is not written
+                st = self.new(storage_id(o), role, o.untyped_storage().nbytes())
+            st.stage = stage
+            roles.append(role)
 
 def flat_tensors(x) -> list:
     """The tensors of an op's argument or output, lists and tuples flattened."""
