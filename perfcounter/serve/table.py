@@ -2,17 +2,19 @@
 by pricing/price.py at every step (no pricing rule here).
 
 `StepTable(counts, pricer)` holds, per record group of the counts (steps.py: one op of every
-layer and piece), what pricing.figures.Figures needs: its kind, dtype, weight and mask (from
-the group's counted sample) and its calls, FLOPs, bytes, weight and KV reads, a collective's
-bytes (counts.coef, per layer, times the layers the group repeats); a matmul's rows M and the
+layer and piece), what pricing.figures.Figures needs: its kind, dtype, weight, mask and
+collective (figures_of its counted sample) and its calls, FLOPs, bytes, weight and KV reads, a
+collective's bytes (ROWS: counts.coef's columns read by name, group_rows; per layer, times the
+layers the group repeats); a matmul's rows M and the
 calls of views (eager dispatches them) fitted over the counted steps; the step's compulsory
 bytes and fused IO (counts.compulsory, counts.fused) and the bytes of its host link (fitted
 here). `seconds(f)` builds the figures of a step of features f, rounded to whole bytes,
 FLOPs and calls (the counted figures are integers: at a counted step the table's figures are
 the counted ones) and returns `price(figures, spec, execution).latency_s`.
 
-What an engine runs, not a rule: compiled and CUDA graphs launch a layer's attention pieces as
-one varlen kernel (a group's calls 1 a layer), where our eager model calls SDPA once a piece.
+What an engine runs, not a rule: compiled and CUDA graphs (VARLEN) launch a layer's attention
+pieces as one varlen kernel (varlen_calls: a group's calls 1 a layer; engine_trace: a layer's
+record one call), where our eager model calls SDPA once a piece.
 
 A placement (placement.py) prices each device's share with a table of the records placed
 there (`repeats`: how many layers of each group run on that device): its calls, work and
@@ -31,20 +33,45 @@ import dataclasses
 
 import numpy as np
 
+from perfcounter.generation.figures import Figures as RecordFigures
 from perfcounter.pricing.achievable import program_dtype
-from perfcounter.pricing.collectives import record_call
 from perfcounter.pricing.figures import Figures, figures_of, record_kind
-from perfcounter.pricing.op_classes import (COLLECTIVE, gemv_weight, has_explicit_mask,
-                                            matmul_rows)
+from perfcounter.pricing.op_classes import matmul_rows
 from perfcounter.pricing.price import price
 from perfcounter.pricing.roofline import host_link_bytes
 from perfcounter.serve.steps import EXPERTS, StepCounts, StepModelError, fit, group_key
 from perfcounter.trace import ROLES, Trace
 
-_CALLS, _FLOPS, _EXECUTED, _BYTES = 0, 1, 2, 10  # figure columns (steps._figures)
-_WRITTEN = _BYTES + len(ROLES)
-_STREAMED = [_BYTES + ROLES.index("weight"), _BYTES + ROLES.index("kv_cache")]
+# counts.coef's columns by name: a record's figures as steps.py packs them (generation/figures.py's
+# Figures.values(): calls, FLOPs, executed FLOPs, primitive counts by KINDS, bytes read and
+# written by ROLES), read back from the column numbers themselves: a field added there moves them
+_COLUMNS = RecordFigures.from_values(range(len(RecordFigures().values())))
+_STREAMED = (_COLUMNS.read[ROLES.index("weight")], _COLUMNS.read[ROLES.index("kv_cache")])
+# a group's rows in the table's matrix, named by the pricing Figures' fields they become
+ROWS = ("calls", "flops", "executed_flops", "bytes", "streamed", "link_bytes")
+_CALLS, _FLOPS, _EXECUTED, _BYTES, _STREAMED_ROW, _LINK = (ROWS.index(n) for n in ROWS)
+_N = len(ROWS)
+VARLEN = ("compiled", "cudagraphs")  # regimes whose engine runs a layer's attention as one kernel
 SECONDS_CACHED = 1 << 16  # distinct steps a table keeps priced (then it starts over)
+
+
+def group_rows(coef: np.ndarray) -> np.ndarray:
+    """[groups, ROWS, features] from counts.coef [groups, a record's figures, features]: its
+    calls, FLOPs and executed FLOPs, bytes read and written, weight and KV-cache reads (what a
+    compiled step's matmuls and attention stream) and bytes written (a collective's message)."""
+    def total(columns):
+        return coef[:, list(columns)].sum(axis=1)
+    rows = {"calls": coef[:, _COLUMNS.calls], "flops": coef[:, _COLUMNS.flops],
+            "executed_flops": coef[:, _COLUMNS.executed_flops],
+            "bytes": total(_COLUMNS.read + _COLUMNS.written), "streamed": total(_STREAMED),
+            "link_bytes": total(_COLUMNS.written)}
+    return np.stack([rows[name] for name in ROWS], axis=1)
+
+
+def varlen_calls(calls: np.ndarray, attention: np.ndarray, layers) -> np.ndarray:
+    """calls as a VARLEN engine launches them: each attention group's pieces one kernel a
+    layer (at most `layers` calls: a group's layers, or 1 for one layer's figures)."""
+    return np.where(attention, np.minimum(calls, layers), calls)
 
 
 class StepTable:
@@ -64,15 +91,13 @@ class StepTable:
         self.layers = counts.layers if self.whole else \
             np.array([repeats(counts.sample[k]) for k in counts.keys], dtype=float)
         samples = [counts.sample[k] for k in counts.keys]
-        self.kind = tuple(record_kind(s.op, s.args) for s in samples)
-        self.dtype = tuple(s.dtype for s in samples)
-        self.weight = tuple(gemv_weight(s) if k == "matmul" else None
-                            for s, k in zip(samples, self.kind))
-        self.collective = tuple(record_call(s)[::2] if k == COLLECTIVE else None
-                                for s, k in zip(samples, self.kind))
+        # each group's kind, dtype, weight, mask and collective: its sample's, as figures_of
+        # gives a record's (no metadata record is a group: a group moves or computes)
+        sampled, records = figures_of(Trace(records=samples))
+        assert len(records) == len(samples), "a metadata record (prim.*) as a step group"
+        self.kind, self.dtype, self.weight = sampled.kind, sampled.dtype, sampled.weight
+        self.dense, self.collective = sampled.dense, sampled.collective
         self.linked = np.array([c is not None for c in self.collective])
-        self.dense = np.array([k == "attention" and has_explicit_mask(s.args)
-                               for s, k in zip(samples, self.kind)], dtype=bool)
         self.attention = np.array([k == "attention" for k in self.kind])
         self.matmul = np.array([k == "matmul" for k in self.kind])
         # matmuls and attention: what a compiled step's fused rest does not hold
@@ -83,27 +108,24 @@ class StepTable:
         self._no_link = np.zeros(len(samples))
         self.any_per_expert = bool(self.per_expert.any())
         self.any_linked = bool(self.linked.any())
-        self.varlen = self.execution in ("compiled", "cudagraphs") and bool(self.attention.any())
+        self.varlen = self.execution in VARLEN and bool(self.attention.any())
         xs = counts.xs
         link, energy, self.has_energy = _link_and_energy(counts, pricer, repeats)
         self.link = fit(xs, link, "host-link bytes")  # [2, features]
         self.joules = fit(xs, energy, "joules")[0]  # [features]
         # every figure of a step in one matrix [rows, features], one product a step: per group
-        # and layer calls, FLOPs, executed FLOPs, bytes, weight and KV reads, bytes written (a
-        # collective's message); then each group's rows M, the view calls, the compulsory
-        # bytes, the fused IO and the host link's bytes in and out
-        coef, groups = counts.coef, len(samples)
+        # and layer its ROWS (group_rows); then each group's rows M, the view calls, the
+        # compulsory bytes, the fused IO and the host link's bytes in and out
+        groups = len(samples)
         fused = counts.fused if counts.fused is not None else np.zeros(len(counts.compulsory))
         self._all = np.concatenate([
-            np.stack([coef[:, _CALLS], coef[:, _FLOPS], coef[:, _EXECUTED],
-                      coef[:, _BYTES:].sum(axis=1), coef[:, _STREAMED].sum(axis=1),
-                      coef[:, _WRITTEN:].sum(axis=1)], axis=1).reshape(groups * 6, -1),
+            group_rows(counts.coef).reshape(groups * _N, -1),
             self.rows, self.view_calls[None], counts.compulsory[None], fused[None], self.link])
         self._groups = groups
         # the whole model's table: each group's figures x its layers in the matrix itself
         self._scaled = self._all.copy()
         if self.whole:
-            self._scaled[:6 * groups] *= np.repeat(self.layers, 6)[:, None]
+            self._scaled[:_N * groups] *= np.repeat(self.layers, _N)[:, None]
         self._rates: dict = {}  # price()'s cache of rates (group_rates)
         self._seconds: dict = {}  # seconds(f) by f's float64 bytes (price() is pure)
 
@@ -111,30 +133,19 @@ class StepTable:
         """The figures of a step with features f (steps.features), whole model or this
         table's share of it."""
         counts, layers, g = self.counts, self.layers, self._groups
-        if self.whole:  # each group's figures x its layers (integers: rounded after scaling)
-            every = np.rint(self._scaled @ f)
-            fig = every[:6 * g].reshape(g, 6)
-            rows, (view_calls, compulsory, fused_io, to_device, to_host) = \
-                every[6 * g:7 * g], every[7 * g:].tolist()
-            calls = fig[:, 0]
-            if self.varlen:  # a layer's attention pieces one varlen kernel: one call a layer
-                calls = np.where(self.attention, np.minimum(calls, layers), calls)
-            if self.any_per_expert:
-                k = counts.args.num_activated_experts
-                rows[self.per_expert] = max(1.0, round(f[1] * k / max(f[EXPERTS], 1.0)))
-            return Figures(self.kind, self.dtype, self.weight, self.dense, calls, fig[:, 1],
-                           fig[:, 2], fig[:, 3], fig[:, 4], rows, self.collective,
-                           fig[:, 5] * self.linked if self.any_linked else self._no_link,
-                           compulsory, fused_io, 1, view_calls, self.program_dtype, to_device,
-                           to_host)
-        every = np.rint(self._all @ f)
-        fig = every[:6 * g].reshape(g, 6)  # of one layer
+        # the whole model: each group's figures x its layers (integers: rounded after scaling)
+        every = np.rint((self._scaled if self.whole else self._all) @ f)
+        fig = every[:_N * g].reshape(g, _N)  # [groups, ROWS]
         rows, (view_calls, compulsory, fused_io, to_device, to_host) = \
-            every[6 * g:7 * g], every[7 * g:].tolist()
-        calls, nbytes, streamed = fig[:, 0], fig[:, 3], fig[:, 4]
-        if self.varlen:  # compiled, CUDA graphs: a layer's attention pieces one varlen kernel
-            calls = np.where(self.attention, np.minimum(calls, 1.0), calls)
-        if not self.whole:  # a device's share of the step's distinct bytes (module doc)
+            every[_N * g:(_N + 1) * g], every[(_N + 1) * g:].tolist()
+        calls, flops, executed = fig[:, _CALLS], fig[:, _FLOPS], fig[:, _EXECUTED]
+        nbytes, streamed, link = fig[:, _BYTES], fig[:, _STREAMED_ROW], fig[:, _LINK]
+        if self.whole:
+            if self.varlen:
+                calls = varlen_calls(calls, self.attention, layers)
+        else:  # of one layer: a device's share of the step's distinct bytes (module doc)
+            if self.varlen:
+                calls = varlen_calls(calls, self.attention, 1.0)
             rest = compulsory - float((streamed * counts.layers)[self.extern].sum())
             fused = ~self.extern & (nbytes > 0)
             by = fused if fused.any() else nbytes > 0
@@ -142,15 +153,18 @@ class StepTable:
             share = float((nbytes * layers)[by].sum()) / whole if whole else 1.0
             compulsory = float((streamed * layers)[self.extern].sum()) + rest * share
             fused_io = max(0.0, (fused_io or rest) * share)
-        if self.per_expert.any():  # each touched expert's own kernel: its share of the rows
+            calls, flops, executed = calls * layers, flops * layers, executed * layers
+            nbytes, streamed, link = nbytes * layers, streamed * layers, link * layers
+        if self.any_per_expert:  # each touched expert's own kernel: its share of the rows
             k = counts.args.num_activated_experts
             rows[self.per_expert] = max(1.0, round(f[1] * k / max(f[EXPERTS], 1.0)))
         return Figures(
-            self.kind, self.dtype, self.weight, self.dense, calls * layers,
-            fig[:, 1] * layers, fig[:, 2] * layers, nbytes * layers, streamed * layers, rows,
-            self.collective,
-            fig[:, 5] * layers * self.linked if self.any_linked else self._no_link,
-            compulsory, fused_io, 1, view_calls, self.program_dtype, to_device, to_host)
+            kind=self.kind, dtype=self.dtype, weight=self.weight, dense=self.dense, calls=calls,
+            flops=flops, executed_flops=executed, bytes=nbytes, streamed=streamed, rows=rows,
+            collective=self.collective,
+            link_bytes=link * self.linked if self.any_linked else self._no_link,
+            compulsory_bytes=compulsory, fused_bytes=fused_io, steps=1, view_calls=view_calls,
+            program_dtype=self.program_dtype, to_device_bytes=to_device, to_host_bytes=to_host)
 
     def seconds(self, f: np.ndarray) -> float:
         """Seconds of a step with features f: price() of its figures, once per distinct f (a
@@ -194,7 +208,7 @@ def engine_trace(trace: Trace, execution: str) -> Trace:
         else:
             merged[key] = r.copy()
             records.append(merged[key])
-    if execution in ("compiled", "cudagraphs"):
+    if execution in VARLEN:  # one kernel a layer (varlen_calls): a record is one layer's
         for r in merged.values():
             if record_kind(r.op, r.args) == "attention":
                 r.calls = 1
