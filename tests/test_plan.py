@@ -274,3 +274,17 @@ def test_a_quantized_rank_weighed_once_a_process(monkeypatch):
     assert memory.weight_bytes(TOY, torch.bfloat16, int8) == 182_016
     with pytest.raises(pytest.fail.Exception):  # another scheme is another model
         memory.weight_bytes(TOY, torch.bfloat16, WeightScheme("int4", 32))
+
+
+def test_the_printed_command_says_execution_bound_and_serve_reads_it(tmp_path, tiny):
+    import shlex
+
+    from perfcounter.plan.evaluate import Job, serve_command
+    c = Candidate("h100-sxm", "bfloat16", None, None, 1, 1, 1, False, 4)
+    job = Job(tiny, execution="bound", qps=20.0, num_requests=4, prompt_length="8",
+              max_new_tokens="2")
+    argv = shlex.split(serve_command(c, job))
+    assert "--bound" not in argv and argv[argv.index("--execution") + 1] == "bound"
+    out = tmp_path / "served.json"
+    assert main(argv=[*argv[1:], "--save_path", str(out)]) == 0
+    assert json.loads(out.read_text())["execution"] == "bound"

@@ -379,3 +379,32 @@ def test_a_prefill_compiled_for_any_prompt_length_pays_its_dynamic_programs_laun
     assert P.phase_program(engine, "compiled", "prefill")[1] is engine
     cpu = spec()
     assert P.phase_program(cpu, "compiled", "prefill")[1] is cpu
+
+
+def test_the_regimes_are_named_and_checked_once():
+    import subprocess
+    from pathlib import Path
+
+    from perfcounter.cli import flags
+    from perfcounter.devices.spec import EXECUTIONS
+    from perfcounter.pricing import achievable
+    from perfcounter.pricing.price import REGIMES, check_regime
+    assert EXECUTIONS == ("eager", "compiled", "cudagraphs") and REGIMES == ("bound", *EXECUTIONS)
+    assert flags.EXECUTIONS is EXECUTIONS and P.REGIMES is REGIMES  # imported, not copied
+    root = Path(__file__).resolve().parents[1]
+    lines = subprocess.run(["grep", "-rn", r"EXECUTIONS =\|REGIMES =", "perfcounter"], cwd=root,
+                           capture_output=True, text=True).stdout.splitlines()
+    assert sorted(line.split(":")[0] for line in lines) == ["perfcounter/devices/spec.py",
+                                                             "perfcounter/pricing/price.py"]
+    # one check: the bound among the regimes, or (bound=False) the programs a prediction prices
+    assert [check_regime(r) for r in REGIMES] == list(REGIMES)
+    assert check_regime("eager", bound=False) == "eager"
+    with pytest.raises(ValueError, match="unknown execution 'bound'; valid: eager, compiled, "
+                                         "cudagraphs$"):
+        check_regime("bound", bound=False)
+    # what refuses a name elsewhere is that check (its message)
+    for refuse in (achievable.check_execution, lambda e: P.overhead(spec(), e),
+                   lambda e: P.phase_regime(e, "decode")):
+        with pytest.raises(ValueError, match="unknown execution 'kernel'; valid: eager, "
+                                             "compiled, cudagraphs$"):
+            refuse("kernel")  # an op_overhead_s key, not a regime

@@ -60,13 +60,13 @@ import torch
 
 from perfcounter._util import check_writable_target, did_you_mean
 from perfcounter.cli.model_flag import ACCEPTED, config_of, model_source  # noqa: F401 config_of
+from perfcounter.devices.spec import EXECUTIONS
 from perfcounter.generation.run import GenerateArgumentError
 from perfcounter.parallel import ParallelConfig
 
 PRECISIONS = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 PRECISION_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16",
                      "fp32": "float32", "float": "float32"}
-EXECUTIONS = ("eager", "compiled", "cudagraphs")
 _UNSET = object()  # a dest no flag has set yet (Parser.parse_known_args: `given`)
 _ACCUMULATE = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction,
                argparse._ExtendAction)  # actions that add to a dest's value (append, count)

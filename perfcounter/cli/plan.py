@@ -22,7 +22,8 @@ from perfcounter.plan.candidates import KV_CACHE_DTYPES, MAX_NUM_SEQS, QUANTIZAT
 from perfcounter.plan.pool import PlanError
 from perfcounter.plan.render import plan_text
 from perfcounter.plan.search import plan
-from perfcounter.serve.api import EXECUTIONS, PRECISIONS
+from perfcounter.pricing.price import REGIMES
+from perfcounter.serve.api import PRECISIONS
 from perfcounter.serve.engines import ENGINES
 from perfcounter.serve.errors import ServeError
 
@@ -44,7 +45,7 @@ def add_parser(sub) -> None:
                    help="price a GPU-hour of every kind (default: the registry's sourced one)")
     g.add_argument("--precision", default="bfloat16", choices=tuple(PRECISIONS),
                    help="the activations' dtype")
-    g.add_argument("--execution", default="cudagraphs", choices=EXECUTIONS,
+    g.add_argument("--execution", default="cudagraphs", choices=REGIMES,
                    help="the regime steps are priced in (bound: the roofline)")
     g.add_argument("--engine", default="vllm", choices=ENGINES,
                    help="the serving engine whose defaults run (serve's --engine; --execution "

@@ -28,11 +28,12 @@ from perfcounter.cli.flags import (add_deprecated, add_model_flags, add_output, 
 from perfcounter.devices import default_device_spec
 from perfcounter.parallel import PARALLEL_SIZES, fits_text, smallest_fit
 from perfcounter.parallel.disaggregated import Pool
+from perfcounter.pricing.price import REGIMES
 from perfcounter.quant.gguf_types import FILE_TYPES
 from perfcounter.quant.quantize import resolve_scheme
-from perfcounter.serve.api import (EXECUTIONS, deployment, disaggregated, find_max_qps,
-                                   qps_values, resolve_model, resolve_precision,
-                                   resolve_quantization, resolve_spec, serve)
+from perfcounter.serve.api import (deployment, disaggregated, find_max_qps, qps_values,
+                                   resolve_model, resolve_precision, resolve_quantization,
+                                   resolve_spec, serve)
 from perfcounter.serve.engines import ENGINES, engine_profile
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.memory import memory_plan
@@ -51,7 +52,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="a model served to a workload: TTFT / TPOT percentiles, "
                        "memory fit, J and $ per token",
                        description=__doc__.split("\n\n")[0])
-    add_model_flags(p, lengths="distributions", device_list=True, executions=EXECUTIONS)
+    add_model_flags(p, lengths="distributions", device_list=True, executions=REGIMES)
     add_parallel_flags(p)  # one rank's step table and memory, the price of every GPU
     add_arguments(p)
     g = p.add_argument_group("output")

@@ -56,8 +56,10 @@ _EXPECTED = {"positive": "a positive number", "non-negative": "a non-negative nu
              "fraction": "a number in (0, 1]"}
 # what `profile` may say: whose modelling conventions the figures follow
 PROFILES = {"upmem": "a simulator profile of the UPMEM LLM framework (its defaults apply)"}
-# the op classes a prediction prices apart (predict.py), and the two ways a program runs
+# the op classes a prediction prices apart (predict.py)
 OP_CLASSES = ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing", "strided")
+# the programs a prediction prices, named here once: the op_overhead_s keys below start with
+# them, and pricing/price.py's REGIMES adds the bound to them (its check_regime checks both)
 EXECUTIONS = ("eager", "compiled", "cudagraphs")
 # op_efficiency keys: a class, or a GEMV by its weight's dtype (weight-only int8 / int4 kernels,
 # fp8 x fp8: W8A8)

@@ -24,7 +24,6 @@ import torch
 from perfcounter._util import PerfcounterWarning, check_writable_target
 from perfcounter.counting.module_path import check_depth
 from perfcounter.devices.op_rates import CLOCKS, check_clock
-from perfcounter.devices.spec import EXECUTIONS
 from perfcounter.devices.timing import CoreWait
 from perfcounter.generation import speculative
 from perfcounter.generation.config_only import context_error, resolve_config
@@ -36,6 +35,7 @@ from perfcounter.models.loading import (check_device, default_checkpoint, fake_m
                                         load_model, read_config)
 from perfcounter.models.tokenizer import TokenizerError
 from perfcounter.parallel.memory import one_rank_run
+from perfcounter.pricing.price import EXECUTIONS, check_regime
 from perfcounter.quant import quantize as quantization
 from perfcounter.quant.gguf_types import check_gguf_type
 from perfcounter.quant.gguf_stored import check_price_as, describe as describe_gguf
@@ -182,6 +182,26 @@ class Options:
 def check_options(o: Options) -> Options:
     """Every flag checked before the run, in order (GenerateArgumentError, or the error of the
     module that owns the flag); fills in o's resolved fields and returns o."""
+    _check_numbers(o)
+    _check_files(o)
+    o.scheme, o.kv, o.precision = check_quantization(o.quantize, o.weight_dtype, o.group_size,
+                                                     o.kv_dtype, o.act_dtype, o.precision)
+    _resolve_model(o)
+    _check_stored(o)
+    _resolve_device(o)
+    o.parallel, o.args = one_rank_run(o, GenerateArgumentError)  # config only: one rank counted
+    o.execution, o.compile = check_execution(o.execution, o.compile, o.device, o.config_only)
+    try:
+        o.clock = check_clock(o.clock)
+    except ValueError as e:
+        raise GenerateArgumentError(str(e)) from None
+    if not o.config_only:  # a real run: its checkpoint's config, before any measuring or loading
+        check_checkpoint(o)
+    return o
+
+
+def _check_numbers(o: Options) -> None:
+    """The run's sizes, sampling, speculation, --depth and --price_as, before anything else."""
     if o.max_new_tokens < 1 or o.batch_size < 1 or o.num_samples < 1:
         raise GenerateArgumentError(f"--max_new_tokens, --batch_size and --num_samples must be >= "
                                     f"1, got {o.max_new_tokens}, {o.batch_size}, {o.num_samples}")
@@ -196,24 +216,39 @@ def check_options(o: Options) -> Options:
         check_price_as(o.price_as)
     except ValueError as e:
         raise GenerateArgumentError(f"--{e}") from None
+
+
+def _check_files(o: Options) -> None:
+    """--save_path (its folder made), --mapping (the file read: a bad one fails first), --plot
+    and --trace (and matplotlib): before the run, not after."""
     if o.save_path is not None:
         o.save_path = check_save_path(o.save_path)
-    o.placement = None if o.mapping is None else Mapping.load(o.mapping)  # a bad file fails first
-    try:  # --plot DIR (and matplotlib), --trace FILE: before the run, not after
+    o.placement = None if o.mapping is None else Mapping.load(o.mapping)
+    try:
         o.pictures = check_outputs(o.plot, o.trace)
     except ValueError as e:
         raise GenerateArgumentError(str(e)) from None
-    o.scheme, o.kv, o.precision = check_quantization(o.quantize, o.weight_dtype, o.group_size,
-                                                     o.kv_dtype, o.act_dtype, o.precision)
+
+
+def _resolve_model(o: Options) -> None:
+    """Whether the run counts a config only (a model or config, no checkpoint) and whether it
+    decodes speculatively (a draft given: gpt-fast's); a config-only run's model read:
+    transformers' own with --hf (any causal LM), else perfcounter's ModelArgs."""
     o.config_only = o.checkpoint_path is None and (o.model is not None or o.config is not None)
-    o.speculative = speculative.check_run(  # a draft given: gpt-fast's speculative decoding
+    o.speculative = speculative.check_run(
         config_only=o.config_only, draft_checkpoint_path=o.draft_checkpoint_path,
         draft_model=o.draft_model, acceptance_rate=o.acceptance_rate, batch_size=o.batch_size,
         hf=o.hf, compile=o.compile)
-    if o.config_only and o.hf:  # transformers' own model for the config: any causal LM
+    if o.config_only and o.hf:
         o.hf_config = resolve_config(o.config if o.config is not None else o.model)
     elif o.config_only:
         o.args = read_config(o.config) if o.config is not None else ModelArgs.from_name(o.model)
+
+
+def _check_stored(o: Options) -> None:
+    """How the weights are stored: --gguf_type (a preset counted config only, no draft) and
+    the quantization flags (perfcounter's model alone; config only: the group size applied
+    to the model before the run)."""
     if o.gguf_type is not None:
         if not o.config_only or o.speculative:
             raise GenerateArgumentError("--gguf_type prices a preset counted config only (no "
@@ -229,10 +264,17 @@ def check_options(o: Options) -> Options:
             raise GenerateArgumentError("--quantize, --weight_dtype and --kv_dtype quantize "
                                         "perfcounter's model; --hf runs transformers' own (use "
                                         "torchao's quantize_ on it)")
-        if o.args is not None:  # config only: the group size checked before the run
+        if o.args is not None:
             apply_quantization(o.args, o.scheme, o.kv)
+
+
+def _resolve_device(o: Options) -> None:
+    """The device (config-only counts run on fake tensors, on a device that is here when one
+    is named), the prompt (a real run's not empty), a config-only run's length within its
+    model's context, and the precision (None: float32 for a real run on a CPU, whose
+    bfloat16 matmuls are slow; else bfloat16) with its dtype."""
     device = o.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:  # config-only counts run on fake tensors, on a device that is here when one is named
+    try:
         o.device = check_device(device, present=not o.config_only or o.device is not None)
     except ValueError as e:
         priced = ("; a config-only count prices any device by --device_spec (drop --device)"
@@ -246,21 +288,12 @@ def check_options(o: Options) -> Options:
         check_length(o.config_prompt_length, o.max_new_tokens,
                      o.args.block_size if o.args is not None else getattr(hf, "block_size", None)
                      or getattr(hf, "max_position_embeddings", None))
-    if o.precision is None:  # bfloat16 matmuls are slow on most CPUs
+    if o.precision is None:
         o.precision = "float32" if o.device == "cpu" and not o.config_only else "bfloat16"
     if o.precision not in PRECISIONS:
         raise GenerateArgumentError(f"unknown --precision {o.precision!r}; valid: "
                                     f"{', '.join(PRECISIONS)}")
     o.dtype = PRECISIONS[o.precision]
-    o.parallel, o.args = one_rank_run(o, GenerateArgumentError)  # config only: one rank counted
-    o.execution, o.compile = check_execution(o.execution, o.compile, o.device, o.config_only)
-    try:
-        o.clock = check_clock(o.clock)
-    except ValueError as e:
-        raise GenerateArgumentError(str(e)) from None
-    if not o.config_only:  # a real run: its checkpoint's config, before any measuring or loading
-        check_checkpoint(o)
-    return o
 
 
 def check_checkpoint(o: Options) -> None:
@@ -291,14 +324,19 @@ def check_checkpoint(o: Options) -> None:
 
 def check_execution(execution, compile: bool, device: str, config_only: bool):
     """(the program predicted and, a real run, timed: eager, compiled or cudagraphs; whether
-    the timed runs are torch.compile'd). --compile alone: compiled, or on a CUDA device
-    cudagraphs (the timed decode runs torch.compile's reduce-overhead mode: CUDA graphs)."""
+    the timed runs are torch.compile'd). execution None: as --compile says: without it
+    eager; with it compiled, or a real run on a CUDA device cudagraphs (the timed decode runs
+    torch.compile's reduce-overhead mode: CUDA graphs). The name is checked by the one check
+    (pricing.price.check_regime, the bound refused), refused as --execution; beside it, a
+    real run's cudagraphs needs a CUDA device."""
     if execution is None:
         real_cuda = "cuda" in str(device) and not config_only
         execution = ("cudagraphs" if real_cuda else "compiled") if compile else "eager"
-    if execution not in EXECUTIONS:
+    try:
+        check_regime(execution, bound=False)
+    except ValueError:
         raise GenerateArgumentError(f"--execution {execution!r} is not valid; valid: "
-                                    f"{', '.join(EXECUTIONS)}")
+                                    f"{', '.join(EXECUTIONS)}") from None
     if execution == "cudagraphs" and not config_only and "cuda" not in str(device):
         raise GenerateArgumentError("--execution cudagraphs times CUDA graphs: it needs a CUDA "
                                     "device (config only prices it for any device)")

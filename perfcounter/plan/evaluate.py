@@ -160,7 +160,7 @@ def serve_command(c: Candidate, job: Job) -> str:
              "--max_num_batched_tokens", str(job.max_num_batched_tokens),
              "--gpu_memory_utilization", f"{job.gpu_memory_utilization:g}",
              "--block_size", str(job.block_size)]
-    argv += ["--bound"] if job.execution == "bound" else ["--execution", job.execution]
+    argv += ["--execution", job.execution]  # any of REGIMES, bound included
     argv += ["--qps", repr(job.qps), "--num_requests", str(job.num_requests),
              "--prompt_length", job.prompt_length, "--max_new_tokens", job.max_new_tokens,
              "--burstiness", repr(job.burstiness), "--seed", str(job.seed), "--slo", job.slo]

@@ -104,10 +104,11 @@ ASYNCHRONOUS = ("cuda", "mps", "tpu")
 
 
 def check_execution(execution) -> str:
-    """execution itself when it is one of EXECUTIONS; else a ValueError naming them."""
-    if execution not in EXECUTIONS:
-        raise ValueError(f"unknown execution {execution!r}; valid: {', '.join(EXECUTIONS)}")
-    return execution
+    """price.check_regime(execution, bound=False): the one check of a regime, by the name
+    serve/predicted.py, counter.py and stats.py import (price.py imports this module: the
+    check is looked up when called)."""
+    from perfcounter.pricing.price import check_regime
+    return check_regime(execution, bound=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +202,8 @@ def overhead(spec, execution: str, cold: bool = False, dtype: str | None = None)
     `dtype`: the dtype the program computes in (program_dtype); eager in a dtype whose own
     figure the spec holds ("eager_<dtype>", calibrate's tiny step in that dtype) pays that
     figure, plus what the cold step adds to float32's (eager_cold - eager) where it is cold."""
-    check_execution(execution)
+    if execution not in EXECUTIONS:  # refused by the one check (price.check_regime)
+        check_execution(execution)
     own = spec.op_overhead_s.get(f"eager_{dtype}") if execution == "eager" and dtype else None
     if cold and execution == "eager" and "eager_cold" in spec.op_overhead_s \
             and spec.device_type not in ASYNCHRONOUS:

@@ -112,7 +112,7 @@ from perfcounter.pricing.op_classes import (  # noqa: F401 (re-exported: predict
     EXTERN, ROW_BLOCK, SKINNY_ROWS, gemv_weight, has_explicit_mask, matmul_mk, matmul_rows,
     op_class, strided_view)
 from perfcounter.pricing.price import (  # noqa: F401 (re-exported)
-    REGIMES, Prediction, price, streams_cold)
+    REGIMES, Prediction, check_regime, price, streams_cold)
 from perfcounter.trace import OpRecord, Trace
 
 
@@ -146,7 +146,7 @@ def op_predictions(trace: Trace, spec, execution: str = "eager") -> list[OpPredi
     dispatch its kernels do not hide) + max(compute, memory) + a GEMV's weight rows x the
     time per row + on a GPU each kernel's fixed time (kernel_s). Compiled and CUDA graphs:
     the fused records' own figures, as eager would price them without overhead."""
-    check_execution(execution)
+    check_regime(execution, bound=False)
     fig, records = figures_of(trace)
     g = price(fig, spec, "eager" if execution != "eager" else execution).groups
     if execution != "eager":  # the regime's overhead a call; each record's own work
@@ -170,7 +170,7 @@ def predict(trace: Trace, spec, execution: str = "eager") -> Prediction:
 def phase_regime(execution: str, label: str) -> str:
     """The regime a phase labelled `label` runs under `execution`: a prefill (a label naming
     one) under "cudagraphs" runs "compiled" (see the module doc); anything else as asked."""
-    check_execution(execution)
+    check_regime(execution, bound=False)
     return "compiled" if execution == "cudagraphs" and "prefill" in label else execution
 
 

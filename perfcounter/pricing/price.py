@@ -2,9 +2,10 @@
 
     price(figures, spec, execution) -> Prediction
 
-The regimes are named here once (REGIMES). "bound" is the least any regime can take; the
-others are perfcounter's predictions (predict.py's module doc says what each charges and
-where each rate comes from). Every group of the figures is priced as
+The regimes are named here once (REGIMES: the bound and devices/spec.py's EXECUTIONS) and
+checked here once (check_regime). "bound" is the least any regime can take; the others are
+perfcounter's predictions (predict.py's module doc says what each charges and where each rate
+comes from). Every group of the figures is priced as
 
     calls x overhead(execution) + max(flops / F, bytes / B) [+ a GEMV's weight rows x the time
         per row] [+ calls x a GPU kernel's fixed time]
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from perfcounter.devices.spec import EXECUTIONS
 from perfcounter.pricing.achievable import ASYNCHRONOUS, compiled_step_s, overhead
 from perfcounter.pricing.collectives import call_seconds
 from perfcounter.pricing.bound import bound_parts
@@ -37,13 +39,16 @@ from perfcounter.pricing.figures import Figures
 from perfcounter.pricing.rates import fused_rate, group_rates, structure
 from perfcounter.pricing.roofline import crosses_host_link
 
-REGIMES = ("bound", "eager", "compiled", "cudagraphs")
+REGIMES = ("bound", *EXECUTIONS)  # the bound, then the programs a prediction prices
 
 
-def check_regime(execution) -> str:
-    """execution itself when it is one of REGIMES; else a ValueError naming them."""
-    if execution not in REGIMES:
-        raise ValueError(f"unknown execution {execution!r}; valid: {', '.join(REGIMES)}")
+def check_regime(execution, *, bound: bool = True) -> str:
+    """execution itself when it is one of REGIMES (bound=False: of EXECUTIONS, the programs a
+    prediction prices); else a ValueError naming the value and the valid ones. The one check
+    of a regime's name: the others (serve's ServeError, generate's flags) wrap it."""
+    valid = REGIMES if bound else EXECUTIONS
+    if execution not in valid:
+        raise ValueError(f"unknown execution {execution!r}; valid: {', '.join(valid)}")
     return execution
 
 
@@ -141,97 +146,162 @@ def price(fig: Figures, spec, execution: str, *, cache: dict | None = None,
                           {"compute": compute, "memory": memory, "collective": linked_s},
                           "peak", int(fig.calls @ shape.ones))
     cold = streams_cold(fig, spec)
-    steps = max(fig.steps, 1)
-    # the fused groups: neither extern nor collectives, moving bytes; they move the fused IO,
-    # else (not counted) the compulsory bytes the extern kernels do not already stream
-    has_fused = bool(fig.bytes @ shape.fusable_f > 0)  # (bytes are never negative)
-    fused_bytes = 0.0
-    if has_fused:
-        fused_bytes = fig.fused_bytes or \
-            max(0.0, fig.compulsory_bytes - float(fig.streamed @ shape.extern_f))
-    ext_calls = float(fig.calls @ shape.extern_f)
-    kernels = ext_calls + steps  # the fused ones: one a step and one after each extern kernel
-    rt = group_rates(fig, spec, cold, cache)
-    fused = (fig.bytes > 0) * shape.fusable_f
-    dtype = fig.dtype[int(np.argmax(fig.bytes * fused))] if has_fused else ""
+    work = _group_work(fig, group_rates(fig, spec, cold, cache), shape, on_link, linked_s)
+    if execution == "eager":
+        return _eager(fig, spec, cold, work, link, detail)
+    return _compiled(fig, spec, execution, cold, work, link, cache, detail)
+
+
+@dataclass(slots=True)
+class _GroupWork:
+    """Each group's device time before any fixed cost of a regime (seconds, one a group):
+    compute and memory at the group's rates, a GEMV's weight rows, a GPU kernel's fixed time,
+    and `total` = max(compute, memory) + rows + fixed, a collective's its link's (collective_s)."""
+
+    rates: object  # rates.Rates: the class, basis and strided share of each group
+    shape: object  # rates.Structure
+    compute: np.ndarray
+    memory: np.ndarray
+    rows_s: np.ndarray
+    fixed: np.ndarray
+    total: np.ndarray
+    linked_s: float  # Σ the collectives' seconds on the link
+
+
+def _group_work(fig: Figures, rt, shape, on_link, linked_s: float) -> _GroupWork:
+    """Each group's work at rates `rt` (group_rates): dense FLOPs where the group computes
+    them all, else the executed ones; a kernel's fixed time where it moves or computes."""
     flops = np.where(fig.dense, fig.flops, fig.executed_flops)
     compute = flops * rt.per_flop
     memory = fig.bytes * rt.per_byte
     moves = (fig.bytes > 0) | (fig.executed_flops > 0)
     fixed = fig.calls * rt.kernel * moves
     rows_s = fig.calls * rt.row_s
-    work = np.maximum(compute, memory) + rows_s + fixed
+    total = np.maximum(compute, memory) + rows_s + fixed
     if on_link is not None:  # a collective's time is its link's, in every regime
-        work[shape.linked] = on_link[shape.linked]
-    asynchronous = spec.device_type in ASYNCHRONOUS
-    if execution == "eager":
-        per_call = overhead(spec, "eager", cold, fig.program_dtype)
-        over = fig.calls * per_call
-        total = float(work @ shape.ones)
-        dispatch = float(over @ shape.ones) + fig.view_calls * per_call
-        shown = 1.0
-        if asynchronous:  # the host dispatches ahead of the kernels: each op its share
-            shown = max(dispatch - total, 0.0) / dispatch if dispatch else 0.0
-        if not detail:
-            return Prediction(execution, dispatch * shown, total, link, {}, "", 0)
-        by_class: dict = {}
-        for c, s in zip(rt.cls, over * shown + work):
-            by_class[c] = by_class.get(c, 0.0) + float(s)
-        return Prediction(execution, dispatch * shown, total, link, by_class,
-                          "+".join(sorted(set(rt.basis) - {""})), int(fig.calls.sum()),
-                          float(work[rt.strided].sum()), fixed_s=float(fixed.sum()),
-                          groups=GroupCosts(rt.cls, over * shown, compute, memory, rows_s,
-                                            fixed, rt.basis, rt.strided))
-    fused_s = fused_fixed = 0.0
-    fbasis = None
-    if has_fused:
-        flops_per_s, bandwidth, per_kernel, fbasis, _ = fused_rate(
-            spec, dtype, cold, fused_bytes / kernels, cache)
-        fused_fixed = kernels * per_kernel
-        fused_s = max(float(fig.executed_flops @ fused) / flops_per_s,
-                      fused_bytes / bandwidth) + fused_fixed
-    elif detail:
-        fbasis = fused_rate(spec, dtype, cold, 0.0, None)[3]
+        total[shape.linked] = on_link[shape.linked]
+    return _GroupWork(rt, shape, compute, memory, rows_s, fixed, total, linked_s)
+
+
+def _eager(fig: Figures, spec, cold: bool, w: _GroupWork, link: float,
+           detail: bool) -> Prediction:
+    """Eager: every group at its work plus its calls' dispatch; on an asynchronous device the
+    dispatch shows only where it outlasts the kernels (each op its share)."""
+    rt, shape = w.rates, w.shape
+    per_call = overhead(spec, "eager", cold, fig.program_dtype)
+    over = fig.calls * per_call
+    total = float(w.total @ shape.ones)
+    dispatch = float(over @ shape.ones) + fig.view_calls * per_call
+    shown = 1.0
+    if spec.device_type in ASYNCHRONOUS:  # the host dispatches ahead of the kernels
+        shown = max(dispatch - total, 0.0) / dispatch if dispatch else 0.0
+    if not detail:
+        return Prediction("eager", dispatch * shown, total, link, {}, "", 0)
+    by_class: dict = {}
+    for c, s in zip(rt.cls, over * shown + w.total):
+        by_class[c] = by_class.get(c, 0.0) + float(s)
+    return Prediction("eager", dispatch * shown, total, link, by_class,
+                      "+".join(sorted(set(rt.basis) - {""})), int(fig.calls.sum()),
+                      float(w.total[rt.strided].sum()), fixed_s=float(w.fixed.sum()),
+                      groups=GroupCosts(rt.cls, over * shown, w.compute, w.memory, w.rows_s,
+                                        w.fixed, rt.basis, rt.strided))
+
+
+@dataclass(slots=True)
+class _Fused:
+    """A compiled step's fused groups as one: its kernels (one a step and one after each
+    extern kernel), their seconds (fixed time included) and where their rate came from."""
+
+    present: bool  # any fusable group moves bytes
+    ext_calls: float  # the extern kernels' calls
+    kernels: float
+    seconds: float
+    fixed_s: float
+    basis: str | None
+
+
+def _fused(fig: Figures, spec, shape, cold: bool, cache: dict | None, detail: bool) -> _Fused:
+    """The fused groups: neither extern nor collectives, moving bytes; they move the fused
+    IO, else (not counted) the compulsory bytes the extern kernels do not already stream."""
+    present = bool(fig.bytes @ shape.fusable_f > 0)  # (bytes are never negative)
+    fused_bytes = 0.0
+    if present:
+        fused_bytes = fig.fused_bytes or \
+            max(0.0, fig.compulsory_bytes - float(fig.streamed @ shape.extern_f))
+    ext_calls = float(fig.calls @ shape.extern_f)
+    kernels = ext_calls + max(fig.steps, 1)
+    fused = (fig.bytes > 0) * shape.fusable_f
+    dtype = fig.dtype[int(np.argmax(fig.bytes * fused))] if present else ""
+    if not present:
+        basis = fused_rate(spec, dtype, cold, 0.0, None)[3] if detail else None
+        return _Fused(False, ext_calls, kernels, 0.0, 0.0, basis)
+    flops_per_s, bandwidth, per_kernel, basis, _ = fused_rate(
+        spec, dtype, cold, fused_bytes / kernels, cache)
+    fixed = kernels * per_kernel
+    seconds = max(float(fig.executed_flops @ fused) / flops_per_s,
+                  fused_bytes / bandwidth) + fixed
+    return _Fused(True, ext_calls, kernels, seconds, fixed, basis)
+
+
+def _launches(fig: Figures, spec, execution: str, f: _Fused, per_call: float) -> dict:
+    """The host's seconds a step, by what it launches: cudagraphs one graph a step, no launch
+    per kernel; compiled a launch per kernel (`per_call` an extern one) and the compiled
+    program's entry per step."""
+    steps = max(fig.steps, 1)
+    if execution == "cudagraphs":
+        return {"graph launch": steps * overhead(spec, "cudagraphs")}
+    fused = (steps + f.ext_calls) * overhead(spec, "compiled") if f.present else 0.0
+    return {"extern": f.ext_calls * per_call, "fused": fused + steps * compiled_step_s(spec)}
+
+
+def _compiled(fig: Figures, spec, execution: str, cold: bool, w: _GroupWork, link: float,
+              cache: dict | None, detail: bool) -> Prediction:
+    """Compiled and cudagraphs: the extern groups at their work, the rest one fused group,
+    the host's launches (compiled, asynchronous device: hidden behind the kernels)."""
+    f = _fused(fig, spec, w.shape, cold, cache, detail)
     per_call = 0.0 if execution == "cudagraphs" else \
         overhead(spec, execution, cold, fig.program_dtype)
-    host: dict = {}
-    if execution == "cudagraphs":  # one graph launch per step, no launch per kernel
-        host["graph launch"] = steps * overhead(spec, "cudagraphs")
-    else:  # a launch per kernel, and the compiled program's entry per step
-        host["extern"] = ext_calls * per_call
-        host["fused"] = (steps + ext_calls) * overhead(spec, "compiled") if has_fused else 0.0
-        host["fused"] += steps * compiled_step_s(spec)
-    total = float(work @ shape.extern_f) + fused_s + linked_s
+    host = _launches(fig, spec, execution, f, per_call)
+    total = float(w.total @ w.shape.extern_f) + f.seconds + w.linked_s
     launches = sum(host.values())
     shown = 1.0  # the share of the host's time that the step's time shows
-    if execution == "compiled" and asynchronous and launches:
+    if execution == "compiled" and spec.device_type in ASYNCHRONOUS and launches:
         shown = max(launches - total, 0.0) / launches  # launches overlap the kernels
     if not detail:
         return Prediction(execution, launches * shown, total, link, {}, "", 0, host_shown=shown)
-    extern = shape.extern
+    extern = w.shape.extern
     over = np.where(extern, fig.calls * per_call, 0.0)
-    by_class = {}
-    for c, w, o, e in zip(rt.cls, work, over, extern):
+    zero = np.zeros(len(fig))
+    rt = w.rates
+    groups = GroupCosts(rt.cls, over, np.where(extern, w.compute, zero),
+                        np.where(extern, w.memory, zero), np.where(extern, w.rows_s, zero),
+                        np.where(extern, w.fixed, zero), rt.basis, rt.strided)
+    basis = (set(rt.basis) | {f.basis}) - {"", None}
+    return Prediction(execution, launches * shown, total, link,
+                      _compiled_by_class(execution, w, over, f, host, shown),
+                      "+".join(sorted(basis)), int(f.ext_calls + (f.kernels if f.present else 0)),
+                      host_shown=shown, fixed_s=float(w.fixed[extern].sum()) + f.fixed_s,
+                      groups=groups)
+
+
+def _compiled_by_class(execution: str, w: _GroupWork, over: np.ndarray, f: _Fused, host: dict,
+                       shown: float) -> dict:
+    """A compiled step's seconds by op class: the extern groups' (compiled: their launches'
+    shown share too), the host's other launches, "fused" and "collective"."""
+    by_class: dict = {}
+    for c, t, o, e in zip(w.rates.cls, w.total, over, w.shape.extern):
         if e:
-            by_class[c] = by_class.get(c, 0.0) + float(w)
+            by_class[c] = by_class.get(c, 0.0) + float(t)
             if execution == "compiled":
                 by_class[c] += float(o) * shown
     for k, t in host.items():
         if k != "extern":
             by_class[k] = by_class.get(k, 0.0) + t * shown
-    by_class["fused"] = by_class.get("fused", 0.0) + fused_s
-    if on_link is not None:
-        by_class["collective"] = linked_s
-    zero = np.zeros(len(fig))
-    groups = GroupCosts(rt.cls, over, np.where(extern, compute, zero),
-                        np.where(extern, memory, zero), np.where(extern, rows_s, zero),
-                        np.where(extern, fixed, zero), rt.basis, rt.strided)
-    basis = (set(rt.basis) | {fbasis}) - {"", None}
-    return Prediction(execution, launches * shown, total, link, by_class,
-                      "+".join(sorted(basis)), int(ext_calls + (kernels if has_fused else 0)),
-                      host_shown=shown, fixed_s=float(fixed[extern].sum()) + fused_fixed,
-                      groups=groups)
+    by_class["fused"] = by_class.get("fused", 0.0) + f.seconds
+    if w.shape.any_linked:
+        by_class["collective"] = w.linked_s
+    return by_class
 
 
-__all__ = ["REGIMES", "GroupCosts", "Prediction", "check_regime", "group_rates", "host_link_s",
-           "price", "streams_cold"]
+__all__ = ["EXECUTIONS", "REGIMES", "GroupCosts", "Prediction", "check_regime", "group_rates",
+           "host_link_s", "price", "streams_cold"]

@@ -56,7 +56,6 @@ from perfcounter.serve.search import find_max_qps as _search
 from perfcounter.serve.workload import Workload, check_fits_model
 from perfcounter.simulation.placement import Mapping
 
-EXECUTIONS = REGIMES  # the regimes pricing/ names once (bound: the least any regime takes)
 MAX_BLOCK = 65_536  # the most tokens a KV block holds
 MAX_RATES = 100  # rates one --qps list or range may hold
 
@@ -66,7 +65,7 @@ def check_execution(execution) -> str:
     try:
         return check_regime(execution)
     except ValueError:
-        raise ServeError(f"--execution {execution!r}; valid: {', '.join(EXECUTIONS)} "
+        raise ServeError(f"--execution {execution!r}; valid: {', '.join(REGIMES)} "
                          "(bound: the least any regime takes)") from None
 
 
