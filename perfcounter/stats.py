@@ -335,7 +335,8 @@ class PerformanceStats:
         return None if self.energy is None else self.energy.per_token_j(self.num_tokens)
 
     def on(self, device_spec, io_model: str | None = None, execution: str | None = None):
-        """This phase priced on another device (spec, name or YAML path), run `execution`."""
+        """This phase priced on another device (spec, name or YAML path), run `execution`
+        (EXECUTIONS; None: the phase's own, as io_model None is)."""
         if self.trace is None:
             raise ValueError(f"phase {self.label!r} was built from torchao's totals: it has no "
                              "per-op records to price on another device")
