@@ -104,9 +104,9 @@ ASYNCHRONOUS = ("cuda", "mps", "tpu")
 
 
 def check_execution(execution) -> str:
-    """price.check_regime(execution, bound=False): the one check of a regime, by the name
-    serve/predicted.py, counter.py and stats.py import (price.py imports this module: the
-    check is looked up when called)."""
+    """price.check_regime(execution, bound=False), by the name serve/predicted.py, counter.py,
+    stats.py and simulation/run.py still import (through predict.py); it goes once they import
+    check_regime. (price.py imports this module: the check is looked up when called.)"""
     from perfcounter.pricing.price import check_regime
     return check_regime(execution, bound=False)
 
@@ -202,8 +202,9 @@ def overhead(spec, execution: str, cold: bool = False, dtype: str | None = None)
     `dtype`: the dtype the program computes in (program_dtype); eager in a dtype whose own
     figure the spec holds ("eager_<dtype>", calibrate's tiny step in that dtype) pays that
     figure, plus what the cold step adds to float32's (eager_cold - eager) where it is cold."""
-    if execution not in EXECUTIONS:  # refused by the one check (price.check_regime)
-        check_execution(execution)
+    if execution not in EXECUTIONS:  # refused by the one check (price.py imports this module)
+        from perfcounter.pricing.price import check_regime
+        check_regime(execution, bound=False)
     own = spec.op_overhead_s.get(f"eager_{dtype}") if execution == "eager" and dtype else None
     if cold and execution == "eager" and "eager_cold" in spec.op_overhead_s \
             and spec.device_type not in ASYNCHRONOUS:
