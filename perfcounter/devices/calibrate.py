@@ -252,54 +252,16 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
     bandwidth = max(triad_bandwidth(array_bytes, repeats, device, pool, clock)
                     for _ in range(rounds))
     fill_operands(pool)
-
-    def measure(part: str) -> dict:
-        if part == "flops":
-            return {dtype_name(d): matmul_flops(matmul_n, d, device, min_time, clock)
-                    for d in dtypes}
-        if part == "overheads":
-            rows = gemv_row_seconds(pool, dtypes, device, min_time, clock)
-            return {**host.sample(),
-                    **({"kernel": kernel_time_s(device)} if device.type == "cuda" else {}),
-                    **{row_key(d, m): s for d, by_m in rows.items() for m, s in by_m.items()}}
-        row_s = row_table(got.get("overheads", {}))
-        if part == "curves":
-            return op_curves(pool, dtypes, device, min_time, clock, row_s)
-        return matmul_rows(pool, dtypes, device, min_time, clock, row_s)
-    parts = ["flops"] + (["overheads", "curves", "rows"] if curves else [])
     host = HostCosts(device, clock, min(min_time, 0.1),
                      [d for d in dtypes if dtype_name(d) in ROW_DTYPES]) if curves else None
-    got, spreads = {}, {}
-
-    def keep(part: str, again: dict) -> None:
-        got[part] = best_of(got[part], again, seconds=part == "overheads") if part in got \
-            else again
-        if host is None:
-            return
-        if part == "overheads":  # each host figure from the fastest of its timings so far
-            got[part].update(host.figures())
-        else:
-            host.sample()  # the host sampled between all parts: a slow spell of it is outlasted
-    for part in parts:  # round 1, part by part (curves and rows use the overheads' row figures)
-        keep(part, measure(part))
-    for _ in range(rounds - 1):  # later rounds over every part again: spread out in time, a
-        for part in parts:  # busy spell of the machine slows one round, not all
-            again = measure(part)
-            spreads.update(spread(got[part], again, f"{part} "))
-            keep(part, again)
-    flags = _flags(got, matmul_n, device)
-    for _ in range(retries):  # the parts a flag names, measured again: the fastest kept
-        if not flags:
-            break
-        for part in {_part(f) for f in flags}:
-            keep(part, measure(part))
-        flags = _flags(got, matmul_n, device)
-    if host is not None:  # the host figures' spread over all samples, not over two rounds
-        spreads.update({f"overheads {k}": v for k, v in host.spread().items()})
+    parts = _Parts(device, dtypes, pool, matmul_n, min_time, clock, host)
+    flags = parts.measure(["flops"] + (["overheads", "curves", "rows"] if curves else []),
+                          rounds, retries)
     load.append(load_average())
     check = check_record(clock=clock, threads=torch.get_num_threads(), load=load,
-                         flags=flags, spreads=spreads, rounds=rounds, waited=wait.share(),
+                         flags=flags, spreads=parts.spreads, rounds=rounds, waited=wait.share(),
                          stolen=wait.stolen())
+    got = parts.got
     return Calibration(device=str(device), processor=_processor(device),
                        threads=torch.get_num_threads(), array_bytes=array_bytes,
                        repeats=repeats, clock=clock, matmul_n=matmul_n, bandwidth=bandwidth,
@@ -307,6 +269,74 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
                        memory_bytes=_memory_bytes(device),
                        cache_bytes=_cache_bytes(device), overhead_s=got.get("overheads", {}),
                        curves=got.get("curves", {}), rows=got.get("rows", {}), check=check)
+
+
+@dataclass(slots=True)
+class _Parts:
+    """calibrate's parts (flops; overheads, curves, rows) measured on the triad's `pool`:
+    the fastest figures of each part in `got`, their spread over the rounds in `spreads`."""
+
+    device: torch.device
+    dtypes: list
+    pool: torch.Tensor
+    matmul_n: int
+    min_time: float
+    clock: str
+    host: HostCosts | None  # the host's fixed costs, sampled between all parts (curves only)
+    got: dict = field(default_factory=dict)
+    spreads: dict = field(default_factory=dict)
+
+    def measure(self, parts: list[str], rounds: int, retries: int) -> list[str]:
+        """Each of `parts` measured `rounds` times, then those still flagged up to `retries`
+        times more; returns what calibration_check still flags."""
+        for part in parts:  # round 1, part by part (curves and rows use the overheads' row figures)
+            self.keep(part, self.once(part))
+        for _ in range(rounds - 1):  # later rounds over every part again: spread out in time, a
+            for part in parts:  # busy spell of the machine slows one round, not all
+                again = self.once(part)
+                self.spreads.update(spread(self.got[part], again, f"{part} "))
+                self.keep(part, again)
+        flags = _flags(self.got, self.matmul_n, self.device)
+        for _ in range(retries):  # the parts a flag names, measured again: the fastest kept
+            if not flags:
+                break
+            for part in {_part(f) for f in flags}:
+                self.keep(part, self.once(part))
+            flags = _flags(self.got, self.matmul_n, self.device)
+        if self.host is not None:  # the host figures' spread over all samples, not over two rounds
+            self.spreads.update({f"overheads {k}": v for k, v in self.host.spread().items()})
+        return flags
+
+    def once(self, part: str) -> dict:
+        """One measurement of `part`."""
+        device, dtypes, pool = self.device, self.dtypes, self.pool
+        min_time, clock = self.min_time, self.clock
+        if part == "flops":
+            return {dtype_name(d): matmul_flops(self.matmul_n, d, device, min_time, clock)
+                    for d in dtypes}
+        if part == "overheads":
+            rows = gemv_row_seconds(pool, dtypes, device, min_time, clock)
+            return {**self.host.sample(),
+                    **({"kernel": kernel_time_s(device)} if device.type == "cuda" else {}),
+                    **{row_key(d, m): s for d, by_m in rows.items() for m, s in by_m.items()}}
+        row_s = row_table(self.got.get("overheads", {}))
+        if part == "curves":
+            return op_curves(pool, dtypes, device, min_time, clock, row_s)
+        return matmul_rows(pool, dtypes, device, min_time, clock, row_s)
+
+    def keep(self, part: str, again: dict) -> None:
+        """The fastest of `part`'s figures so far (each host figure from the fastest of its
+        timings); the host sampled after every other part, so that a slow spell of it is
+        outlasted."""
+        got, host = self.got, self.host
+        got[part] = best_of(got[part], again, seconds=part == "overheads") if part in got \
+            else again
+        if host is None:
+            return
+        if part == "overheads":
+            got[part].update(host.figures())
+        else:
+            host.sample()
 
 
 def _flags(got: dict, matmul_n: int, device: torch.device) -> list[str]:
