@@ -45,7 +45,7 @@ from perfcounter.counting.module_path import check_depth
 from perfcounter.counts_doc import (META_KEY, SCHEMA, SCHEMA_VERSION, read_counts,
                                     read_counts_file)
 from perfcounter.devices import get_device_spec
-from perfcounter.pricing.predict import check_execution
+from perfcounter.pricing.regimes import check_regime
 from perfcounter.report.phase import Comparison, format_stats
 from perfcounter.stats import PerformanceStats
 from perfcounter.stats_dict import Totals
@@ -215,7 +215,7 @@ class TransformerPerformanceCounter:
 
     @execution.setter
     def execution(self, value: str | None) -> None:
-        self._execution = None if value is None else check_execution(value)
+        self._execution = None if value is None else check_regime(value, bound=False)
 
     def _current(self, stats: PerformanceStats) -> PerformanceStats:
         """A phase priced on the counter's current device spec and io model, and predicted

@@ -1,10 +1,9 @@
 """PerformanceStats: one phase's numbers and everything derived from them.
 
-A phase is a Trace (what was counted), how many tokens it produced, how long it
-took when it was measured, and optionally the device it is priced on. Every
-derived figure — torchao's throughputs and utilizations, the roofline latency,
-the energy — is computed from those, so `stats.on(other_spec)` re-costs a
-phase for another device without running the model again.
+A phase is a Trace (what was counted), how many tokens it produced, how long it took when
+it was measured, and optionally the device it is priced on. Every derived figure (torchao's
+throughputs and utilizations, the roofline latency, the energy) is computed from those, so
+`stats.on(other_spec)` re-costs a phase for another device without running the model again.
 
 Conventions:
 - total_flops is dense (2 per multiply-accumulate, attention unmasked), as in
@@ -38,7 +37,8 @@ from perfcounter.counting.module_kinds import SCOPES, record_scopes
 from perfcounter.counting.module_path import check_depth
 from perfcounter.devices import get_device_spec
 from perfcounter.pricing.energy import Energy, energy
-from perfcounter.pricing.predict import check_execution, phase_program, predict
+from perfcounter.pricing.predict import phase_program, predict
+from perfcounter.pricing.regimes import check_regime
 from perfcounter.pricing.roofline import Roofline, op_costs, peak_flops, roofline
 from perfcounter.report.phase import format_stats
 from perfcounter.report.profile import profile
@@ -110,7 +110,7 @@ class PerformanceStats:
         values = dict(label=label, num_tokens=num_tokens, latency=latency, trace=trace,
                       device_spec=device_spec, io_model=check_io_model(io_model),
                       raw_latency=raw_latency, timing=timing, totals=totals,
-                      execution=check_execution(execution))
+                      execution=check_regime(execution, bound=False))
         for name, value in values.items():
             object.__setattr__(self, name, value)
 
@@ -335,8 +335,7 @@ class PerformanceStats:
         return None if self.energy is None else self.energy.per_token_j(self.num_tokens)
 
     def on(self, device_spec, io_model: str | None = None, execution: str | None = None):
-        """This phase priced on another device (spec, name or YAML path), run `execution`
-        (EXECUTIONS; None: the phase's own, as io_model None is)."""
+        """This phase on another device (spec, name or YAML path), run `execution` (None: its own)."""
         if self.trace is None:
             raise ValueError(f"phase {self.label!r} was built from torchao's totals: it has no "
                              "per-op records to price on another device")

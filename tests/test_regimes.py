@@ -395,7 +395,7 @@ def test_the_regimes_are_named_and_checked_once():
     lines = subprocess.run(["grep", "-rn", r"EXECUTIONS =\|REGIMES =", "perfcounter"], cwd=root,
                            capture_output=True, text=True).stdout.splitlines()
     assert sorted(line.split(":")[0] for line in lines) == ["perfcounter/devices/spec.py",
-                                                             "perfcounter/pricing/price.py"]
+                                                             "perfcounter/pricing/regimes.py"]
     # one check: the bound among the regimes, or (bound=False) the programs a prediction prices
     assert [check_regime(r) for r in REGIMES] == list(REGIMES)
     assert check_regime("eager", bound=False) == "eager"
@@ -403,7 +403,7 @@ def test_the_regimes_are_named_and_checked_once():
                                          "cudagraphs$"):
         check_regime("bound", bound=False)
     # what refuses a name elsewhere is that check (its message)
-    for refuse in (achievable.check_execution, lambda e: P.overhead(spec(), e),
+    for refuse in (lambda e: achievable.overhead(spec(), e), lambda e: P.overhead(spec(), e),
                    lambda e: P.phase_regime(e, "decode")):
         with pytest.raises(ValueError, match="unknown execution 'kernel'; valid: eager, "
                                              "compiled, cudagraphs$"):

@@ -27,7 +27,7 @@ from perfcounter.cli.flags import (add_deprecated, add_model_flags, add_output, 
                                    config_of, given)
 from perfcounter.devices import default_device_spec
 from perfcounter.parallel import PARALLEL_SIZES, fits_text, smallest_fit
-from perfcounter.parallel.disaggregated import Pool
+from perfcounter.serve.disaggregated import Pool
 from perfcounter.pricing.price import REGIMES
 from perfcounter.quant.gguf_types import FILE_TYPES
 from perfcounter.quant.quantize import resolve_scheme

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from perfcounter._util import PerfcounterWarning
 from perfcounter.devices.op_rates import interpolate, row_seconds
 from perfcounter.devices.spec import EFFICIENCY_CLASSES, EXECUTIONS, row_table
+from perfcounter.pricing.regimes import check_regime
 from perfcounter.pricing.roofline import is_integer_dtype, peak_flops
 
 # Stated defaults for a spec that gives neither curves nor efficiencies: achievable / peak.
@@ -101,14 +102,6 @@ CALIBRATED = "perfcounter calibrate"  # what the source of a measured spec says
 # longer of the host's dispatch and the device's work (predict.py); elsewhere (cpu, pim, mobile)
 # the ops run one after another on the thread that dispatches them
 ASYNCHRONOUS = ("cuda", "mps", "tpu")
-
-
-def check_execution(execution) -> str:
-    """price.check_regime(execution, bound=False), by the name serve/predicted.py, counter.py,
-    stats.py and simulation/run.py still import (through predict.py); it goes once they import
-    check_regime. (price.py imports this module: the check is looked up when called.)"""
-    from perfcounter.pricing.price import check_regime
-    return check_regime(execution, bound=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +196,6 @@ def overhead(spec, execution: str, cold: bool = False, dtype: str | None = None)
     figure the spec holds ("eager_<dtype>", calibrate's tiny step in that dtype) pays that
     figure, plus what the cold step adds to float32's (eager_cold - eager) where it is cold."""
     if execution not in EXECUTIONS:  # refused by the one check (price.py imports this module)
-        from perfcounter.pricing.price import check_regime
         check_regime(execution, bound=False)
     own = spec.op_overhead_s.get(f"eager_{dtype}") if execution == "eager" and dtype else None
     if cold and execution == "eager" and "eager_cold" in spec.op_overhead_s \

@@ -19,11 +19,12 @@ Each kind of link says what a transfer achieves on it (`KINDS`):
   large sizes over the link's bandwidth), latency 0.6 / 1.0 / 5 us a step (NCCL's own cost
   model, src/graph/tuning.cc, hwLat, LL protocol);
 - "direct": the link's full bandwidth, no latency: UPMEM's LLM framework simulator's rule
-  (seed 002: bytes / the link's bandwidth, every byte at its pJ/bit), for a placement's
-  host links (the placement replay is that framework's), every link of a device that is not
-  a GPU (PIM parts, NPUs, UPMEM's profiles), and a link a user gives by its two figures (simulate's device_link= and interconnect=,
-  --device_link_GBs): so the PIM paper's and UPMEM's figures stay as that simulator
-  computes them, and nothing is assumed beside what a user gave.
+  (seed 002: bytes / the link's bandwidth, every byte at its pJ/bit), for a placement's host
+  links (the placement replay is that framework's), every link of a device that is not a GPU
+  (PIM parts, NPUs, UPMEM's profiles), and a link a user gives by its two figures
+  (simulate's device_link= and interconnect=, --device_link_GBs): so the PIM paper's and
+  UPMEM's figures stay as that simulator computes them, and nothing is assumed beside what a
+  user gave.
 
 Which link (the rules, each in one function):
 - `within(spec, ranks)`: a group of `ranks` GPUs of one kind, as a collective runs over it:
@@ -199,15 +200,18 @@ def host_link(spec, direction: str) -> Link | None:
     """`spec`'s link to its host, "host_to_device" or "device_to_host" ("direct": UPMEM's
     simulator's rule); None when the spec has no bandwidth that way."""
     bw = getattr(spec, f"{direction}_bw", None)
-    return Link.of_kind("direct", bw, getattr(spec, f"{direction}_pj_per_bit", None)) if bw else None
+    if not bw:
+        return None
+    return Link.of_kind("direct", bw, getattr(spec, f"{direction}_pj_per_bit", None))
 
 
 def host_link_s(spec, to_device, to_host):
     """Seconds of moving `to_device` bytes in and `to_host` bytes out over `spec`'s host
-    link (`host_link`; a direction with no bandwidth costs 0). Works on numpy arrays."""
+    link (`host_link`'s "direct" rule; a direction with no bandwidth costs 0), with no Link
+    built: a serving step prices it every step. Works on numpy arrays."""
+    direct = KINDS["direct"]
     seconds = 0.0
-    for nbytes, direction in ((to_device, "host_to_device"), (to_host, "device_to_host")):
-        link = host_link(spec, direction)
-        if link is not None:
-            seconds = seconds + nbytes / link.busbw + link.latency_s
+    for nbytes, bw in ((to_device, spec.host_to_device_bw), (to_host, spec.device_to_host_bw)):
+        if bw:
+            seconds = seconds + nbytes / (bw * direct.efficiency) + direct.latency_s
     return seconds

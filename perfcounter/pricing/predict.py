@@ -104,7 +104,7 @@ from perfcounter.format import si
 from perfcounter.pricing.achievable import (  # noqa: F401 (re-exported: predict's names)
     ASYNCHRONOUS, CALIBRATED, DEFAULT_EFFICIENCY, DEFAULT_KERNEL_S, DEFAULT_OVERHEAD_S,
     DEFAULT_STREAM_EFFICIENCY,
-    STRIDED_SHARE, WEIGHT_CLASSES, Rate, check_execution,
+    STRIDED_SHARE, WEIGHT_CLASSES, Rate,
     compiled_step_s, dynamic_program, gemv_row_s, is_calibrated, kernel_s, measured_dtype,
     overhead, program_dtype, rate, rows_flops, vector_flops)
 from perfcounter.pricing.figures import figures_of

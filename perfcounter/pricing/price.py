@@ -2,8 +2,9 @@
 
     price(figures, spec, execution) -> Prediction
 
-The regimes are named here once (REGIMES: the bound and devices/spec.py's EXECUTIONS) and
-checked here once (check_regime). "bound" is the least any regime can take; the others are
+The regimes are named once (regimes.py's REGIMES: the bound and devices/spec.py's
+EXECUTIONS) and checked once (regimes.check_regime, re-exported here). "bound" is the least
+any regime can take; the others are
 perfcounter's predictions (predict.py's module doc says what each charges and where each rate
 comes from). Every group of the figures is priced as
 
@@ -31,26 +32,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfcounter.devices.spec import EXECUTIONS
 from perfcounter.pricing.achievable import ASYNCHRONOUS, compiled_step_s, overhead
+from perfcounter.pricing import links
 from perfcounter.pricing.collectives import call_seconds
 from perfcounter.pricing.bound import bound_parts
 from perfcounter.pricing.figures import Figures
 from perfcounter.pricing.rates import fused_rate, group_rates, structure
+from perfcounter.pricing.regimes import REGIMES, check_regime  # noqa: F401 (re-exported)
 from perfcounter.pricing.roofline import crosses_host_link
-
-REGIMES = ("bound", *EXECUTIONS)  # the bound, then the programs a prediction prices
-
-
-def check_regime(execution, *, bound: bool = True) -> str:
-    """execution itself when it is one of REGIMES (bound=False: of EXECUTIONS, the programs a
-    prediction prices); else a ValueError naming the value and the valid ones. The one check
-    of a regime's name: the others (serve's ServeError, generate's flags) wrap it."""
-    valid = REGIMES if bound else EXECUTIONS
-    if execution not in valid:
-        raise ValueError(f"unknown execution {execution!r}; valid: {', '.join(valid)}")
-    return execution
-
 
 @dataclass(slots=True)
 class Prediction:
@@ -112,8 +101,7 @@ def host_link_s(fig: Figures, spec, cache: dict | None = None) -> float:
             cache["host link"] = crosses
     if not crosses:
         return 0.0
-    h2d, d2h = spec.host_to_device_bw, spec.device_to_host_bw
-    return (fig.to_device_bytes / h2d if h2d else 0.0) + (fig.to_host_bytes / d2h if d2h else 0.0)
+    return links.host_link_s(spec, fig.to_device_bytes, fig.to_host_bytes)
 
 
 def collective_s(fig: Figures, spec) -> np.ndarray:
@@ -303,5 +291,5 @@ def _compiled_by_class(execution: str, w: _GroupWork, over: np.ndarray, f: _Fuse
     return by_class
 
 
-__all__ = ["EXECUTIONS", "REGIMES", "GroupCosts", "Prediction", "check_regime", "group_rates",
+__all__ = ["REGIMES", "GroupCosts", "Prediction", "check_regime", "group_rates",
            "host_link_s", "price", "streams_cold"]

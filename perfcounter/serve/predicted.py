@@ -16,7 +16,8 @@ as the engine runs it (engine_trace), in every regime.
 """
 from __future__ import annotations
 
-from perfcounter.pricing.achievable import check_execution, dynamic_program
+from perfcounter.pricing.achievable import dynamic_program
+from perfcounter.pricing.regimes import check_regime
 from perfcounter.pricing.predict import predict
 from perfcounter.serve.pricing import RooflinePricer
 from perfcounter.serve.steps import StepCounts
@@ -30,7 +31,7 @@ class PredictionPricer:
     has_host_link = True
 
     def __init__(self, spec, execution: str = "eager"):
-        self.execution = check_execution(execution)
+        self.execution = check_regime(execution, bound=False)
         # an engine's compiled step without a graph runs one program compiled for any batch
         # and token count: the dynamic program's launch and entry (achievable.dynamic_program)
         self.spec = dynamic_program(spec) if execution == "compiled" else spec

@@ -40,7 +40,8 @@ from perfcounter._util import PerfcounterWarning
 from perfcounter.pricing.collectives import all_reduce_s, sent_bytes
 from perfcounter.pricing.links import LinkError, host_link, joules, transfer
 from perfcounter.pricing.per_record import per_step_overhead_s
-from perfcounter.pricing.predict import check_execution, phase_program, phase_regime
+from perfcounter.pricing.predict import phase_program, phase_regime
+from perfcounter.pricing.regimes import check_regime
 from perfcounter.simulation.hf_names import split_qkv
 from perfcounter.simulation.links import Link, Links
 from perfcounter.simulation.placement import (HOST, Device, Mapping, MappingError, Plan,
@@ -344,7 +345,7 @@ def simulate(source, mapping=None, *, host=None, default_device: str | None = No
     mapping = Mapping.load(mapping)
     phases = split_qkv(phases_of(source, labels), mapping.to_dict())  # q/k/v keys on our wqkv
     if execution is not None:
-        check_execution(execution)
+        check_regime(execution, bound=False)
     if elementwise_model not in ELEMENTWISE_MODELS:
         raise MappingError(f"unknown elementwise_model {elementwise_model!r}; valid: "
                            f"{', '.join(ELEMENTWISE_MODELS)}")
