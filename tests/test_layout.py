@@ -1,8 +1,8 @@
 """The package's shape, read from its imports (AST, nothing is imported): the layers
 README's Layout states, no import cycle, no import of another file's private name, no
 function-level import of our own code, a function-level import of another package only
-with a `# deferred:` comment saying why (optional, or heavy off the import path), and no
-file over 400 lines."""
+with a `# deferred:` comment saying why (optional, or heavy off the import path), no
+file over 400 lines, and no public function outside cli/ over 80 lines or 16 parameters."""
 import ast
 from collections import defaultdict
 from pathlib import Path
@@ -107,3 +107,39 @@ def test_function_level_imports_are_deferred_dependencies_with_a_reason():
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_file_over_400_lines(path):
     assert len(path.read_text().splitlines()) <= MAX_LINES
+
+
+MAX_FUNCTION_LINES, MAX_PARAMETERS = 80, 16  # many parameters are a config waiting to be named
+
+
+def _public_functions(trees=None):
+    """(module, name, lines from `def` to the body's end, parameters besides self/cls) of every
+    public function and method outside cli/ (the commands' parsers are long by nature)."""
+    for module, tree in (trees or TREES).items():
+        if _unit(module) == "cli":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                    and not node.name.startswith("_"):
+                a = node.args
+                names = [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+                params = len(names) - (names[:1] in (["self"], ["cls"]))
+                yield module, node.name, node.end_lineno - node.lineno + 1, params
+
+
+def test_no_public_function_over_80_lines_or_16_parameters():
+    found = list(_public_functions())
+    assert len(found) > 500  # the walk sees the package's functions
+    too_long = [f"{m}.{n}: {lines} lines" for m, n, lines, _ in found if lines > MAX_FUNCTION_LINES]
+    too_many = [f"{m}.{n}: {p} parameters" for m, n, _, p in found if p > MAX_PARAMETERS]
+    assert too_long + too_many == []
+
+
+def test_the_size_rule_counts_lines_and_parameters():
+    tree = ast.parse("def f(a, b, *, c=1, **kw):\n    x = 1\n    return x\n"
+                     "class C:\n    def m(self, a):\n        pass\n    def _p(self):\n        pass\n")
+    cli = ast.parse("def parse(a):\n    pass\n")
+    found = list(_public_functions({"perfcounter.toy": tree, "perfcounter.cli.toy": cli}))
+    # f: def + 2 lines = 3, parameters a, b, c (**kw not one); m: 2 lines, a besides self;
+    # _p private, cli/ left out
+    assert found == [("perfcounter.toy", "f", 3, 3), ("perfcounter.toy", "m", 2, 1)]
