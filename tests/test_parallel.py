@@ -199,3 +199,24 @@ def test_link_energy_is_charged_with_memory(toy_traces):
     # 1024 B summed over 2 ranks: a ring sends 2 x 1/2 x 1024 = 1024 B = 8192 bits x 5 pJ
     (e,) = record_energies([r], spec)
     assert e.memory_pj == pytest.approx(r.bytes * 8 * spec.mem_pj_per_bit + 8192 * 5.0)
+
+
+def test_node_links_are_spec_figures():
+    from dataclasses import replace
+
+    from perfcounter.devices.dtypes import DeviceSpecError
+    a100 = get_device_spec("a100-sxm4-80gb", dtype=torch.bfloat16)
+    # DGX A100: one 200 Gb/s HDR port a GPU = 25 GB/s; x 0.8 = 20 GB/s busbw across nodes
+    net = links.within(a100, 16)
+    assert (net.kind, net.bandwidth, net.busbw, net.latency_s) == ("network", 25e9, 20e9, 5e-6)
+    # 16 ranks, 1 MB all-reduce: NCCL's tree, 2 * 15/16 * 1e6 / 20e9 + 2 * log2(16) * 5 us
+    seconds, algo = collectives.all_reduce_s(1e6, 16, net)
+    assert algo == "tree" and seconds == pytest.approx(93.75e-6 + 40e-6, rel=1e-12)
+    # a node of 4: 8 ranks already cross nodes; 4 do not
+    four = replace(a100, gpus_per_node=4)
+    assert links.within(four, 8).kind == "network" and links.within(four, 4).kind == "nvlink"
+    # a spec without node figures: 8 a node, 400 Gb/s NDR (links.NODE_LINK_BW)
+    bare = replace(a100, node_link_bw=None, gpus_per_node=None)
+    assert links.within(bare, 16).bandwidth == 50e9 and links.within(bare, 8).kind == "nvlink"
+    with pytest.raises(DeviceSpecError, match="gpus_per_node must be a whole number"):
+        replace(a100, gpus_per_node=2.5)

@@ -14,6 +14,8 @@ _GBS, _PJ = (1e-2, 1e6, "GB/s"), (1e-3, 1e5, "pJ")
 RANGES = {
     "bandwidth_GBs": _GBS, "mem_bw_GBs": _GBS, "host_to_device_bw_GBs": _GBS,
     "device_to_host_bw_GBs": _GBS, "device_link_GBs": _GBS, "interconnect_GBs": _GBS,
+    "node_link_GBs": _GBS, "node_link_pj_per_bit": (0, 1e5, "pJ per bit"),
+    "gpus_per_node": (1, 1e5, "devices"),
     "vram_GB": (1e-3, 1e6, "GB"), "cache_MB": (1e-3, 1e6, "MB"),
     "tflops": (1e-6, 1e6, "TFLOP/s"), "tflops_int4": (1e-6, 1e6, "TFLOP/s"),
     "pj_per_flop": (1e-3, 1e5, "pJ per FLOP"), "pj_per_tflop": (1e9, 1e17, "pJ per TFLOP"),

@@ -20,7 +20,9 @@ Our schema (device_specs/*.yaml, and what `perfcounter calibrate` writes):
 
 Optional figures for placement (simulate.py), each with a source like every
 other number: device_link_GBs / device_link_pj_per_bit, interconnect_GBs /
-interconnect_pj_per_bit, and peak_fraction (achievable / peak, 0 < f <= 1).
+interconnect_pj_per_bit, and peak_fraction (achievable / peak, 0 < f <= 1). For many
+nodes (pricing/links.py): node_link_GBs / node_link_pj_per_bit, a device's link to another
+node (one InfiniBand port a GPU, one way), and gpus_per_node.
 For serving costs (`perfcounter serve`): usd_per_hour, the price of one device an hour
 (a cloud list price per GPU, with its date in the source).
 For predictions (predict.py): op_overhead_us {eager, compiled}, op_efficiency
@@ -93,6 +95,9 @@ FIGURES = {
     "device_link_pj_per_bit": Figure("device_link_pj_per_bit", 1.0),
     "interconnect_GBs": Figure("interconnect_bw", 1e9),
     "interconnect_pj_per_bit": Figure("interconnect_pj_per_bit", 1.0),
+    "node_link_GBs": Figure("node_link_bw", 1e9),
+    "node_link_pj_per_bit": Figure("node_link_pj_per_bit", 1.0),
+    "gpus_per_node": Figure("gpus_per_node", 1.0),
     "peak_fraction": Figure("peak_fraction", 1.0),
     "cache_MB": Figure("cache_bytes", 1e6),
     "op_overhead_us": Figure("op_overhead_s", 1e-6),

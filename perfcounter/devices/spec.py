@@ -43,12 +43,14 @@ def _warn_once(kind: str, spec: "DeviceSpec", dtype, used) -> None:
 # figures that must be > 0, those that may be 0 (an energy figure), and fractions in (0, 1]
 _POSITIVE = ("bandwidth", "flops_per_s", "vram", "roofline_balancepoint", "cache_bytes",
              "host_to_device_bw", "device_to_host_bw", "device_link_bw", "interconnect_bw",
+             "node_link_bw", "gpus_per_node",
              "softmax_ns_per_element", "silu_ns_per_element", "rmsnorm_ns_per_element", "tdp_w",
              "flops_by_dtype",
              # energy of memory traffic and of a FLOP: never free (0 would print "0 J" silently)
              "mem_pj_per_bit", "pj_per_flop_by_dtype")
 _NON_NEGATIVE = ("host_to_device_pj_per_bit", "device_to_host_pj_per_bit",
-                 "device_link_pj_per_bit", "interconnect_pj_per_bit", "static_w",
+                 "device_link_pj_per_bit", "interconnect_pj_per_bit", "node_link_pj_per_bit",
+                 "static_w",
                  "usd_per_hour")
 _FRACTIONS = ("peak_fraction",)
 _TABLES = ("flops_by_dtype", "pj_per_flop_by_dtype")
@@ -112,7 +114,10 @@ class DeviceSpec:
     `device_link_bw` / `device_link_pj_per_bit`: the link this device uses to
     reach another non-host device (NVLink, ...), B/s one way; `interconnect_bw`
     / `interconnect_pj_per_bit`: the link within a tensor-parallel group of
-    this device. `peak_fraction`: achievable / peak, 0 < f <= 1, applied to
+    this device; `node_link_bw` / `node_link_pj_per_bit`: a device's link to another node
+    (InfiniBand, one port a GPU), B/s one way, and `gpus_per_node` the devices one node
+    holds (pricing/links.py: a group larger than a node talks over the node link).
+    `peak_fraction`: achievable / peak, 0 < f <= 1, applied to
     FLOP/s and bandwidth by simulate(). `profile`: None, or a key of PROFILES.
     Prediction (predict.py): `op_overhead_s` per op call by execution (eager,
     compiled); `op_efficiency` achievable / peak by op class; `op_curves` measured
@@ -140,6 +145,9 @@ class DeviceSpec:
     device_link_pj_per_bit: float | None = None
     interconnect_bw: float | None = None  # B/s, one way, within a tensor-parallel group
     interconnect_pj_per_bit: float | None = None
+    node_link_bw: float | None = None  # B/s, one way, to another node (one NIC port a device)
+    node_link_pj_per_bit: float | None = None
+    gpus_per_node: float | None = None  # devices one node holds (a whole number)
     peak_fraction: float | None = None  # achievable / peak, in (0, 1]
     softmax_ns_per_element: float | None = None
     silu_ns_per_element: float | None = None
@@ -163,6 +171,10 @@ class DeviceSpec:
         for name in _POSITIVE + _NON_NEGATIVE + _FRACTIONS:
             if name not in _TABLES:
                 put(self, name, self._number(name, getattr(self, name)))
+        if self.gpus_per_node is not None and self.gpus_per_node != int(self.gpus_per_node):
+            raise DeviceSpecError(f"DeviceSpec {self._owner}: gpus_per_node must be a whole "
+                                  f"number of devices, got {self.gpus_per_node!r}",
+                                  field="gpus_per_node", expected="a whole number >= 1")
         if self.profile is not None:
             profile = self.profile.strip().lower() if isinstance(self.profile, str) else None
             if profile not in PROFILES:

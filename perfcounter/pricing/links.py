@@ -32,8 +32,9 @@ Which link (the rules, each in one function):
   NVSwitch on SXM boards), else its host link as "pcie" (PCIe cards talk through the PCIe
   switch); across nodes the spec's node link (`node_link`). The NCCL kinds are for GPUs
   (`nccl`); any other device's links are "direct".
-- `node_link(spec)`: the spec's `node_link_bw` / `node_link_pj_per_bit` (a 400 Gb/s
-  InfiniBand NDR port per GPU on DGX/HGX H100 boards), else `NODE_LINK_BW`.
+- `node_link(spec)`: the spec's `node_link_bw` / `node_link_pj_per_bit` (device files'
+  `node_link_GBs`, sourced there: one InfiniBand port a GPU, 400 Gb/s NDR on DGX H100, H200
+  and B200, 200 Gb/s HDR on DGX A100), else `NODE_LINK_BW`.
 - `between(a, b)`: two devices of a placement, each with a device link (`device_link_bw`):
   the slower end's bandwidth, the mean pJ/bit (unknown when either end's is), the kind of
   GPUs' fabric ("nvlink") between two GPUs, else "direct".
@@ -137,7 +138,7 @@ def nccl(spec) -> bool:
 
 def gpus_per_node(spec) -> int:
     """How many devices of `spec` one node holds (the spec's figure, else GPUS_PER_NODE)."""
-    return getattr(spec, "gpus_per_node", None) or GPUS_PER_NODE
+    return int(spec.gpus_per_node or GPUS_PER_NODE)
 
 
 def crosses_nodes(spec, ranks: int) -> bool:
@@ -146,8 +147,7 @@ def crosses_nodes(spec, ranks: int) -> bool:
 
 def node_link(spec) -> Link:
     """The link between nodes of `spec`'s GPUs: its node link figures, else NODE_LINK_BW."""
-    return Link.of_kind("network", getattr(spec, "node_link_bw", None) or NODE_LINK_BW,
-                        getattr(spec, "node_link_pj_per_bit", None))
+    return Link.of_kind("network", spec.node_link_bw or NODE_LINK_BW, spec.node_link_pj_per_bit)
 
 
 def within(spec, ranks: int) -> Link:
