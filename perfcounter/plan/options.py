@@ -10,10 +10,10 @@ are plan()'s (search.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
-from perfcounter._util import did_you_mean
 from perfcounter.plan.candidates import KV_CACHE_DTYPES, MAX_NUM_SEQS
+from perfcounter.serve.options import group_keywords
 
 
 @dataclass(frozen=True)
@@ -87,18 +87,10 @@ class PlanOptions:
     def of(cls, **keywords) -> "PlanOptions":
         """The groups of plan()'s flat keywords (the module doc); TypeError naming an
         unknown or a missing keyword."""
-        groups = {f.name: f.type for f in fields(cls)}
         kinds = {"workload": PlanWorkload, "target": PlanTarget, "engine": PlanEngine,
                  "space": PlanSpace, "backend": PlanBackend}
-        assert set(kinds) == set(groups)
-        owner = {f.name: group for group, kind in kinds.items() for f in fields(kind)}
-        by_group: dict = {group: {} for group in kinds}
-        for name, value in keywords.items():
-            if name not in owner:
-                raise TypeError(f"plan() got an unexpected keyword {name!r}"
-                                f"{did_you_mean(name, owner, quote=True)}")
-            by_group[owner[name]][name] = value
         for required in ("slo", "qps"):
             if required not in keywords:
                 raise TypeError(f"plan() needs the keyword {required!r}")
-        return cls(**{group: kind(**by_group[group]) for group, kind in kinds.items()})
+        groups = group_keywords(kinds, keywords, "plan()")
+        return cls(**{group: kinds[group](**given) for group, given in groups.items()})

@@ -93,19 +93,25 @@ class DeploymentOptions:
     def of(cls, **keywords) -> "DeploymentOptions":
         """The groups of deployment()'s flat keywords (the module doc); TypeError naming an
         unknown keyword."""
-        groups = {"model": ModelOptions, "cache": CacheOptions, "engine": EngineOptions,
-                  "parallel": ParallelConfig, "placement": PlacementOptions}
-        owner = {f.name: group for group, kind in groups.items() for f in fields(kind)}
-        owner["usd_per_hour"] = None
-        by_group: dict = {group: {} for group in groups}
-        for name, value in keywords.items():
-            if name not in owner:
-                raise TypeError(f"deployment() got an unexpected keyword {name!r}"
-                                f"{did_you_mean(name, owner, quote=True)}")
-            if owner[name] is not None:
-                by_group[owner[name]][name] = value
-        return cls(**{group: kind(**by_group[group]) for group, kind in groups.items()},
-                   usd_per_hour=keywords.get("usd_per_hour"))
+        kinds = {"model": ModelOptions, "cache": CacheOptions, "engine": EngineOptions,
+                 "parallel": ParallelConfig, "placement": PlacementOptions}
+        usd = {"usd_per_hour": keywords.pop("usd_per_hour", None)}
+        groups = group_keywords(kinds, keywords, "deployment()", also=usd)
+        return cls(**{group: kinds[group](**given) for group, given in groups.items()}, **usd)
+
+
+def group_keywords(kinds: dict, keywords: dict, who: str, also: dict = ()) -> dict:
+    """{group: {keyword: value}} of flat `keywords`, each in the group (kinds: {group: a
+    dataclass}) that has a field of its name; TypeError naming a keyword no group has (nor
+    `also`), with the closest valid names."""
+    owner = {f.name: group for group, kind in kinds.items() for f in fields(kind)}
+    out: dict = {group: {} for group in kinds}
+    for name, value in keywords.items():
+        if name not in owner:
+            raise TypeError(f"{who} got an unexpected keyword {name!r}"
+                            f"{did_you_mean(name, [*owner, *also], quote=True)}")
+        out[owner[name]][name] = value
+    return out
 
 
 def keyword_names() -> tuple[str, ...]:
