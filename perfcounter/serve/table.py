@@ -113,19 +113,19 @@ class StepTable:
         link, energy, self.has_energy = _link_and_energy(counts, pricer, repeats)
         self.link = fit(xs, link, "host-link bytes")  # [2, features]
         self.joules = fit(xs, energy, "joules")[0]  # [features]
-        # every figure of a step in one matrix [rows, features], one product a step: per group
-        # and layer its ROWS (group_rows); then each group's rows M, the view calls, the
-        # compulsory bytes, the fused IO and the host link's bytes in and out
+        # every figure of a step in one matrix [rows, features], one product a step: each of
+        # ROWS for every group (group_rows: per layer), then each group's rows M, the view
+        # calls, the compulsory bytes, the fused IO and the host link's bytes in and out
         groups = len(samples)
         fused = counts.fused if counts.fused is not None else np.zeros(len(counts.compulsory))
         self._all = np.concatenate([
-            group_rows(counts.coef).reshape(groups * _N, -1),
+            group_rows(counts.coef).transpose(1, 0, 2).reshape(_N * groups, -1),
             self.rows, self.view_calls[None], counts.compulsory[None], fused[None], self.link])
         self._groups = groups
         # the whole model's table: each group's figures x its layers in the matrix itself
         self._scaled = self._all.copy()
         if self.whole:
-            self._scaled[:_N * groups] *= np.repeat(self.layers, _N)[:, None]
+            self._scaled[:_N * groups] *= np.tile(self.layers, _N)[:, None]
         self._rates: dict = {}  # price()'s cache of rates (group_rates)
         self._seconds: dict = {}  # seconds(f) by f's float64 bytes (price() is pure)
 
@@ -135,11 +135,11 @@ class StepTable:
         counts, layers, g = self.counts, self.layers, self._groups
         # the whole model: each group's figures x its layers (integers: rounded after scaling)
         every = np.rint((self._scaled if self.whole else self._all) @ f)
-        fig = every[:_N * g].reshape(g, _N)  # [groups, ROWS]
+        fig = every[:_N * g].reshape(_N, g)  # [ROWS, groups]
         rows, (view_calls, compulsory, fused_io, to_device, to_host) = \
             every[_N * g:(_N + 1) * g], every[(_N + 1) * g:].tolist()
-        calls, flops, executed = fig[:, _CALLS], fig[:, _FLOPS], fig[:, _EXECUTED]
-        nbytes, streamed, link = fig[:, _BYTES], fig[:, _STREAMED_ROW], fig[:, _LINK]
+        calls, flops, executed = fig[_CALLS], fig[_FLOPS], fig[_EXECUTED]
+        nbytes, streamed, link = fig[_BYTES], fig[_STREAMED_ROW], fig[_LINK]
         if self.whole:
             if self.varlen:
                 calls = varlen_calls(calls, self.attention, layers)
@@ -158,13 +158,17 @@ class StepTable:
         if self.any_per_expert:  # each touched expert's own kernel: its share of the rows
             k = counts.args.num_activated_experts
             rows[self.per_expert] = max(1.0, round(f[1] * k / max(f[EXPERTS], 1.0)))
-        return Figures(
+        fig = Figures(
             kind=self.kind, dtype=self.dtype, weight=self.weight, dense=self.dense, calls=calls,
             flops=flops, executed_flops=executed, bytes=nbytes, streamed=streamed, rows=rows,
             collective=self.collective,
             link_bytes=link * self.linked if self.any_linked else self._no_link,
-            compulsory_bytes=compulsory, fused_bytes=fused_io, steps=1, view_calls=view_calls,
-            program_dtype=self.program_dtype, to_device_bytes=to_device, to_host_bytes=to_host)
+            compulsory_bytes=compulsory, fused_bytes=fused_io, view_calls=view_calls)
+        # NB: 15 keywords at most (steps: its default, 1): CPython 3.11 passes a call's 16th
+        # keyword on through a dict, 2 us more a step (a tenth of a bound step's seconds())
+        fig.program_dtype, fig.to_device_bytes, fig.to_host_bytes = \
+            self.program_dtype, to_device, to_host
+        return fig
 
     def seconds(self, f: np.ndarray) -> float:
         """Seconds of a step with features f: price() of its figures, once per distinct f (a
