@@ -8,14 +8,16 @@ a handful of numbers; transformers' reader (AutoConfig with gguf_file=) builds t
 tokenizer first, ~13 s for SmolLM2-135M's on a busy 2-core VM. The header is read here as
 the GGUF specification lays it out (version 2 and 3: "GGUF", version, tensor count, key-value
 count, then each key, its type and value; arrays skipped element by element, strings by
-their length), and the model's figures taken from `{architecture}.*` keys
-(`block_count`, `embedding_length`, `feed_forward_length`, `attention.head_count`,
-`attention.head_count_kv`, `context_length`; the vocabulary: `tokenizer.ggml.tokens`'
-length), named as transformers' configs name them. None where the file is not such a GGUF
-or lacks a figure: the caller asks transformers instead.
+their length; every declared length and count checked against the bytes left in the file
+before anything is read or skipped, a ValueError otherwise), and the model's figures taken
+from `{architecture}.*` keys (`block_count`, `embedding_length`, `feed_forward_length`,
+`attention.head_count`, `attention.head_count_kv`, `context_length`; the vocabulary:
+`tokenizer.ggml.tokens`' length), named as transformers' configs name them. None where the
+file is not such a GGUF or lacks a figure: the caller asks transformers instead.
 """
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,52 +26,76 @@ from types import SimpleNamespace
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
             11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_LEAST = {_STRING: 8, _ARRAY: 12}  # the fewest bytes a string (its length) or an array takes
+_LEAST_KEY = 8 + 4 + 1  # a key: its name's length, its value's type, a value of 1 byte at least
 MAX_KEYS = 100_000  # a header with more keys than this is no model's
 
 
-def _read(f, fmt: str):
-    size = struct.calcsize(fmt)
-    data = f.read(size)
-    if len(data) != size:
-        raise ValueError("the header ends early")
-    return struct.unpack(fmt, data)[0]
+class _Header:
+    """The file read front to back; every declared length and count checked against the
+    bytes left before anything is read or skipped (a 44-byte file may declare 2^60 bytes)."""
 
+    def __init__(self, f):
+        self.f = f
+        self.size = os.fstat(f.fileno()).st_size
 
-def _string(f, keep: bool = True) -> str | None:
-    n = _read(f, "<Q")
-    if not keep:
-        f.seek(n, 1)
-        return None
-    return f.read(n).decode("utf-8", errors="replace")
+    def left(self) -> int:
+        return self.size - self.f.tell()
 
+    def need(self, nbytes: int, what: str) -> None:
+        if nbytes > self.left():
+            raise ValueError(f"{what} at byte {self.f.tell():,} needs {nbytes:,} bytes; the "
+                             f"file has {self.left():,} left")
 
-def _value(f, kind: int, keep: bool = True):
-    """One value of `kind`; an array's length instead of its elements."""
-    if kind in _SCALARS:
-        return _read(f, _SCALARS[kind])
-    if kind == _STRING:
-        return _string(f, keep)
-    if kind == _ARRAY:
-        inner, count = _read(f, "<I"), _read(f, "<Q")
-        if inner in _SCALARS:
-            f.seek(struct.calcsize(_SCALARS[inner]) * count, 1)
-        else:
-            for _ in range(count):
-                _value(f, inner, keep=False)
-        return count
-    raise ValueError(f"unknown value type {kind}")
+    def read(self, fmt: str):
+        size = struct.calcsize(fmt)
+        data = self.f.read(size)
+        if len(data) != size:
+            raise ValueError("the header ends early")
+        return struct.unpack(fmt, data)[0]
+
+    def string(self, keep: bool = True) -> str | None:
+        n = self.read("<Q")
+        self.need(n, "a string")
+        if not keep:
+            self.f.seek(n, 1)
+            return None
+        return self.f.read(n).decode("utf-8", errors="replace")
+
+    def value(self, kind: int, keep: bool = True):
+        """One value of `kind`; an array's length instead of its elements."""
+        if kind in _SCALARS:
+            return self.read(_SCALARS[kind])
+        if kind == _STRING:
+            return self.string(keep)
+        if kind == _ARRAY:
+            inner, count = self.read("<I"), self.read("<Q")
+            least = struct.calcsize(_SCALARS[inner]) if inner in _SCALARS else _LEAST.get(inner)
+            if least is None:
+                raise ValueError(f"unknown value type {inner}")
+            self.need(least * count, f"an array of {count:,} elements")
+            if inner in _SCALARS:
+                self.f.seek(least * count, 1)
+            else:
+                for _ in range(count):
+                    self.value(inner, keep=False)
+            return count
+        raise ValueError(f"unknown value type {kind}")
 
 
 def gguf_metadata(path) -> dict:
-    """{key: value} of a GGUF v2/v3 header (arrays as their lengths); ValueError otherwise."""
+    """{key: value} of a GGUF v2/v3 header (arrays as their lengths); ValueError otherwise,
+    a length or count the file's bytes cannot hold included."""
     with open(path, "rb") as f:
-        if f.read(4) != b"GGUF" or _read(f, "<I") not in (2, 3):
+        h = _Header(f)
+        if f.read(4) != b"GGUF" or h.read("<I") not in (2, 3):
             raise ValueError("not a GGUF file of version 2 or 3")
-        _read(f, "<Q")  # tensors
-        count = _read(f, "<Q")
+        h.read("<Q")  # tensors
+        count = h.read("<Q")
         if count > MAX_KEYS:
-            raise ValueError(f"{count:,} metadata keys")
-        return {_string(f): _value(f, _read(f, "<I")) for _ in range(count)}
+            raise ValueError(f"{count:,} metadata keys; a model's header has at most {MAX_KEYS:,}")
+        h.need(count * _LEAST_KEY, f"{count:,} metadata keys")  # each at least 13 bytes
+        return {h.string(): h.value(h.read("<I")) for _ in range(count)}
 
 
 def gguf_shape(path) -> SimpleNamespace | None:
