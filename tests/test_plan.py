@@ -259,21 +259,23 @@ def test_ray_without_ray_installed_is_one_line(monkeypatch, capsys, tiny):
     assert code == 2 and "pip install 'perfcounter[ray]'" in err and "\n" not in err
 
 
-def test_a_quantized_rank_weighed_once_a_process(monkeypatch):
+def test_a_quantized_rank_weighed_once_a_process():
     # a search asks every candidate's weight bytes: a fake model per model, dtype and scheme.
     # TOY at int8 (a row scale of 2 B): wqkv 192 x 64 + 192 x 2 = 12,672; wo 64 x 64 + 128 =
     # 4,224; w1, w3 128 x 64 + 256 = 8,448 each; w2 64 x 128 + 128 = 8,320; 2 norms 2 x 128
     # -> a layer 42,368, x 4 = 169,472; + embedding 64 x 64 x 2 = 8,192, norm 128, output
     # 64 x 64 + 128 = 4,224 -> 182,016
+    from perfcounter.models import stored_weights as S
     from perfcounter.quant.quantize import WeightScheme
-    from perfcounter.serve import memory
+    from perfcounter.serve.memory import weight_bytes
     int8 = WeightScheme("int8")
-    monkeypatch.setattr(memory, "_STORED", {})  # none weighed yet in this test
-    assert memory.weight_bytes(TOY, torch.bfloat16, int8) == 182_016
-    monkeypatch.setattr(memory, "fake_model", lambda *a, **k: pytest.fail("built again"))
-    assert memory.weight_bytes(TOY, torch.bfloat16, int8) == 182_016
-    with pytest.raises(pytest.fail.Exception):  # another scheme is another model
-        memory.weight_bytes(TOY, torch.bfloat16, WeightScheme("int4", 32))
+    S.cache_clear()  # none weighed yet in this test
+    assert weight_bytes(TOY, torch.bfloat16, int8) == 182_016
+    assert S.cache_info() == S.CacheInfo(hits=0, misses=1, currsize=1)
+    assert weight_bytes(TOY, torch.bfloat16, int8) == 182_016
+    assert S.cache_info() == S.CacheInfo(hits=1, misses=1, currsize=1)  # not built again
+    weight_bytes(TOY, torch.bfloat16, WeightScheme("int4", 32))  # another scheme: another model
+    assert S.cache_info() == S.CacheInfo(hits=1, misses=2, currsize=2)
 
 
 def test_the_printed_command_says_execution_bound_and_serve_reads_it(tmp_path, tiny):

@@ -1,6 +1,8 @@
 """generate.py's flags checked before the run: `Options` (its main's keywords, and what
 checking them resolved) and `check_options`, every flag checked first, in order
-(GenerateArgumentError, one line), before any model is loaded or counted.
+(GenerateArgumentError, one line), before any model is loaded or counted. vLLM's parallel
+flags count one rank of our model config only (its shapes and memory: parallel/), and a
+model (or rank) that does not fit the device priced is said in one warning.
 
     o = check_options(Options(**flags))
 """
@@ -8,13 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-from perfcounter._util import check_writable_target
+from perfcounter._util import PerfcounterWarning, check_writable_target
 from perfcounter.counting.module_path import check_depth
+from perfcounter.devices import DeviceSpecError, get_device_spec
 from perfcounter.devices.op_rates import check_clock
 from perfcounter.devices.spec import EXECUTIONS
 from perfcounter.generation import speculative
@@ -24,7 +28,8 @@ from perfcounter.models.args import ModelArgs
 from perfcounter.models.checkpoint_config import checkpoint_config, checkpoint_kind
 from perfcounter.models.fit import check_fits
 from perfcounter.models.loading import check_device, default_checkpoint, fake_model, read_config
-from perfcounter.parallel.memory import one_rank_run
+from perfcounter.parallel.memory import fit_line, rank_bytes
+from perfcounter.parallel.sharding import ParallelConfig, ParallelError, check_links, rank_args
 from perfcounter.pricing.regimes import check_regime
 from perfcounter.quant import quantize as quantization
 from perfcounter.quant.gguf_types import check_gguf_type
@@ -126,7 +131,7 @@ def check_options(o: Options) -> Options:
     _resolve_model(o)
     _check_stored(o)
     _resolve_device(o)
-    o.parallel, o.args = one_rank_run(o, GenerateArgumentError)  # config only: one rank counted
+    o.parallel, o.args = _one_rank_run(o)  # config only: one rank counted
     o.execution, o.compile = check_execution(o.execution, o.compile, o.device, o.config_only)
     try:
         o.clock = check_clock(o.clock)
@@ -231,6 +236,41 @@ def _resolve_device(o: Options) -> None:
         raise GenerateArgumentError(f"unknown --precision {o.precision!r}; valid: "
                                     f"{', '.join(PRECISIONS)}")
     o.dtype = PRECISIONS[o.precision]
+
+
+def _one_rank_run(o: Options):
+    """(ParallelConfig or None, the args to count) of the parallel flags (`o.parallel`: their
+    sizes, in ParallelConfig's order): one rank of our model counted config only, refused in
+    one line beside a real run, --hf, a draft and --gguf_type, or on a device without a link;
+    a model (one rank) that does not fit the device priced is said in one warning."""
+    parallel, rank = None, o.args
+    try:
+        if o.parallel is not None:
+            parallel = ParallelConfig(*o.parallel)
+        if parallel is not None and (parallel.sharded or parallel.enable_expert_parallel):
+            what = parallel.label() or "--enable_expert_parallel"
+            if not o.config_only or o.hf or o.speculative or o.gguf_type is not None:
+                raise ParallelError(f"{what}: one rank of perfcounter's model is counted config "
+                                    "only (a preset or our config.json); leave out checkpoints, "
+                                    "--hf, a draft and --gguf_type")
+            if o.device_spec is None:
+                raise ParallelError(f"{what}: give --device_spec, the device whose link prices "
+                                    "the rank's collectives")
+            rank = rank_args(o.args, parallel, str(o.model or o.config))
+            check_links(get_device_spec(o.device_spec, dtype=o.dtype), parallel)
+        spec = None if o.device_spec is None or rank is None or o.gguf_type is not None \
+            else get_device_spec(o.device_spec, dtype=o.dtype)
+    except DeviceSpecError:  # an unknown or bad spec: the registry's own error
+        raise
+    except ValueError as e:
+        raise GenerateArgumentError(str(e)) from None
+    if spec is not None and o.config_only:  # does the model (one rank) fit the device priced?
+        weights, kv = rank_bytes(rank, o.dtype, weights=o.scheme, kv=o.kv, batch=o.batch_size,
+                                 tokens=o.config_prompt_length + o.max_new_tokens)
+        line = fit_line(str(o.model or o.config), spec.name, weights, kv, spec.vram, parallel)
+        if line:
+            warnings.warn(line, PerfcounterWarning, stacklevel=2)
+    return parallel, rank
 
 
 def check_checkpoint(o: Options) -> None:

@@ -4,29 +4,24 @@ A rank holds its shard of the weights (its sharded linears and vocabulary, the n
 about weights / (TP x PP); experts / EP), the KV cache of its KV heads (n_local_heads / TP,
 one when there are fewer KV heads than ranks: each rank then holds a replica) and its
 activation workspace; serve's memory plan (serve/memory.py) prices a rank's args as it
-prices any model's. `smallest_fit` tries the valid TP sizes in order with a plan maker the
+prices any model's, and `rank_bytes` weighs them by the same rule (models/stored_weights.py).
+`smallest_fit` tries the valid TP sizes in order with a plan maker the
 caller gives (serve's memory_plan at the deployment's limits), for each quantization asked,
 and names the first that leaves room for a KV cache:
 
     smallest_fit(args, lambda rank, scheme: memory_plan(rank, dtype, spec, weights=scheme))
 
 `fit_line` is the one line `count` and generate.py say when the model they price does not
-fit the device they price it on; `one_rank_run` resolves generate.py's parallel flags.
+fit the device they price it on (generate.py's parallel flags: generation/options.py).
 """
 from __future__ import annotations
 
-import dataclasses
-import warnings
 from dataclasses import dataclass
 
-from perfcounter._util import PerfcounterWarning
-from perfcounter.devices import DeviceSpecError, get_device_spec
 from perfcounter.models.args import ModelArgs
-from perfcounter.models.loading import fake_model
+from perfcounter.models.stored_weights import weight_bytes
+from perfcounter.parallel.sharding import ParallelConfig, rank_args, valid_tensor_parallel_sizes
 from perfcounter.quant.quantize import kv_cache_bytes
-from perfcounter.quant.stored import stored_nbytes
-from perfcounter.parallel.sharding import (ParallelConfig, ParallelError, check_links,
-                                           rank_args, valid_tensor_parallel_sizes)
 
 
 @dataclass(frozen=True)
@@ -77,20 +72,11 @@ def fits_text(fits: list, precision: str) -> str:
 def rank_bytes(args: ModelArgs, dtype, *, weights=None, kv=None, batch: int = 1,
                tokens: int = 0) -> tuple[int, int]:
     """(weights as stored, KV cache of `batch` sequences of `tokens`) of the model `args` (one
-    rank's, or a whole model's), in bytes: a one-layer fake model's parameters as stored,
-    the layer's repeated n_layer times (serve.memory.weight_bytes' rule, which tests hold
-    equal), a tied weight once."""
-    model, _ = fake_model(dataclasses.replace(args, n_layer=1), dtype=dtype, weights=weights)
-    layer = other = 0
-    for name, p in model.named_parameters():
-        if name.startswith("layers."):
-            layer += stored_nbytes(p)
-        else:
-            other += stored_nbytes(p)
-    itemsize = dtype.itemsize
+    rank's, or a whole model's), in bytes: the weights by models/stored_weights.py's rule, the
+    KV cache of the rank's KV heads (quantize.kv_cache_bytes)."""
     cache = kv_cache_bytes(args.n_layer, batch, args.n_local_heads, tokens, args.head_dim, kv=kv,
-                           itemsize=itemsize)
-    return other + args.n_layer * layer, cache
+                           itemsize=dtype.itemsize)
+    return weight_bytes(args, dtype, weights), cache
 
 
 def fit_line(model: str, device: str, weight_bytes: float, kv_bytes: float,
@@ -103,39 +89,3 @@ def fit_line(model: str, device: str, weight_bytes: float, kv_bytes: float,
     return (f"{model} does not fit on {device}: weights {weight_bytes / 1e9:.2f} GB + KV cache "
             f"{kv_bytes / 1e9:.2f} GB{rank} > {device_bytes / 1e9:.2f} GB of memory; "
             f"--tensor_parallel_size shards it")
-
-
-def one_rank_run(o, error=ParallelError):
-    """(ParallelConfig or None, the args to count) of generate.py's checked options `o` (its
-    `parallel`: the flags' sizes, in ParallelConfig's order): one rank of our model counted
-    config only, refused in one line (`error`) beside a real run, --hf, a draft and
-    --gguf_type, or on a device without a link; a rank that does not fit its device is said
-    in one warning."""
-    parallel, rank = None, o.args
-    try:
-        if o.parallel is not None:
-            parallel = ParallelConfig(*o.parallel)
-        if parallel is not None and (parallel.sharded or parallel.enable_expert_parallel):
-            what = parallel.label() or "--enable_expert_parallel"
-            if not o.config_only or o.hf or o.speculative or o.gguf_type is not None:
-                raise ParallelError(f"{what}: one rank of perfcounter's model is counted config "
-                                    "only (a preset or our config.json); leave out checkpoints, "
-                                    "--hf, a draft and --gguf_type")
-            if o.device_spec is None:
-                raise ParallelError(f"{what}: give --device_spec, the device whose link prices "
-                                    "the rank's collectives")
-            rank = rank_args(o.args, parallel, str(o.model or o.config))
-            check_links(get_device_spec(o.device_spec, dtype=o.dtype), parallel)
-        spec = None if o.device_spec is None or rank is None or o.gguf_type is not None \
-            else get_device_spec(o.device_spec, dtype=o.dtype)
-    except DeviceSpecError:  # an unknown or bad spec: the registry's own error
-        raise
-    except ValueError as e:
-        raise error(str(e)) from None
-    if spec is not None and o.config_only:  # does the model (one rank) fit the device priced?
-        weights, kv = rank_bytes(rank, o.dtype, weights=o.scheme, kv=o.kv, batch=o.batch_size,
-                                 tokens=o.config_prompt_length + o.max_new_tokens)
-        line = fit_line(str(o.model or o.config), spec.name, weights, kv, spec.vram, parallel)
-        if line:
-            warnings.warn(line, PerfcounterWarning, stacklevel=2)
-    return parallel, rank

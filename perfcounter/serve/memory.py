@@ -11,12 +11,9 @@ a token, Llama-3-8B in int8 2 x 32 x 8 x 128 = 65,536 B a token against 131,072;
 "token_head" (quantize.QuantizedKVCache, as `perfcounter count` stores it) a scale per token
 and KV head at the precision's element size (quantize.kv_cache_bytes): 2 x 32 x 8 x
 (128 + 2) = 66,560 B.
-Weights are the model's parameters at the precision's element size (perfcounter's model:
-embedding, per layer wqkv (+ bias), wo, the feed-forward or experts and their router, two
-norms; final norm; the output layer unless tied); quantized (`weights`, a
-quantize.WeightScheme), they are the bytes stored (data, scales and zero points:
-quant.stored_nbytes) of a fake model quantized as `perfcounter count --quantize` does it
-(every nn.Linear, the output layer included and untied), one layer built and repeated.
+Weights are the model's weights as stored (models/stored_weights.py, the one rule: float,
+the parameters at the precision's element size; quantized, a `quantize.WeightScheme`'s
+bytes stored, one layer of a fake model built and repeated; a llama.cpp file's own).
 The activation workspace is the peak live set of the dummy step
 at the token budget T that vLLM profiles before sizing its cache (v0.10.0
 vllm/v1/worker/gpu_model_runner.py profile_run: one forward of T tokens, then the sampler
@@ -31,22 +28,18 @@ longest context at a batch.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import asdict, dataclass
 
 import torch
 
 from perfcounter.models.args import ModelArgs
-from perfcounter.models.loading import fake_model
-from perfcounter.quant.gguf_types import GgufFile, file_params
+from perfcounter.models.stored_weights import element_bytes, weight_bytes
 from perfcounter.quant.quantize import kv_cache_bytes
-from perfcounter.quant.stored import stored_nbytes
 from perfcounter.serve.errors import ServeError
 
-
-def element_bytes(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+__all__ = ["KV_SCALES", "MemoryPlan", "element_bytes", "kv_bytes_per_token", "memory_plan",
+           "weight_bytes", "workspace_bytes"]  # weight_bytes: models/stored_weights.py's
 
 
 KV_SCALES = ("tensor", "token_head")  # a quantized KV cache's scale granularity
@@ -61,45 +54,6 @@ def kv_bytes_per_token(args: ModelArgs, dtype: torch.dtype, kv: str | None = Non
         return 2 * args.n_layer * args.n_local_heads * args.head_dim
     return kv_cache_bytes(args.n_layer, 1, args.n_local_heads, 1, args.head_dim, kv=kv,
                           itemsize=element_bytes(dtype))
-
-
-def weight_bytes(args: ModelArgs, dtype: torch.dtype, weights=None) -> int:
-    """Bytes of the model's weights as stored: float, parameters x element bytes; quantized
-    (a quantize.WeightScheme or its name), each parameter's stored bytes in a fake model of
-    one layer, that layer's repeated n_layer times (the module doc)."""
-    if weights is None:
-        return weight_params(args) * element_bytes(dtype)
-    if isinstance(weights, GgufFile):  # the file's weights as stored, norms at `dtype`
-        return sum(weights.stored.values()) + \
-            (weight_params(args) - file_params(args, weights.stored)) * element_bytes(dtype)
-    key = (repr(args), repr(sorted(vars(args).items())), str(dtype), weights)
-    if key not in _STORED:  # a fake model per (model, dtype, scheme): once a process
-        model, _ = fake_model(dataclasses.replace(args, n_layer=1), dtype=dtype,
-                              weights=weights)
-        layer = other = 0
-        for name, p in model.named_parameters():  # a tied weight once
-            if name.startswith("layers."):
-                layer += stored_nbytes(p)
-            else:
-                other += stored_nbytes(p)
-        _STORED[key] = other + args.n_layer * layer
-    return _STORED[key]
-
-
-_STORED: dict = {}  # weight_bytes of the quantized models asked, by model, dtype and scheme
-
-
-def weight_params(args: ModelArgs) -> int:
-    """Parameters of perfcounter's model for `args` (shared embedding counted once)."""
-    d, q, kv = args.dim, args.n_head * args.head_dim, args.n_local_heads * args.head_dim
-    inter = args.intermediate_size
-    attn = d * (q + 2 * kv) + (q + 2 * kv if args.attention_bias else 0) + q * d
-    ffn = 3 * d * inter
-    if args.num_experts:
-        ffn = args.num_experts * ffn + d * args.num_experts
-    layer = attn + ffn + 2 * d
-    head = 0 if args.tie_embeddings else args.vocab_size * d
-    return args.vocab_size * d + args.n_layer * layer + d + head
 
 
 def workspace_bytes(args: ModelArgs, dtype: torch.dtype, max_num_batched_tokens: int,
