@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import re
 from collections import Counter
 
 from perfcounter.generation.figures import DeriveError, Figures, PhaseFigures
 from perfcounter.generation.step_fit import difference, keyed_records, uncounted_counts
 from perfcounter.models.args import ModelArgs
+from perfcounter.models.layer_paths import at_layer, is_layer, layer_of
 from perfcounter.trace import OpRecord, Trace
 
 
@@ -55,46 +55,34 @@ def with_layers(config, kinds: list[str]):
     return out
 
 
-_LAYER = re.compile(r"(?P<list>.+\.(?:layers|h|blocks))\.(?P<index>\d+)")
-
-
 def _layout(trace: Trace, n: int) -> tuple[str, str, int]:
-    """(parent module, layer path prefix "P.layers.", index of layer 0 among the parent's
+    """(parent module, the layer list's path "P.layers", index of layer 0 among the parent's
     children) of a trace of a model with n layers."""
     lists: dict[str, set] = {}
     for m in trace.modules:
-        match = _LAYER.fullmatch(m.path)
-        if match:
-            lists.setdefault(match["list"], set()).add(int(match["index"]))
+        layer = is_layer(m.path)
+        if layer is not None:
+            lists.setdefault(layer.container, set()).add(layer.index)
     found = [name for name, idx in lists.items() if idx == set(range(n))]
     if len(found) != 1:
         raise DeriveError(f"cannot tell the {n} decoder layers among the modules "
                           f"({', '.join(sorted(lists)) or 'none listed'}): the counter's depth "
                           "must list them")
-    prefix, parent = found[0] + ".", found[0].rsplit(".", 1)[0]
-    paths = [prefix + str(i) for i in range(n)]
+    container, parent = found[0], found[0].rsplit(".", 1)[0]
+    paths = [f"{container}.{i}" for i in range(n)]
     children = next((m.children for m in trace.modules if m.path == parent), [])
     a = children.index(paths[0]) if paths[0] in children else -1
     if children[a:a + n] != paths:
         raise DeriveError(f"the layers of {parent} do not run once each, one after the other")
-    return parent, prefix, a
+    return parent, container, a
 
 
-def _layer_of(path: str, prefix: str) -> int | None:
-    return int(path[len(prefix):].split(".", 1)[0]) if path.startswith(prefix) else None
-
-
-def _renamed(path: str, prefix: str, j: int) -> str:
-    rest = path[len(prefix):].split(".", 1)
-    return prefix + str(j) + ("." + rest[1] if len(rest) > 1 else "")
-
-
-def _outside(trace: Trace, parent: str, prefix: str, first: int, n: int, to: int) -> dict:
+def _outside(trace: Trace, parent: str, container: str, first: int, n: int, to: int) -> dict:
     """{key: record} of the records outside the layers of a trace with n layers, the
     parent's segments after the layers moved as in a model with `to` layers."""
     out = {}
     for r in trace.records:
-        if _layer_of(r.module, prefix) is not None:
+        if layer_of(r.module, container) >= 0:
             continue
         r = r.copy()
         if r.module == parent and r.segment > first:
@@ -114,9 +102,9 @@ def expand_layers(base: Trace, base_kinds: list[str], kinds: list[str],
     phase figures) is the base's plus, per kind, the difference one more layer made times
     the layers of that kind beyond the first."""
     nb, nf = len(base_kinds), len(kinds)
-    parent, prefix, first = _layout(base, nb)
+    parent, container, first = _layout(base, nb)
     rep = {kind: base_kinds.index(kind) for kind in base_kinds}
-    outside = _outside(base, parent, prefix, first, nb, nf)
+    outside = _outside(base, parent, container, first, nb, nf)
     figs = {k: Figures.of(r) for k, r in outside.items()}
     named = dict(outside)  # a record of each key, for its names
     zeros = Figures()
@@ -129,9 +117,9 @@ def expand_layers(base: Trace, base_kinds: list[str], kinds: list[str],
         if plus is None or kind not in plus:
             raise ValueError(f"expand_layers needs plus[{kind!r}]: the count with one more "
                              f"{kind!r} layer")
-        if _layout(plus[kind], nb + 1) != (parent, prefix, first):
+        if _layout(plus[kind], nb + 1) != (parent, container, first):
             raise DeriveError(f"one more {kind!r} layer moved the layers")
-        more = _outside(plus[kind], parent, prefix, first, nb + 1, nf)
+        more = _outside(plus[kind], parent, container, first, nb + 1, nf)
         for key in [*outside, *(k for k in more if k not in outside)]:
             a = Figures.of(more[key]) if key in more else zeros
             b = Figures.of(outside[key]) if key in outside else zeros
@@ -150,28 +138,28 @@ def expand_layers(base: Trace, base_kinds: list[str], kinds: list[str],
             records.append(f.record(r.op, r.module, r.dtype, r.args, r.has_formula, r.segment))
     per_layer: list[list[OpRecord]] = [[] for _ in range(nb)]
     for r in base.records:
-        i = _layer_of(r.module, prefix)
-        if i is not None:
+        i = layer_of(r.module, container)
+        if i >= 0:
             per_layer[i].append(r)
     for j, kind in enumerate(kinds):
         for r in per_layer[rep[kind]]:
             r = r.copy()
-            r.module = _renamed(r.module, prefix, j)
+            r.module = at_layer(r.module, j, container)
             records.append(r)
-    at = [k for k, m in enumerate(base.modules) if _layer_of(m.path, prefix) is not None]
+    at = [k for k, m in enumerate(base.modules) if layer_of(m.path, container) >= 0]
     if at != list(range(at[0], at[-1] + 1)):
         raise DeriveError(f"modules outside the layers first ran between layers of {parent}")
     layer_mods = base.modules[at[0]:at[-1] + 1]
     modules = [dataclasses.replace(m, children=list(m.children)) for m in base.modules[:at[0]]]
     for j, kind in enumerate(kinds):
-        modules += [dataclasses.replace(m, path=_renamed(m.path, prefix, j),
-                                        children=[_renamed(c, prefix, j) for c in m.children])
-                    for m in layer_mods if _layer_of(m.path, prefix) == rep[kind]]
+        modules += [dataclasses.replace(m, path=at_layer(m.path, j, container),
+                                        children=[at_layer(c, j, container) for c in m.children])
+                    for m in layer_mods if layer_of(m.path, container) == rep[kind]]
     modules += [dataclasses.replace(m, children=list(m.children))
                 for m in base.modules[at[-1] + 1:]]
     for m in modules:
         if m.path == parent:
-            m.children[first:first + nb] = [prefix + str(j) for j in range(len(kinds))]
+            m.children[first:first + nb] = [f"{container}.{j}" for j in range(len(kinds))]
     return Trace(records=records, **phase.trace_fields(), uncounted_ops=uncounted_counts(records),
                  steps=base.steps, overhead_s=overhead, modules=modules)
 
