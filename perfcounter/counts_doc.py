@@ -44,8 +44,10 @@ def _settings(meta: dict, where: str) -> ReadCounts:
 def _check_meta(meta, where: str) -> None:
     """The "perfcounter" block of a phase: an object of this schema, a version read here."""
     if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:
-        raise ValueError(f"{where}: field {META_KEY!r} is not a perfcounter block "
-                         f"(expected an object with \"schema\": {SCHEMA!r})")
+        what = f"has schema {meta.get('schema')!r:.40}" if isinstance(meta, dict) and \
+            "schema" in meta else "is not a perfcounter block"
+        raise ValueError(f"{where}: field {META_KEY!r} {what} (expected an object with "
+                         f"\"schema\": {SCHEMA!r})")
     if meta.get("version") != SCHEMA_VERSION:
         raise ValueError(f"{where}: schema version {meta.get('version')!r} is not supported "
                          f"(this perfcounter reads version {SCHEMA_VERSION})")
@@ -91,6 +93,10 @@ def read_counts(doc, source: str = "document") -> ReadCounts:
         meta = d.get(META_KEY)
         if meta is not None:
             _check_meta(meta, where)
+        elif "schema" in d:  # a schema where no phase has one: name it, not a missing field
+            raise ValueError(f"{where}: schema {d['schema']!r:.40} is not a perfcounter "
+                             f"counts document's (expected a {META_KEY!r} block with "
+                             f"\"schema\": {SCHEMA!r})")
         if read is None:
             read = _settings(meta or {}, where)
         stats = PerformanceStats.from_dict(d, where)

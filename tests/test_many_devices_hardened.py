@@ -74,3 +74,25 @@ def test_a_header_within_its_bytes_still_reads(tmp_path):
                            _string(b"a"), _string(b"bb"), _string(b"")))
     assert gguf_metadata(path) == {"general.architecture": "llama",
                                    "tokenizer.ggml.tokens": 3}
+
+
+# -- 7. a counts file's schema named, not a field it lacks ---------------------------------
+@pytest.mark.parametrize("doc, says", [
+    ({"prefill": {"schema": 99}},
+     "phase 'prefill': schema 99 is not a perfcounter counts document's (expected a "
+     "'perfcounter' block with \"schema\": 'perfcounter.counts')"),
+    ({"perfcounter": {"schema": 99, "version": 2}},  # the block alone, as the document
+     "phase 'perfcounter': schema 99 is not a perfcounter counts document's"),
+    ({"prefill": {"perfcounter": {"schema": 99}}},
+     "phase 'prefill': field 'perfcounter' has schema 99 (expected an object with "
+     "\"schema\": 'perfcounter.counts')"),
+    ({"schema": 99, "version": 2}, "not a perfcounter counts document (schema 99; "),
+])
+def test_profile_counts_of_a_schema_99_file_names_the_schema(tmp_path, capsys, doc, says):
+    from perfcounter.cli.main import main
+    path = tmp_path / "counts.json"
+    path.write_text(json.dumps(doc))
+    assert main(argv=["profile", "--counts", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"perfcounter profile: error: {path}: ")
+    assert says in err and "'label' is missing" not in err
