@@ -24,9 +24,10 @@ from typing import NamedTuple
 
 LAYER_LISTS = ("layers", "h", "blocks")  # what a model calls its list of decoder layers
 EVERY = "*"  # the index of a path standing for every layer
-# a list's name, whole segment (after the start or a dot), then the layer's number (or *)
-_LAYER = re.compile(r"(?:^|(?<=\.))(?P<list>" + "|".join(LAYER_LISTS)
-                    + r")\.(?P<index>\d+|\*)(?=\.|$)")
+# a list's name and the layer's number (or *), whole segments: after the start or a dot,
+# before a dot or the end
+_LAYER = re.compile(r"(?<![^.])(?P<list>" + "|".join(LAYER_LISTS)
+                    + r")\.(?P<index>\d+|\*)(?![^.])")
 
 
 class Layer(NamedTuple):
@@ -67,7 +68,7 @@ def is_layer(path: str) -> Layer | None:
 def every_layer(path: str) -> str:
     """`path` standing for every layer: its layer index `*` ("T.layers.*.attention");
     unchanged outside the layers."""
-    return _LAYER.sub(r"\g<list>." + EVERY, path)
+    return _indexed(path, EVERY)
 
 
 def at_layer(path: str, i: int, container: str | None = None) -> str:
@@ -75,8 +76,22 @@ def at_layer(path: str, i: int, container: str | None = None) -> str:
     "T.layers.5.attention"), of the list at `container` alone when given; unchanged outside
     the layers (those of `container`)."""
     if container is None:
-        return _LAYER.sub(rf"\g<list>.{int(i)}", path)
+        return _indexed(path, str(int(i)))
     if not path.startswith(container + "."):
         return path
     rest = path[len(container) + 1:].split(".", 1)
     return f"{container}.{int(i)}" + ("." + rest[1] if len(rest) > 1 else "")
+
+
+def _indexed(path: str, index: str) -> str:
+    """`path` with each layer index `index`, spliced (a step table asks it of every record;
+    re.sub with a group template costs several times as much)."""
+    m = _LAYER.search(path)
+    if m is None:
+        return path
+    parts, at = [], 0
+    while m is not None:
+        parts += (path[at:m.start("index")], index)
+        at = m.end()
+        m = _LAYER.search(path, at)
+    return "".join(parts) + path[at:]
