@@ -39,6 +39,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.counting.op_data import ExpertLoad
 from perfcounter.generation.derive import count_generation
+from perfcounter.models import hf_presets
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.checkpoint_config import gguf_config  # noqa: F401 (serve, sweep)
 from perfcounter.models.loading import (CheckpointError, fake_model, model_args_from_dict,
@@ -104,7 +105,8 @@ def count_config_only(args: ModelArgs, counter, *, batch_size: int = 1, prompt_l
 # -- any transformers config -------------------------------------------------------------
 def resolve_config(config):
     """A transformers PretrainedConfig or our ModelArgs, from what count_config accepts:
-    either of those, a dict, a config.json or a folder holding one, or a preset name."""
+    either of those, a dict, a config.json or a folder holding one, or a preset name: ours
+    (ModelArgs), or a transformers preset (hf_presets.yaml: its language model's config)."""
     if isinstance(config, ModelArgs):
         return config
     transformers = offline_transformers()
@@ -120,6 +122,9 @@ def resolve_config(config):
         if not path.is_file():
             if path.suffix == ".json" or len(path.parts) > 2:
                 raise CheckpointError(f"{config}: no such config file")
+            preset = hf_presets.find(config)
+            if preset:  # a transformers architecture's published config (hf_presets.yaml)
+                return hf_presets.counted_config(preset)
             return ModelArgs.from_name(str(config))  # a preset (UnknownModelError says which)
         try:
             config = json.loads(path.read_text())

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Optional
 
 from perfcounter._util import did_you_mean
+from perfcounter.models import hf_presets
 
 
 def find_multiple(n: int, k: int) -> int:
@@ -88,9 +89,20 @@ class ModelArgs:
         if key not in _LOOKUP:
             key = key.rsplit("/", 1)[-1]  # "meta-llama/Llama-2-7b-hf" or a checkpoint folder
         if key not in _LOOKUP:  # a close name may be an alias: each one is a valid input
-            raise UnknownModelError(f"unknown model {name!r}{did_you_mean(key, _LOOKUP) or ';'} "
-                                    f"presets: {', '.join(PRESETS)}")
+            raise UnknownModelError(_unknown(name, key))
         return cls(**PRESETS[_LOOKUP[key]])
+
+
+def _unknown(name, key: str) -> str:
+    """Why `name` is none of our presets, with both kinds of preset listed: ours (this
+    model) and transformers' (hf_presets.yaml, counted through transformers' own model)."""
+    ours, theirs = ", ".join(PRESETS), ", ".join(hf_presets.PRESETS)
+    hf = hf_presets.find(name)
+    if hf:
+        return (f"model {name!r} is the transformers preset {hf!r}: count_config and `perfcounter "
+                f"count` run transformers' model for it, not perfcounter's (whose presets: {ours})")
+    close = did_you_mean(key, {**_LOOKUP, **hf_presets.LOOKUP}) or ";"
+    return f"unknown model {name!r}{close} presets: {ours}; transformers presets: {theirs}"
 
 
 def _check_int(args: "ModelArgs", name: str, least: int) -> None:
@@ -199,3 +211,5 @@ ALIASES: dict[str, tuple[str, ...]] = {
 _LOOKUP = {name: name for name in PRESETS}
 _LOOKUP.update({alias: name for name, aliases in ALIASES.items() for alias in aliases})
 assert set(ALIASES) <= set(PRESETS), "every alias list must name a preset"
+assert not set(_LOOKUP) & set(hf_presets.LOOKUP), \
+    f"a name of both kinds of preset: {sorted(set(_LOOKUP) & set(hf_presets.LOOKUP))}"
