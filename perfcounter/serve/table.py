@@ -5,12 +5,12 @@ by pricing/price.py at every step (no pricing rule here).
 layer and piece), what pricing.figures.Figures needs: its kind, dtype, weight, mask and
 collective (figures_of its counted sample) and its calls, FLOPs, bytes, weight and KV reads, a
 collective's bytes (ROWS: counts.coef's columns read by name, group_rows; per layer, times the
-layers the group repeats); a matmul's rows M and the
-calls of views (eager dispatches them) fitted over the counted steps; the step's compulsory
-bytes and fused IO (counts.compulsory, counts.fused) and the bytes of its host link (fitted
-here). `seconds(f)` builds the figures of a step of features f, rounded to whole bytes,
-FLOPs and calls (the counted figures are integers: at a counted step the table's figures are
-the counted ones) and returns `price(figures, spec, execution).latency_s`.
+layers the group repeats); a matmul's rows M and the calls of views (eager dispatches them)
+fitted over the counted steps; the step's compulsory bytes and fused IO (counts.compulsory,
+counts.fused) and the bytes of its host link (fitted here). `seconds(f)` builds the figures of
+a step of features f, rounded to whole bytes, FLOPs and calls (the counted figures are
+integers: at a counted step the table's figures are the counted ones) and returns
+`price(figures, spec, execution).latency_s`.
 
 What an engine runs, not a rule: compiled and CUDA graphs (VARLEN) launch a layer's attention
 pieces as one varlen kernel (varlen_calls: a group's calls 1 a layer; engine_trace: a layer's
@@ -49,7 +49,8 @@ _COLUMNS = RecordFigures.from_values(range(len(RecordFigures().values())))
 _STREAMED = (_COLUMNS.read[ROLES.index("weight")], _COLUMNS.read[ROLES.index("kv_cache")])
 # a group's rows in the table's matrix, named by the pricing Figures' fields they become
 ROWS = ("calls", "flops", "executed_flops", "bytes", "streamed", "link_bytes")
-_CALLS, _FLOPS, _EXECUTED, _BYTES, _STREAMED_ROW, _LINK = (ROWS.index(n) for n in ROWS)
+_CALLS, _FLOPS, _EXECUTED = ROWS.index("calls"), ROWS.index("flops"), ROWS.index("executed_flops")
+_BYTES, _STREAMED_ROW, _LINK = ROWS.index("bytes"), ROWS.index("streamed"), ROWS.index("link_bytes")
 _N = len(ROWS)
 VARLEN = ("compiled", "cudagraphs")  # regimes whose engine runs a layer's attention as one kernel
 SECONDS_CACHED = 1 << 16  # distinct steps a table keeps priced (then it starts over)
