@@ -96,3 +96,240 @@ def test_profile_counts_of_a_schema_99_file_names_the_schema(tmp_path, capsys, d
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith(f"perfcounter profile: error: {path}: ")
     assert says in err and "'label' is missing" not in err
+
+
+# -- 3. disaggregated runs drop no flag ----------------------------------------------------
+TINY = {"block_size": 1024, "vocab_size": 64, "n_layer": 2, "n_head": 4, "n_local_heads": 2,
+        "dim": 32, "intermediate_size": 64}
+POOLS = ("--prefill_pool", "h100-sxm", "--decode_pool", "h100-sxm")
+WORKLOAD = {"--qps": "200", "--num_requests": "12", "--prompt_length": "64",
+            "--max_new_tokens": "8"}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hardened")
+    (folder / "tiny.json").write_text(json.dumps(TINY))
+    (folder / "trace.csv").write_text("arrival_time,prompt_tokens,output_tokens\n"
+                                      "0,40,6\n0.001,20,3\n0.002,30,9\n")
+    (folder / "map.yaml").write_text("layers: h100-sxm\n")
+    return folder
+
+
+def serve_cli(argv, capsys):
+    """(exit code, stdout, stderr) of `perfcounter serve` in this process."""
+    from perfcounter.cli.main import main
+    code = main(argv=["serve", *map(str, argv)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def one_line(code, err) -> str:
+    err = err.strip()
+    assert code == 2, err
+    assert err.startswith("perfcounter serve: error: ") and "\n" not in err, err
+    return err
+
+
+def test_a_flag_the_pools_ignored_now_applies_to_them(tiny, capsys):
+    argv = ["--model", tiny / "tiny.json", *POOLS, *sum(map(list, WORKLOAD.items()), [])]
+    save = tiny / "pools.json"
+
+    def overall(*extra):
+        code, out, err = serve_cli([*argv, *extra, "--save_path", save], capsys)
+        assert code == 0, err
+        return json.loads(save.read_text())["overall"], out
+
+    base, text = overall()
+    assert "$/1M out" in text.splitlines()[0]  # the pools' table has a $ column
+    slow, _ = overall("--step_overhead_ms", "1000")
+    # every decode step takes 1 s more: a TPOT of 1,000 ms at least (was 1.11 ms, unchanged)
+    assert base["mean_tpot_ms"] < 1 and slow["mean_tpot_ms"] >= 1000
+    late, _ = overall("--request_overhead_ms", "5000")
+    assert base["mean_ttft_ms"] < 1 and late["mean_ttft_ms"] >= 5000  # 5 s before the first step
+    priced, text = overall("--usd_per_hour", "1000")
+    # two pools of one H100 each at $1,000 an hour: $2,000 over the run, per 1M output tokens
+    assert priced["usd_per_1m_output_tokens"] == pytest.approx(
+        2000 * priced["duration"] / 3600 / priced["total_output_tokens"] * 1e6)
+    assert base["usd_per_1m_output_tokens"] != priced["usd_per_1m_output_tokens"]
+    q4, _ = overall("--gguf_type", "Q4_0")
+    assert q4["j_per_output_token"] != base["j_per_output_token"]  # Q4_0's bytes, not bf16's
+    code, _, err = serve_cli([*argv, "--expert_load", "4,2,1,1"], capsys)
+    assert "--expert_load" in one_line(code, err)  # a dense model: refused, as aggregated
+
+
+# each serve flag (by its first spelling): what to give, and what the pools do with it
+CHANGES = {  # the figures move on one deployment; they must move on the pools, or be refused
+    "--prompt_length": ["32"], "--max_new_tokens": ["4"], "--new_tokens": ["4"],
+    "--precision": ["float32"], "--act_dtype": ["float32"], "--execution": ["bound"],
+    "--compile": [], "--bound": [], "--quantize": ["int8"], "--weight_dtype": ["int8"],
+    "--group_size": ["32", "--weight_dtype", "int4"], "--kv_dtype": ["fp8"],
+    "--engine": ["sglang"], "--gpu_memory_utilization": ["0.5"],
+    "--max_num_batched_tokens": ["16"], "--max_num_seqs": ["1"], "--block_size": ["32"],
+    "--step_overhead_ms": ["5"], "--request_overhead_ms": ["5"], "--expert_load": ["4,2,1,1"],
+    "--gguf_type": ["Q4_0"], "--qps": ["50"], "--burstiness": ["0.3"], "--concurrency": ["2"],
+    "--num_requests": ["10"], "--trace_file": ["trace.csv"], "--prefix_hit_rate": ["0.5"],
+    "--seed": ["3"], "--slo": ["ttft=1ms"], "--usd_per_hour": ["10"], "--usd_per_kwh": ["0.1"],
+    "--batch_size": ["2"],
+}
+POOLS_REFUSE = {  # what a run on pools cannot honour: refused in one line
+    "--device_spec": ["a100-sxm4-80gb"], "--mapping": ["map.yaml"], "--host": ["generic-cpu"],
+    "--allow_unmatched": [], "--tensor_parallel_size": ["2"], "--pipeline_parallel_size": ["2"],
+    "--data_parallel_size": ["2"], "--enable_expert_parallel": [], "--plan": [],
+    "--find_max_qps": [], "--csv": ["out.csv"], "--trace": ["out.json"], "--plot": ["plots"],
+    "--plan_context": ["8"], "--plan_batch": ["2"], "--slo_attainment": ["0.5"],
+}
+NOT_FIGURES = {"-h", "--model", "--config", "--checkpoint_path", "--save_path",
+               "--prefill_pool", "--decode_pool"}  # the run itself, its output, its path
+DROPS = {"--concurrency": {"--qps"},  # a closed loop has no rate; a trace, no synthetic draws
+         "--trace_file": {"--qps", "--num_requests", "--prompt_length", "--max_new_tokens"}}
+
+
+def test_every_serve_flag_is_classified():
+    from perfcounter.cli.main import build_parser
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    firsts = {a.option_strings[0] for a in serve._actions}
+    assert firsts == set(CHANGES) | set(POOLS_REFUSE) | NOT_FIGURES
+    assert not (set(CHANGES) & set(POOLS_REFUSE))
+
+
+def test_every_flag_moves_the_pools_as_one_deployment_or_is_refused(tiny, capsys):
+    """The property of the issue: for each of serve's flags, the disaggregated run either
+    changes its figures where the aggregated run does, or refuses the flag in one line."""
+    save = tiny / "out.json"
+
+    def run(flag, value, pools: bool):
+        """The metrics rows of the --save_path JSON (the pools': prefill, decode, overall),
+        or the one-line refusal."""
+        drop = DROPS.get(flag, set())
+        work = [x for k, v in WORKLOAD.items() if k not in drop and k != flag for x in (k, v)]
+        where = list(POOLS) if pools else ["--device_spec", "h100-sxm"]
+        value = [str(tiny / v) if v in ("trace.csv", "map.yaml") else v for v in value]
+        extra = [] if flag is None else [flag, *value]
+        save.unlink(missing_ok=True)
+        code, _, err = serve_cli(["--model", tiny / "tiny.json", *where, *work, *extra,
+                                  "--save_path", save], capsys)
+        if code != 0:
+            return one_line(code, err)
+        doc = json.loads(save.read_text())
+        rows = [doc["prefill"], doc["decode"], doc["overall"]] if pools else [doc]
+        return [{k: row.get(k) for k in metric_keys} for row in rows]
+
+    metric_keys = ()
+    run(None, [], True)  # the pools' overall row: serve's metrics and the KV moved
+    metric_keys = set(json.loads(save.read_text())["overall"]) - {
+        "gpus", "kv_transfer_bytes", "kv_transfer_s", "kv_transfer_j"} | {
+        "request_goodput", "slo_met_fraction"}  # (--slo's)
+    base_pools, base_one = run(None, [], True), run(None, [], False)
+    moved = []
+    for flag, value in CHANGES.items():
+        one, pools = run(flag, value, False), run(flag, value, True)
+        if isinstance(one, str):  # refused on one deployment: refused on the pools too
+            assert isinstance(pools, str), (flag, pools)
+            continue
+        moved.append(flag)
+        assert one != base_one, flag  # the value chosen moves one deployment's figures ...
+        assert not isinstance(pools, str) and pools != base_pools, (flag, pools)  # ... and these
+    for flag, value in POOLS_REFUSE.items():
+        assert isinstance(run(flag, value, True), str), flag
+    # all but --expert_load (a dense model) and --batch_size (serve forms the batches)
+    assert set(CHANGES) - set(moved) == {"--expert_load", "--batch_size"}
+
+
+# -- 4. replicas bounded, and the run says when some get no request -------------------------
+@pytest.mark.parametrize("extra, says", [
+    # 1 x 1 x 10^9 = 10^9 GPUs > 2^20 = 1,048,576
+    (["--dp", "1000000000"], "--data_parallel_size 1000000000: TP 1 x PP 1 x DP 1,000,000,000 "
+                             "= 1,000,000,000 GPUs; at most 1,048,576 GPUs a deployment"),
+    # 4 x 2 x 131,073 = 1,048,584: 8 past the bound; the largest size is named
+    (["--tp", "4", "--pp", "2", "--dp", "131073"],
+     "--data_parallel_size 131073: TP 4 x PP 2 x DP 131,073 = 1,048,584 GPUs; at most 1,048,576"),
+    (["--prefill_pool", "h100-sxm,instances=1000000000", "--decode_pool", "h100-sxm"],
+     "--prefill_pool 'h100-sxm,instances=1000000000': 1,000,000,000 instances x TP 1 = "
+     "1,000,000,000 GPUs; at most 1,048,576 GPUs a pool"),
+    (["--prefill_pool", "h100-sxm", "--decode_pool", "h100-sxm,instances=2048,tp=1024"],
+     "2,048 instances x TP 1,024 = 2,097,152 GPUs; at most 1,048,576"),  # 2^11 x 2^10 = 2^21
+])
+def test_more_gpus_than_the_bound_are_refused_before_any_work(tiny, capsys, extra, says):
+    where = [] if "--prefill_pool" in extra else ["--device_spec", "h100-sxm"]
+    code, _, err = serve_cli(["--model", tiny / "tiny.json", *where, "--qps", "1", *extra],
+                             capsys)
+    assert says in one_line(code, err)
+
+
+def test_replicas_beyond_the_requests_are_named_in_a_warning(tiny, capsys):
+    # TP 2 x PP 2 x DP 1,000 = 4,000 GPUs for 12 requests: 988 replicas get none
+    code, out, err = serve_cli(["--model", tiny / "tiny.json", "--device_spec", "h100-sxm",
+                                "--tp", "2", "--pp", "2", "--dp", "1000", "--qps", "200",
+                                "--num_requests", "12"], capsys)
+    assert code == 0 and "on 4000 x h100-sxm (TP2 PP2 DP1000)" in out
+    assert ("perfcounter: warning: 988 of 1,000 replicas get no request (12 requests, one "
+            "replica each); their GPUs are priced all the same") in err
+    # at the bound: 2 x 2 x 262,144 = 1,048,576 GPUs, accepted
+    code, out, err = serve_cli(["--model", tiny / "tiny.json", "--device_spec", "h100-sxm",
+                                "--tp", "2", "--pp", "2", "--dp", "262144", "--qps", "200",
+                                "--num_requests", "12"], capsys)
+    assert code == 0 and "262,132 of 262,144 replicas get no request" in err
+
+
+def test_a_pool_of_more_instances_than_requests_says_so_and_prices_them_all(tiny):
+    from perfcounter.serve import synthetic
+    from perfcounter.serve.api import disaggregated
+    with pytest.warns(UserWarning, match="3 of 4 replicas get no request"):
+        r = disaggregated(str(tiny / "tiny.json"), synthetic(1, 16, 4, qps=1, seed=0),
+                          "h100-sxm,instances=4", "h100-sxm", usd_per_hour=1.0)
+    # 4 + 1 GPUs at $1 an hour over the run, per 1M output tokens (4 of them)
+    m = r.overall
+    assert m["usd_per_1m_output_tokens"] == pytest.approx(5 * m["duration"] / 3600 / 4 * 1e6)
+
+
+# -- 5. figures given on the command line have a range -------------------------------------
+@pytest.mark.parametrize("extra, says", [
+    (["--usd_per_hour", "1e300"], "--usd_per_hour 1e+300: expected a price in [0, 100,000] "
+                                  "USD a device-hour (the device files' range)"),
+    (["--usd_per_hour", "nan"], "--usd_per_hour nan: expected a price in [0, 100,000]"),
+    (["--usd_per_hour", "-1"], "--usd_per_hour -1.0: expected a price in [0, 100,000]"),
+    (["--usd_per_kwh", "1e300"], "--usd_per_kwh 1e+300: expected a price in [0, 1,000] USD a kWh"),
+    (["--find_max_qps", "--slo", "ttft=1s", "--slo_attainment", "1e-300"],
+     "--slo_attainment 1e-300: expected a fraction in [0.01, 1] (from 1% to all of the requests)"),
+    (["--prefill_pool", "h100-sxm", "--decode_pool", "h100-sxm", "--usd_per_hour", "1e300"],
+     "--usd_per_hour 1e+300: expected a price in [0, 100,000]"),
+])
+def test_serve_figures_out_of_range_are_refused(tiny, capsys, extra, says):
+    where = [] if "--prefill_pool" in extra else ["--device_spec", "h100-sxm"]
+    qps = [] if "--find_max_qps" in extra else ["--qps", "1"]
+    code, _, err = serve_cli(["--model", tiny / "tiny.json", *where, *qps, *extra], capsys)
+    assert says in one_line(code, err)
+
+
+def test_a_price_at_the_ends_of_its_range_is_taken():
+    from perfcounter.serve.metrics import check_attainment, check_prices
+    check_prices(0.0, 0.0)
+    check_prices(1e5, 1e3)
+    assert check_attainment(0.01) == 0.01 and check_attainment(1) == 1.0
+
+
+# -- 6. messages that name the flag given --------------------------------------------------
+@pytest.mark.parametrize("extra, says", [
+    # SmolLM2-135M: 9 heads, 3 KV heads, intermediate 1536: TP 1 or 3
+    (["--prefill_pool", "h100-sxm,tp=2", "--decode_pool", "h100-sxm"],
+     "--prefill_pool 'h100-sxm,tp=2': tp=2 does not shard smollm2-135m; valid: 1, 3"),
+    (["--prefill_pool", "h100-sxm", "--decode_pool", "h100-sxm,instances=²"],
+     "--decode_pool 'h100-sxm,instances=²': 'instances=²' is not instances=N or tp=T "
+     "(integers >= 1)"),
+    (["--prefill_pool", "h100-sxm,tp=3,tp=1", "--decode_pool", "h100-sxm"],
+     "--prefill_pool 'h100-sxm,tp=3,tp=1': tp given twice; give it once"),
+    (["--prefill_pool", "h100-sxm,instances=2", "--decode_pool", "h100-sxm",
+      "--gguf_type", "Q4_0"],
+     "--prefill_pool 'h100-sxm,instances=2': a llama.cpp file's layers are priced unsharded, "
+     "on one GPU: give instances=1,tp=1, or leave out --gguf_type"),
+    (["--device_spec", "h100-sxm", "--mapping", ""],
+     "--mapping '': expected a YAML/JSON file or inline mapping text, got an empty one"),
+    (["--device_spec", "h100-sxm", "--save_path", ""],
+     "--save_path '': expected a file path, got an empty one"),
+])
+def test_a_refusal_names_the_flag_that_was_given(capsys, extra, says):
+    code, _, err = serve_cli(["--model", "smollm2-135m", "--qps", "1", *extra], capsys)
+    line = one_line(code, err)
+    assert says in line and "--tensor_parallel_size" not in line \
+        and "--data_parallel_size" not in line

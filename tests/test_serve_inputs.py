@@ -62,7 +62,7 @@ def trace(tmp_path, text, name="t.jsonl", data=None):
     (("--qps", "5", "--slo", "ttft=1s,ttft=2s"), "ttft given twice"),
     (("--qps", "5", "--slo_attainment", "2"), "--slo_attainment: only --find_max_qps reads it"),
     (("--find_max_qps", "--slo", "ttft=1s", "--slo_attainment", "0"),
-     "--slo_attainment 0.0: expected a fraction in (0, 1]"),
+     "--slo_attainment 0.0: expected a fraction in [0.01, 1]"),
     (("--find_max_qps", "--slo", "ttft=1s", "--qps", "5"), "--qps: --find_max_qps searches"),
     (("--find_max_qps", "--slo", "ttft=1s", "--concurrency", "4"), "a closed loop has none"),
     (("--qps", "5", "--burstiness", "0"), "--burstiness 0.0: expected a number in (0, 1000]"),

@@ -156,8 +156,7 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if choice:
-            options = re.findall(r"'([^']*)'", choice.group(2))
-            message += did_you_mean(choice.group(1), options)
+            message += did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -256,7 +255,9 @@ def precision_of(name: str, runs_on: str | None = None) -> str:
 
 def check_output(path, flag: str, folder: bool = False) -> Path:
     """`path` (a file, or with folder=True a folder the command fills) checked for writing;
-    a ValueError naming the flag, on one line, otherwise. Nothing is created."""
+    a ValueError naming the flag, on one line, otherwise (an empty path too: not '.')."""
+    if not str(path).strip():
+        raise ValueError(f"{flag} {str(path)!r}: expected a path, got an empty one")
     path = Path(path).expanduser()
     try:
         if folder and path.is_dir():
@@ -266,9 +267,8 @@ def check_output(path, flag: str, folder: bool = False) -> Path:
             raise NotADirectoryError(f"cannot write {path}: not a directory")
         else:
             check_writable_target(path)
-    except OSError as exc:
-        reason = str(exc).split(": ", 1)[-1]
-        raise ValueError(f"{flag} {path}: {reason}") from None
+    except OSError as exc:  # the reason, after check_writable_target's "cannot write X: "
+        raise ValueError(f"{flag} {path}: {str(exc).split(': ', 1)[-1]}") from None
     return path
 
 

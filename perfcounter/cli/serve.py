@@ -37,10 +37,11 @@ from perfcounter.serve.api import (deployment, disaggregated, find_max_qps, qps_
 from perfcounter.serve.engines import ENGINES, engine_profile
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.memory import memory_plan
-from perfcounter.serve.metrics import parse_slo
+from perfcounter.serve.metrics import check_attainment, check_prices, parse_slo
 from perfcounter.serve.outputs import check_plotting, csv_text, trace_text, write_all, write_plots
 from perfcounter.serve.placement import PlacementPricer
 from perfcounter.serve.render import SWEEP_COLUMNS, plan_text, result_text, table
+from perfcounter.serve.replicas import check_sizes
 from perfcounter.serve.search import PROBE_REQUESTS, scaled_trace
 from perfcounter.serve.workload import (check_burstiness, check_count, check_fits_model,
                                         check_rate, check_seed, parse_lengths, read_trace,
@@ -138,8 +139,7 @@ def _check(args) -> object:
         _refuse(args, {f"--{k}": "--plan simulates no workload" for k in (
             "qps", "concurrency", "trace_file", "find_max_qps", "slo")})
     else:
-        _refuse(args, {"--plan_context": "only --plan reads it", "--plan_batch":
-                       "only --plan reads it"})
+        _refuse(args, {f"--{k}": "only --plan reads it" for k in ("plan_context", "plan_batch")})
     for flag in ("plan_context", "plan_batch"):
         value = getattr(args, flag)
         if value is not None and not 1 <= value <= 10_000_000:
@@ -158,8 +158,11 @@ def _check(args) -> object:
                                         "loop has none"})
     else:
         _refuse(args, {"--slo_attainment": "only --find_max_qps reads it"})
-    if not 0 < args.slo_attainment <= 1:
-        raise ServeError(f"--slo_attainment {args.slo_attainment}: expected a fraction in (0, 1]")
+    check_attainment(args.slo_attainment)
+    check_prices(args.usd_per_hour, args.usd_per_kwh)
+    if any(not str(m).strip() for m in args.mapping or ()):  # not '.', the current folder
+        raise ServeError("--mapping '': expected a YAML/JSON file or inline mapping text")
+    check_sizes(*(getattr(args, k) for k in PARALLEL_SIZES[:3]))
     if args.slo:
         parse_slo(args.slo)
     check_burstiness(args.burstiness)
@@ -204,19 +207,23 @@ def _ms(value):
     return None if value is None else value * 1e-3
 
 
-def _deployments(args) -> list:
+def _keywords(args) -> dict:
+    """deployment()'s keywords from the flags: one deployment's, each pool's alike."""
     if args.precision == "auto":  # no weights run: bfloat16 (cli/flags.py)
         args.precision = "bfloat16"
     weights, kv = _quantization(args)
-    common = {"precision": args.precision, "quantize": weights, "kv_dtype": kv,
-              "gpu_memory_utilization": args.gpu_memory_utilization,
-              "block_size": args.block_size, "max_num_batched_tokens": args.max_num_batched_tokens,
-              "max_num_seqs": args.max_num_seqs, "step_overhead_s": _ms(args.step_overhead_ms),
-              "request_overhead_s": _ms(args.request_overhead_ms),
-              "usd_per_hour": args.usd_per_hour, "check_fit": not args.plan,
-              "expert_load": getattr(args, "expert_load", None),
-              "gguf_type": getattr(args, "gguf_type", None), "engine": args.engine,
-              "execution": args.execution if "execution" in given(args) else None,
+    return {"precision": args.precision, "quantize": weights, "kv_dtype": kv,
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "block_size": args.block_size, "max_num_batched_tokens": args.max_num_batched_tokens,
+            "max_num_seqs": args.max_num_seqs, "step_overhead_s": _ms(args.step_overhead_ms),
+            "request_overhead_s": _ms(args.request_overhead_ms),
+            "usd_per_hour": args.usd_per_hour, "expert_load": getattr(args, "expert_load", None),
+            "gguf_type": getattr(args, "gguf_type", None), "engine": args.engine,
+            "execution": args.execution if "execution" in given(args) else None}
+
+
+def _deployments(args) -> list:
+    common = {**_keywords(args), "check_fit": not args.plan,
               **{k: getattr(args, k) for k in PARALLEL_SIZES}}
     model = args.model
     specs = [s.strip() for s in (args.device_spec or "").split(",") if s.strip()]
@@ -331,29 +338,26 @@ def _pools(args, make) -> int:
         raise ServeError("--prefill_pool and --decode_pool go together: give both")
     _refuse(args, {f"--{k}": "a disaggregated run prices its pools (DEVICE,instances=N,tp=T) "
                    "at one rate and writes JSON alone" for k in (
-                       "device_spec", "mapping", *PARALLEL_SIZES, "plan", "find_max_qps", "csv",
-                       "trace", "plot")})
+                       "device_spec", "mapping", "host", "allow_unmatched", *PARALLEL_SIZES,
+                       "plan", "find_max_qps", "csv", "trace", "plot")})
     rates = qps_values(args.qps) if args.qps is not None else [None]
     if len(rates) > 1:
         raise ServeError("--qps: a disaggregated run serves one rate; give one")
-    weights, kv = _quantization(args)
-    kw = {"precision": "bfloat16" if args.precision == "auto" else args.precision,
-          "quantize": weights, "kv_dtype": kv, "engine": args.engine,
-          "execution": args.execution if "execution" in given(args) else None,
-          "gpu_memory_utilization": args.gpu_memory_utilization, "block_size": args.block_size,
-          "max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": args.max_num_seqs}
+    kw = _keywords(args)  # every deployment setting, applied to both pools
     work = make(rates[0])
-    r = disaggregated(args.model, work, args.prefill_pool, args.decode_pool, slo=args.slo, **kw)
+    r = disaggregated(args.model, work, args.prefill_pool, args.decode_pool, slo=args.slo,
+                      usd_per_kwh=args.usd_per_kwh, **kw)
     rows = [{"deployment": f"prefill {args.prefill_pool}", **r.prefill},
             {"deployment": f"decode {args.decode_pool}", **r.decode},
             {"deployment": f"disaggregated, {r.overall['gpus']} GPUs", **r.overall}]
     pre, dec = Pool.parse(args.prefill_pool), Pool.parse(args.decode_pool)
-    if pre.device == dec.device and (pre.gpus + dec.gpus) % pre.tp == 0:
+    gguf = kw["gguf_type"] is not None or str(args.model).endswith(".gguf")  # one GPU only
+    if pre.device == dec.device and (pre.gpus + dec.gpus) % pre.tp == 0 and not gguf:
         agg = deployment(args.model, pre.device, tensor_parallel_size=pre.tp,
                          data_parallel_size=(pre.gpus + dec.gpus) // pre.tp, **kw)
         rows.append({"deployment": f"aggregated, {agg.name}",
-                     **serve(agg, work, slo=args.slo).metrics})
-    print(table(rows, SWEEP_COLUMNS[1:-1], first=("deployment", "deployment", 0)))
+                     **serve(agg, work, slo=args.slo, usd_per_kwh=args.usd_per_kwh).metrics})
+    print(table(rows, SWEEP_COLUMNS[1:], first=("deployment", "deployment", 0)))
     link = r.link
     print(f"KV moved between the pools: {r.overall['kv_transfer_bytes'] / 1e9:.3f} GB over "
           f"{link.kind} ({link.busbw / 1e9:.0f} GB/s a rank), {r.overall['kv_transfer_j']:.3g} J"

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from perfcounter.generation.run import PRECISIONS  # noqa: F401  (the shared names, re-exported)
+from perfcounter.parallel.sharding import ParallelError, valid_tensor_parallel_sizes
 from perfcounter.pricing.links import pool_end
 from perfcounter.serve import replicas
 from perfcounter.serve.disaggregated import Pool
@@ -36,7 +37,7 @@ from perfcounter.serve.errors import ServeError
 from perfcounter.serve.memory import kv_bytes_per_token
 from perfcounter.serve.deploy import (MAX_BLOCK, Deployment, no_fit_line, check_execution,  # noqa: F401
                                       deployment, listed_price, mapping_name, pricer_for)
-from perfcounter.serve.metrics import metrics, parse_slo
+from perfcounter.serve.metrics import check_prices, metrics, parse_slo
 from perfcounter.serve.pricing import step_table
 from perfcounter.serve.resolve import (gguf_file, is_gguf, precision_label,  # noqa: F401
                                        resolve_expert_load, resolve_model, resolve_precision,
@@ -101,18 +102,33 @@ def serve(dep: Deployment, workload: Workload, *, slo=None, usd_per_kwh: float |
 
 
 def disaggregated(model, workload: Workload, prefill_pool, decode_pool, *, slo=None,
-                  **kwargs):
+                  usd_per_kwh: float | None = None, **kwargs):
     """Prefill and decode on pools of their own, "DEVICE[,instances=N][,tp=T]" each, the KV
     moving between them (perfcounter/serve/disaggregated.py); kwargs: deployment()'s, for
-    both pools. Pools and links checked before any step table is counted."""
+    both pools, each applied as to one deployment (usd_per_hour: one device's price, x each
+    pool's GPUs); usd_per_kwh: serve's. Pools, their sizes and links checked before any
+    step table is counted, a refusal naming the pool's flag and key (tp=T, instances=N)."""
     pools = (Pool.parse(prefill_pool, "--prefill_pool"), Pool.parse(decode_pool, "--decode_pool"))
     dtype = resolve_precision(kwargs.get("precision", "bfloat16"))
-    for pool in pools:
+    args = resolve_model(model)
+    gguf = kwargs.get("gguf_type") is not None or is_gguf(model)
+    for pool, flag, text in zip(pools, ("--prefill_pool", "--decode_pool"),
+                                (prefill_pool, decode_pool)):
         pool_end(resolve_spec(pool.device, dtype))
+        if pool.tp not in valid_tensor_parallel_sizes(args):
+            name = model if isinstance(model, str) else type(model).__name__
+            raise ParallelError(f"{flag} {text!r}: tp={pool.tp} does not shard {name}; valid: "
+                                f"{', '.join(map(str, valid_tensor_parallel_sizes(args)))}")
+        if gguf and pool.gpus > 1:  # shard's rule: a llama.cpp file runs on one GPU
+            raise ParallelError(f"{flag} {text!r}: a llama.cpp file's layers are priced "
+                                "unsharded, on one GPU: give instances=1,tp=1, or leave out "
+                                + ("--gguf_type" if kwargs.get("gguf_type") else "the .gguf"))
+    check_prices(kwargs.get("usd_per_hour"), usd_per_kwh)
     deps = [deployment(model, p.device, **p.keywords(), **kwargs) for p in pools]
     check_fits_model(workload, min(d.plan.max_model_len for d in deps))
-    kv = kv_bytes_per_token(resolve_model(model), deps[0].dtype, deps[0].kv_dtype)  # all ranks'
-    return simulate_pools(workload, *deps, kv, pools=pools, slo=parse_slo(slo) if slo else None)
+    kv = kv_bytes_per_token(args, deps[0].dtype, deps[0].kv_dtype)  # all ranks'
+    return simulate_pools(workload, *deps, kv, pools=pools, slo=parse_slo(slo) if slo else None,
+                          usd_per_kwh=usd_per_kwh)
 
 
 def find_max_qps(dep: Deployment, make, slo, *, attainment: float = 0.9,

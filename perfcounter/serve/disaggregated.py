@@ -19,9 +19,12 @@ AttAcc and NeuPIMs place them). As DistServe and Splitwise run it:
    PCIe, where it has no GPU fabric; `transfer`);
 3. decode: it arrives at the decode pool when its KV has, as a request whose prompt and
    first token are cached (prompt + 1 tokens, prompt cached), asking for output - 1 tokens.
-Per pool the metrics are its own run's; overall, each request's TTFT is its prefill's, its
+Per pool the metrics are its own run's, priced at its deployment's price an hour (one
+device's x its instances x TP GPUs); overall, each request's TTFT is its prefill's, its
 end its decode's, its TPOT (end - first token) / (output - 1), the steps and joules both
-pools', and `kv_transfer_bytes` / `kv_transfer_s` / `kv_transfer_j` the moves.
+pools', the price both pools', and `kv_transfer_bytes` / `kv_transfer_s` / `kv_transfer_j`
+the moves. Every setting of a deployment applies to both pools as it applies to one
+deployment (serve/api.py's `disaggregated`).
 
 Each pool runs as any deployment runs (replicas.simulate: its DP replicas and PP streams);
 the pools' runs join as replicas' runs do (replicas.join_steps).
@@ -37,7 +40,7 @@ import numpy as np
 from perfcounter.pricing.links import Link, pool_link, transfer
 from perfcounter.parallel.sharding import ParallelError
 from perfcounter.serve.metrics import metrics
-from perfcounter.serve.replicas import join_steps
+from perfcounter.serve.replicas import check_gpus, join_steps, staged
 from perfcounter.serve.replicas import simulate as simulate_run
 
 
@@ -51,17 +54,26 @@ class Pool:
 
     @classmethod
     def parse(cls, text, flag: str = "--prefill_pool") -> "Pool":
+        """'DEVICE[,instances=N][,tp=T]' -> Pool; ServeError (one line naming `flag`) for a
+        key other than instances and tp, one given twice, a value that is not a whole number
+        >= 1 in ASCII digits, or more than replicas.MAX_GPUS GPUs in all."""
         parts = [p.strip() for p in str(text).split(",")]
         if not parts[0]:
             raise ParallelError(f"{flag} {text!r}: expected DEVICE[,instances=N][,tp=T]")
-        sizes = {"instances": 1, "tp": 1}
+        sizes: dict = {}
         for part in parts[1:]:
             key, eq, value = part.partition("=")
-            if key not in sizes or not eq or not value.isdigit() or int(value) < 1:
+            if key not in ("instances", "tp") or not eq or not value.isascii() \
+                    or not value.isdigit() or int(value) < 1:
                 raise ParallelError(f"{flag} {text!r}: {part!r} is not instances=N or tp=T "
                                     "(integers >= 1)")
+            if key in sizes:
+                raise ParallelError(f"{flag} {text!r}: {key} given twice; give it once")
             sizes[key] = int(value)
-        return cls(parts[0], sizes["instances"], sizes["tp"])
+        pool = cls(parts[0], sizes.get("instances", 1), sizes.get("tp", 1))
+        check_gpus(f"{flag} {text!r}", pool.gpus,
+                   f"{pool.instances:,} instances x TP {pool.tp:,}", "a pool")
+        return pool
 
     @property
     def gpus(self) -> int:
@@ -102,10 +114,19 @@ class DisaggregatedResult:
 
 
 def simulate(workload, prefill_dep, decode_dep, kv_bytes_per_token: int, *, pools: tuple,
-             slo=None) -> DisaggregatedResult:
+             slo=None, usd_per_kwh: float | None = None) -> DisaggregatedResult:
     """The module doc's three steps, each pool's run as its deployment runs (DP replicas,
-    PP streams), measured by serve's metrics (open loop unless the workload is closed)."""
+    PP streams), measured by serve's metrics (open loop unless the workload is closed): each
+    pool at its deployment's price an hour (its every GPU's), overall at both pools'."""
     open_loop = workload.concurrency is None
+    price = {"usd_per_kwh": usd_per_kwh}
+    pre = {**price, "usd_per_hour": prefill_dep.usd_per_hour,
+           "energy_known": getattr(staged(prefill_dep), "has_energy", True)}
+    dec = {**price, "usd_per_hour": decode_dep.usd_per_hour,
+           "energy_known": getattr(staged(decode_dep), "has_energy", True)}
+    both = {**price, "energy_known": pre["energy_known"] and dec["energy_known"],
+            "usd_per_hour": None if None in (pre["usd_per_hour"], dec["usd_per_hour"])
+            else pre["usd_per_hour"] + dec["usd_per_hour"]}
     prefill_pool, decode_pool = pools
     link = pool_link(prefill_dep.spec, decode_dep.spec)
     n = len(workload)
@@ -127,12 +148,12 @@ def simulate(workload, prefill_dep, decode_dep, kv_bytes_per_token: int, *, pool
         for j, i in enumerate(order):
             finish[i] = decoded.requests[j].finish
     overall = _overall_run(workload, prefilled, decoded, ready, finish, order)
-    out = metrics(overall, slo=slo, open_loop=open_loop)
+    out = metrics(overall, slo=slo, open_loop=open_loop, **both)
     out.update(kv_transfer_bytes=int(nbytes.sum()), kv_transfer_s=float(seconds.sum()),
                kv_transfer_j=float(joules.sum()), gpus=prefill_pool.gpus + decode_pool.gpus)
-    return DisaggregatedResult(metrics(prefilled, open_loop=open_loop),
-                               metrics(decoded, open_loop=open_loop) if decoded is not None
-                               else {},
+    return DisaggregatedResult(metrics(prefilled, open_loop=open_loop, **pre),
+                               metrics(decoded, open_loop=open_loop, **dec)
+                               if decoded is not None else {},
                                out, link, prefill_pool, decode_pool)
 
 

@@ -14,14 +14,15 @@ ms. Goodput (vLLM's `request_goodput`): requests meeting every SLO given
 
 Ours beside them: mean and peak batch size (sequences a step), KV-cache utilisation
 (blocks held / blocks, mean over steps and peak), preemptions, energy (J per output
-token, per request: steps' joules + static W over idle time) and cost ($ per 1M
-output tokens: the device's hourly price over the duration, and energy at
-`usd_per_kwh`). Overload: with open-loop arrivals, when the requests in the system at
-the last arrival are more than the batch holds, and more than twice their mean over the
-first half of the arrivals or arriving 1.25 times faster than the run completes them,
-the queue is growing without bound: `overloaded` is true,
-`overload` says it in one line, and the latency figures (which would only measure how
-long the run was) are None.
+token, per request: steps' joules + static W over idle time; None where the device's
+figures give no energy, `energy_known=False`, shown as n/a, never as 0) and cost ($ per 1M
+output tokens: the device's hourly price over the duration, and energy at `usd_per_kwh`;
+each price within its range, `check_prices`). Overload: with open-loop arrivals, when the
+requests in the system at the last arrival are more than the batch holds, and more than
+twice their mean over the first half of the arrivals or arriving 1.25 times faster than the
+run completes them, the queue is growing without bound: `overloaded` is true, `overload`
+says it in one line, and the latency figures (which would only measure how long the run
+was) are None.
 """
 from __future__ import annotations
 
@@ -30,8 +31,12 @@ import re
 
 import numpy as np
 
+from perfcounter.devices.figure_ranges import RANGES
 from perfcounter.serve.errors import ServeError
 
+USD_PER_HOUR = RANGES["usd_per_hour"][:2]  # a device's price an hour: the device files' range
+USD_PER_KWH = (0.0, 1e3)  # $ a kWh: from free to ~1,000 x what grids charge (0.05-0.5)
+MIN_ATTAINMENT = 0.01  # --slo_attainment: at least 1% of requests ("0%" would meet any SLO)
 SLO_KEYS = ("ttft", "tpot", "itl", "e2el")
 _UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6}
 _SLO = re.compile(r"^\s*([a-z0-9]+)\s*[=:]\s*([0-9.eE+-]+)\s*([a-z]*)\s*$")
@@ -65,6 +70,26 @@ def parse_slo(text) -> dict[str, float]:
             raise ServeError(f"--slo {text!r}: {name} given twice; give each target once")
         out[name] = seconds
     return out
+
+
+def check_prices(usd_per_hour: float | None = None, usd_per_kwh: float | None = None) -> None:
+    """--usd_per_hour and --usd_per_kwh, each None or within its range (ServeError naming
+    the flag, the value and the range)."""
+    for flag, value, (lo, hi), unit in (("--usd_per_hour", usd_per_hour, USD_PER_HOUR,
+                                         "USD a device-hour (the device files' range)"),
+                                        ("--usd_per_kwh", usd_per_kwh, USD_PER_KWH,
+                                         "USD a kWh")):
+        if value is not None and not (isinstance(value, (int, float)) and lo <= value <= hi):
+            raise ServeError(f"{flag} {value}: expected a price in [{lo:g}, {hi:,g}] {unit}")
+
+
+def check_attainment(attainment, flag: str = "--slo_attainment") -> float:
+    """A share of requests that must meet the SLO: a fraction in [MIN_ATTAINMENT, 1]."""
+    if isinstance(attainment, bool) or not isinstance(attainment, (int, float)) \
+            or not MIN_ATTAINMENT <= attainment <= 1:
+        raise ServeError(f"{flag} {attainment}: expected a fraction in [{MIN_ATTAINMENT:g}, 1] "
+                         f"(from {MIN_ATTAINMENT:.0%} to all of the requests)")
+    return float(attainment)
 
 
 def _stats(name: str, values_s: np.ndarray, out: dict) -> None:
@@ -120,8 +145,11 @@ def overload(run, rq: dict, open_loop: bool) -> str | None:
 
 
 def metrics(run, *, slo: dict | None = None, open_loop: bool = True, static_w: float = 0.0,
-            usd_per_hour: float | None = None, usd_per_kwh: float | None = None) -> dict:
-    """The metrics of the module doc, as a flat dict of numbers (and the overload line)."""
+            usd_per_hour: float | None = None, usd_per_kwh: float | None = None,
+            energy_known: bool = True) -> dict:
+    """The metrics of the module doc, as a flat dict of numbers (and the overload line);
+    energy_known=False: the steps' device gives no energy figures (the step table's
+    `has_energy`), so the joules and the energy's price are None."""
     rq = per_request(run)
     steps = run.steps
     seconds = np.frombuffer(steps.seconds)
@@ -161,7 +189,9 @@ def metrics(run, *, slo: dict | None = None, open_loop: bool = True, static_w: f
     })
     if usd_per_hour is not None:
         out["usd_per_1m_output_tokens"] = usd_per_hour * duration / 3600 / total_out * 1e6
-    if usd_per_kwh is not None:
+    if not energy_known:
+        out.update(energy_j=None, j_per_output_token=None, j_per_request=None)
+    elif usd_per_kwh is not None:
         out["usd_per_1m_output_tokens_energy"] = usd_per_kwh * energy / 3.6e6 / total_out * 1e6
     out["overloaded"] = flag is not None
     out["overload"] = flag

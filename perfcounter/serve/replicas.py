@@ -25,17 +25,44 @@ rank it ran on: TP x PP x the stage's.
 `staged(dep)` is the one rule of a step on many ranks (its seconds through the stages and
 its joules and static power on every rank); `join(runs, total)` joins replicas' runs and
 `join_steps(runs)` any runs' steps (the disaggregated pools' too), in the order they started.
+
+Bounds: a deployment (TP x PP x DP) or a pool (instances x TP) holds at most MAX_GPUS GPUs
+(`check_gpus`, before any work). Replicas beyond the requests get none (each request goes to
+one replica): they are priced all the same, and the run says so in one warning.
 """
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from array import array
 
 import numpy as np
 
+from perfcounter._util import PerfcounterWarning
 from perfcounter.pricing.collectives import collective_s
 from perfcounter.pricing.links import within
+from perfcounter.serve.errors import ServeError
 from perfcounter.serve.scheduler import simulate_engine
+
+MAX_GPUS = 1 << 20  # 1,048,576 GPUs a deployment or pool: a bound far past the pools modelled
+
+
+def check_sizes(tensor_parallel_size, pipeline_parallel_size, data_parallel_size) -> None:
+    """TP x PP x DP within MAX_GPUS (check_gpus), the largest size's flag named; sizes that
+    are not integers >= 1 are left to parallel/sharding.py's refusal."""
+    sizes = (tensor_parallel_size, pipeline_parallel_size, data_parallel_size)
+    if all(isinstance(v, int) and v >= 1 for v in sizes):
+        size, name = max(zip(sizes, ("tensor", "pipeline", "data")))
+        check_gpus(f"--{name}_parallel_size {size}", sizes[0] * sizes[1] * sizes[2],
+                   "TP {:,} x PP {:,} x DP {:,}".format(*sizes))
+
+
+def check_gpus(what: str, gpus: int, sizes: str, unit: str = "a deployment") -> int:
+    """`gpus` (`sizes`: how they multiply, "TP 3 x PP 10 x DP 1,000") within MAX_GPUS, else
+    a ServeError naming `what` (the flag and its value) and the bound, GPUs `unit`."""
+    if gpus > MAX_GPUS:
+        raise ServeError(f"{what}: {sizes} = {gpus:,} GPUs; at most {MAX_GPUS:,} GPUs {unit}")
+    return gpus
 
 
 def split(workload, replicas: int) -> list:
@@ -89,6 +116,7 @@ class StagedTable:
         self.table, self.stages, self.ranks, self.hop_s = table, stages, ranks, hop_s
         self.counts, self.label = table.counts, getattr(table, "label", "")
         self.static_w = getattr(table, "static_w", 0.0) * ranks
+        self.has_energy = getattr(table, "has_energy", True)
 
     def seconds(self, f: np.ndarray) -> float:
         hops = (self.stages - 1) * self.hop_s(f) if self.hop_s is not None else 0.0
@@ -118,6 +146,11 @@ def simulate(workload, dep):
     scheduler's run with its share of the KV blocks (module doc); one engine's own run when
     nothing is parallel."""
     parallel, config = dep.parallel, dep.engine
+    idle = parallel.data_parallel_size - len(workload)
+    if idle > 0:
+        warnings.warn(f"{idle:,} of {parallel.data_parallel_size:,} replicas get no request "
+                      f"({len(workload):,} requests, one replica each); their GPUs are priced "
+                      "all the same", PerfcounterWarning, stacklevel=2)
     streams = parallel.data_parallel_size * parallel.pipeline_parallel_size
     if streams == 1 and parallel.ranks == 1:
         return simulate_engine(workload, dep.table, config)
