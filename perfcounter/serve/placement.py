@@ -41,11 +41,11 @@ import copy
 import dataclasses
 import json
 import math
-import re
 from typing import NamedTuple
 
 import numpy as np
 
+from perfcounter.models.layer_paths import at_layer, layer_of
 from perfcounter.models.loading import fake_model
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.memory import (
@@ -69,19 +69,11 @@ from perfcounter.simulation.run import simulate
 from perfcounter.simulation.timeline import elementwise_spec
 from perfcounter.trace import Trace
 
-_LAYER0 = re.compile(r"\.layers\.0(?=\.|$)")
-
-
 class ModuleRef(NamedTuple):
     """A module as a mapping sees it: its path and class."""
 
     path: str
     cls: str
-
-
-def at_layer(path: str, i: int) -> str:
-    """'Transformer.layers.0.attention' -> 'Transformer.layers.<i>.attention'."""
-    return _LAYER0.sub(f".layers.{i}", path)
 
 
 def model_modules(args) -> list[ModuleRef]:
@@ -95,7 +87,7 @@ def model_modules(args) -> list[ModuleRef]:
         if not name or type(mod).__name__ == "ModuleList":
             continue
         path = f"{root}.{name}"
-        n = args.n_layer if _LAYER0.search(path) else 1
+        n = args.n_layer if layer_of(path) == 0 else 1
         out += [ModuleRef(at_layer(path, i), type(mod).__name__) for i in range(n)]
     return out
 
@@ -106,19 +98,19 @@ def whole_trace(one: Trace, n_layer: int) -> tuple[Trace, dict]:
     {parent path: {segment in `one`: its segment in the whole trace}}."""
     records = []
     for r in one.records:
-        copies = range(n_layer) if _LAYER0.search(r.module) else (None,)
+        copies = range(n_layer) if layer_of(r.module) == 0 else (None,)
         records += [r if i is None else dataclasses.replace(r, module=at_layer(r.module, i))
                     for i in copies]
     modules, segment = [], {}
     for m in one.modules:
-        if _LAYER0.search(m.path):
+        if layer_of(m.path) == 0:
             modules += [dataclasses.replace(m, path=at_layer(m.path, i),
                                             children=[at_layer(c, i) for c in m.children])
                         for i in range(n_layer)]
             continue
         children, moved = [], {}
         for k, c in enumerate(m.children, 1):
-            children += [at_layer(c, i) for i in range(n_layer)] if _LAYER0.search(c) else [c]
+            children += [at_layer(c, i) for i in range(n_layer)] if layer_of(c) == 0 else [c]
             moved[k] = len(children)  # the segment after child k is after its last copy
         segment[m.path] = moved
         modules.append(dataclasses.replace(m, children=children))
@@ -253,7 +245,7 @@ class PlacedTable:
 
             def share(r, key=key):
                 paths = [at_layer(r.module, i) for i in range(n)] \
-                    if _LAYER0.search(r.module) else [r.module]
+                    if layer_of(r.module) == 0 else [r.module]
                 seg = segments.get(r.module, {}).get(r.segment, r.segment)
                 return sum((where.get((p, seg)) or self.together.get(p, "host")) == key
                            for p in paths)
@@ -329,7 +321,7 @@ def placement_memory(table: PlacedTable, dtype, *, gpu_memory_utilization: float
             kv[key] += per_layer_kv
     for info in table.priced.fit_traces[0].modules:  # wqkv's parts where it is split
         paths = [at_layer(info.path, i) for i in range(args.n_layer)] \
-            if _LAYER0.search(info.path) else [info.path]
+            if layer_of(info.path) == 0 else [info.path]
         for p in paths:
             if p in on:
                 weights[on[p]] += info.param_bytes  # as stored (quantized: data and scales)

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from typing import NamedTuple
 
 import numpy as np
@@ -63,6 +62,7 @@ from perfcounter.costs.attention import window_pairs
 from perfcounter.counting.op_data import ExpertLoad
 from perfcounter.generation.figures import Figures
 from perfcounter.models.args import ModelArgs
+from perfcounter.models.layer_paths import at_layer, every_layer, in_layer, layer_of
 from perfcounter.quant.gguf_types import GgufFile
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.ragged import Piece, count_step
@@ -73,7 +73,6 @@ FEATURES = ("step", "tokens", "seqs", "kv_positions", "dense_pairs", "causal_pai
 EXPERTS = FEATURES.index("experts")
 FIT = ([(1, 0)], [(1, 127)], [(8, 0)], [(8, 56)], [(32, 0)], [(24, 40)],
        [(1, 30), (1, 90)], [(16, 0), (1, 47), (4, 12)], [(1, 5), (1, 9), (1, 200)])
-_LAYER = re.compile(r"\.layers\.\d+(?=\.|$)")
 _NFIG = len(Figures().values())  # a record's figures, in Figures' order
 
 
@@ -132,14 +131,8 @@ class GroupKey(NamedTuple):
     kind: int  # the layer of the counted model the record ran in (its kind); -1: no layer
 
 
-def layer_of(module: str) -> int:
-    """The layer index in a module path ("Transformer.layers.3.attention": 3); -1: none."""
-    m = _LAYER.search(module)
-    return int(m.group(0).rsplit(".", 1)[1]) if m else -1
-
-
 def group_key(r: OpRecord) -> GroupKey:
-    return GroupKey(r.op, _LAYER.sub(".layers.*", r.module), r.segment, r.dtype, r.has_formula,
+    return GroupKey(r.op, every_layer(r.module), r.segment, r.dtype, r.has_formula,
                     pattern(r.args), layer_of(r.module))
 
 
@@ -187,7 +180,7 @@ class StepCounts:
 
     def repeats(self, r: OpRecord) -> int:
         """How many times a record of a counted trace stands in the whole model."""
-        return len(self.layers_of(layer_of(r.module))) if _LAYER.search(r.module) else 1
+        return len(self.layers_of(layer_of(r.module))) if in_layer(r.module) else 1
 
     def figures(self, f: np.ndarray) -> np.ndarray:
         """[groups, figures] of a step with features f, whole model."""
@@ -209,8 +202,8 @@ class StepCounts:
             v = Figures.from_values(int(x) for x in fig[g])
             if not v.nonzero():
                 continue
-            for i in (self.layers_of(key.kind) if ".layers.*" in key.module else [None]):
-                module = key.module.replace(".layers.*", f".layers.{i}")
+            for i in (self.layers_of(key.kind) if in_layer(key.module) else [None]):
+                module = key.module if i is None else at_layer(key.module, i)
                 records.append(v.record(r.op, module, r.dtype, r.args, r.has_formula, r.segment))
         return Trace(records=records, modules=[])
 
@@ -285,7 +278,7 @@ def count_table(args: ModelArgs, dtype=torch.bfloat16, *, weights=None, kv=None)
     coef = fit(xs, ys.reshape(len(FIT), -1), "figures").reshape(g, _NFIG, len(FEATURES))
     ordered = sorted(keys, key=keys.get)
     layers = np.array([(len(kinds[k.kind]) if kinds is not None else n)
-                       if ".layers.*" in k.module else 1 for k in ordered], float)
+                       if in_layer(k.module) else 1 for k in ordered], float)
     # NB: a few bytes of activations per step are not affine (1e-3 of them at most)
     whole, fused = fit(xs, np.array(whole_model, float), "compulsory and fused bytes", 0.01)
     return StepCounts(args, str(dtype).replace("torch.", ""), ordered, coef, layers, sample,
