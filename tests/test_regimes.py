@@ -394,7 +394,7 @@ def test_the_regimes_are_named_and_checked_once():
     root = Path(__file__).resolve().parents[1]
     lines = subprocess.run(["grep", "-rn", r"EXECUTIONS =\|REGIMES =", "perfcounter"], cwd=root,
                            capture_output=True, text=True).stdout.splitlines()
-    assert sorted(line.split(":")[0] for line in lines) == ["perfcounter/devices/spec.py",
+    assert sorted(line.split(":")[0] for line in lines) == ["perfcounter/devices/op_keys.py",
                                                              "perfcounter/pricing/regimes.py"]
     # one check: the bound among the regimes, or (bound=False) the programs a prediction prices
     assert [check_regime(r) for r in REGIMES] == list(REGIMES)

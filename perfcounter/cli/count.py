@@ -20,7 +20,7 @@ from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output, add_
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.devices.calibrate import measurable_device
-from perfcounter.devices.spec import EXECUTIONS
+from perfcounter.devices.op_keys import EXECUTIONS
 from perfcounter.format import si
 from perfcounter.generation.config_only import count_config, resolve_config
 from perfcounter.models.args import ModelArgs, UnknownModelError

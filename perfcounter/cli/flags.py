@@ -60,7 +60,7 @@ import torch
 
 from perfcounter._util import check_writable_target, did_you_mean
 from perfcounter.cli.model_flag import ACCEPTED, config_of, model_source  # noqa: F401 config_of
-from perfcounter.devices.spec import EXECUTIONS
+from perfcounter.devices.op_keys import EXECUTIONS
 from perfcounter.generation.run import GenerateArgumentError
 from perfcounter.parallel import ParallelConfig
 

@@ -18,11 +18,10 @@ Our schema (device_specs/*.yaml, and what `perfcounter calibrate` writes):
         interconnect_GBs: 450        # within a tensor-parallel group, one way
         source: {bandwidth_GBs: "datasheet ...", default: "..."}
 
-Optional figures for placement (simulate.py), each with a source like every
-other number: device_link_GBs / device_link_pj_per_bit, interconnect_GBs /
-interconnect_pj_per_bit, and peak_fraction (achievable / peak, 0 < f <= 1). For many
-nodes (pricing/links.py): node_link_GBs / node_link_pj_per_bit, a device's link to another
-node (one InfiniBand port a GPU, one way), and gpus_per_node.
+Optional figures for placement and many devices (pricing/links.py), each with a source
+like every other number: device_link_GBs / device_link_pj_per_bit, interconnect_GBs /
+interconnect_pj_per_bit, node_link_GBs / node_link_pj_per_bit (to another node, one way),
+gpus_per_node, and peak_fraction (achievable / peak, 0 < f <= 1).
 For serving costs (`perfcounter serve`): usd_per_hour, the price of one device an hour
 (a cloud list price per GPU, with its date in the source).
 For predictions (predict.py): op_overhead_us {eager, compiled}, op_efficiency
@@ -88,19 +87,16 @@ FIGURES = {
     "silu_ns_per_element": Figure("silu_ns_per_element", 1.0),
     "RMSNorm_ns_per_element": Figure("rmsnorm_ns_per_element", 1.0),
     "rmsnorm_ns_per_element": Figure("rmsnorm_ns_per_element", 1.0),
-    "tdp_W": Figure("tdp_w", 1.0),
-    "static_W": Figure("static_w", 1.0),
+    "tdp_W": Figure("tdp_w", 1.0), "static_W": Figure("static_w", 1.0),
     "usd_per_hour": Figure("usd_per_hour", 1.0),
     "device_link_GBs": Figure("device_link_bw", 1e9),
     "device_link_pj_per_bit": Figure("device_link_pj_per_bit", 1.0),
     "interconnect_GBs": Figure("interconnect_bw", 1e9),
     "interconnect_pj_per_bit": Figure("interconnect_pj_per_bit", 1.0),
-    "node_link_GBs": Figure("node_link_bw", 1e9),
+    "node_link_GBs": Figure("node_link_bw", 1e9), "gpus_per_node": Figure("gpus_per_node", 1.0),
     "node_link_pj_per_bit": Figure("node_link_pj_per_bit", 1.0),
-    "gpus_per_node": Figure("gpus_per_node", 1.0),
     "peak_fraction": Figure("peak_fraction", 1.0),
-    "cache_MB": Figure("cache_bytes", 1e6),
-    "op_overhead_us": Figure("op_overhead_s", 1e-6),
+    "cache_MB": Figure("cache_bytes", 1e6), "op_overhead_us": Figure("op_overhead_s", 1e-6),
     "op_efficiency": Figure("op_efficiency", 1.0),
     "op_curves": Figure("op_curves", 1.0),
     "matmul_rows": Figure("matmul_rows", 1.0),

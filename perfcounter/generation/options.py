@@ -20,7 +20,7 @@ from perfcounter._util import PerfcounterWarning, check_writable_target
 from perfcounter.counting.module_path import check_depth
 from perfcounter.devices import DeviceSpecError, get_device_spec
 from perfcounter.devices.op_rates import check_clock
-from perfcounter.devices.spec import EXECUTIONS
+from perfcounter.devices.op_keys import EXECUTIONS
 from perfcounter.generation import speculative
 from perfcounter.generation.config_only import context_error, resolve_config
 from perfcounter.generation.errors import PRECISIONS, GenerateArgumentError

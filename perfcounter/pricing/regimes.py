@@ -1,10 +1,10 @@
 """The regimes a step is priced in, named once: "bound" (the least any regime can take) and
-the programs a prediction prices (devices/spec.py's EXECUTIONS: eager, compiled,
+the programs a prediction prices (devices/op_keys.py's EXECUTIONS: eager, compiled,
 cudagraphs), with the one check of a regime's name. price.py's module doc says what each
 charges."""
 from __future__ import annotations
 
-from perfcounter.devices.spec import EXECUTIONS
+from perfcounter.devices.op_keys import EXECUTIONS
 
 REGIMES = ("bound", *EXECUTIONS)  # the bound, then the programs a prediction prices
 
