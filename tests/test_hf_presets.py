@@ -88,7 +88,7 @@ def test_every_preset_loads_as_its_transformers_config_class(name):
     preset, config = PRESETS[name], preset_config(name)
     assert type(config) is transformers.CONFIG_MAPPING[preset.config["model_type"]]
 
-    def published(obj, fields):  # transformers 5 folds rope_theta / rope_scaling into rope_parameters
+    def published(obj, fields):  # transformers 5 folds rope_theta, rope_scaling in rope_parameters
         for key, value in fields.items():
             if key in ("text_config", "vision_config"):
                 published(getattr(obj, key), value)
@@ -113,14 +113,17 @@ def test_gemma3_fields_not_published_are_transformers_defaults():
 @pytest.mark.parametrize("name", NAMES)
 def test_parameters_equal_the_published_total(name):
     total = parameters(checkpoint_model(name))
-    assert total == pytest.approx(PUBLISHED[name], rel=0.005), f"{total:,} vs {PUBLISHED[name]:,.0f}"
+    assert total == pytest.approx(PUBLISHED[name], rel=0.005), f"{total:,} vs {PUBLISHED[name]:,}"
+
+
+TOWERS = ("vision_model", "vision_tower", "multi_modal_projector")  # the image side's modules
 
 
 @pytest.mark.parametrize("name", MULTIMODAL)
 def test_the_counted_model_is_the_checkpoints_language_model(name):
     full = checkpoint_model(name)
     towers = sum(parameters(m) for n, m in full.named_modules()
-                 if n.rsplit(".", 1)[-1] in ("vision_model", "vision_tower", "multi_modal_projector"))
+                 if n.rsplit(".", 1)[-1] in TOWERS)
     assert parameters(counted_model(name)) == parameters(full) - towers
 
 
@@ -188,7 +191,8 @@ def eager_cache_bytes(config, tokens: int) -> int:
     with fake_mode:
         out = model(input_ids=torch.zeros(1, tokens, dtype=torch.int64), use_cache=True)
     cache = getattr(out, cache_keyword(model))
-    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 # one layer of each attention kind (Gemma 3's sixth layer is its first full one; Llama 4's fourth)
@@ -198,3 +202,67 @@ def eager_cache_bytes(config, tokens: int) -> int:
 def test_eager_layout_is_what_transformers_caches(name, layers, tokens):
     config = fewer_layers(name, layers)
     assert eager_cache_bytes(config, tokens) == kv_cache_bytes(config, BF16, tokens, "eager")
+
+
+def counted_parameters(counter, config) -> int:
+    """Parameters the counted modules own, a tied weight once: the trace gives a tied head's
+    weight to both modules holding it (embed_tokens and lm_head)."""
+    modules = counter.counts["decode"].trace.modules
+    head = next(m.params for m in modules if m.path.endswith(".lm_head"))
+    tied = head if config.tie_word_embeddings else 0
+    return sum(m.params for m in modules) - tied
+
+
+SMALL = ("qwen3-8b", "gpt-oss-20b", "gemma-3-12b")  # a config-only count in seconds
+
+
+@pytest.mark.parametrize("name", [n if n in SMALL else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in NAMES])
+def test_counted_config_only_with_the_published_parameters(name):
+    start, load = time.perf_counter(), os.getloadavg()[0]
+    counter = count_config(name, prompt_length=8, new_tokens=2)
+    print(f"{name}: counted config-only in {time.perf_counter() - start:.1f} s "
+          f"(load average {load:.2f} before, {os.getloadavg()[0]:.2f} after)")
+    assert (counter.counts["prefill"].steps, counter.counts["decode"].steps) == (1, 1)
+    counted = counted_parameters(counter, counted_config(name))
+    assert counted == parameters(counted_model(name))  # the language model, every weight once
+    if name not in MULTIMODAL:  # a multimodal total adds the vision tower (test above)
+        assert counted == pytest.approx(PUBLISHED[name], rel=0.005)
+
+
+@pytest.mark.slow
+def test_perfcounter_count_takes_a_preset(capsys):
+    assert cli(["count", "--model", "gpt-oss-20b", "--prompt_length", "8",
+                "--max_new_tokens", "2", "--json"]) == 0
+    out = capsys.readouterr()
+    assert out.err.startswith("gpt-oss-20b: counted with no weights (FakeTensorMode)")
+    assert '"decode"' in out.out
+
+
+def test_names_and_aliases():
+    assert find("Qwen/Qwen3-235B-A22B-FP8") == find("QWEN3-235B-A22B-FP8") == "qwen3-235b-a22b-fp8"
+    assert find("meta-llama/Llama-4-Scout-17B-16E-Instruct") == "llama-4-scout"
+    assert find("google/gemma-3-27b-it") == "gemma-3-27b"
+    assert find("qwen3-8") is None and find("llama-3-8b") is None
+    assert type(resolve_config("deepseek-r1")).__name__ == "DeepseekV3Config"
+    assert isinstance(resolve_config("llama-3-8b"), ModelArgs)  # ours stay ours
+    assert not set(hf_presets.LOOKUP) & set(OURS)
+
+
+def test_an_unknown_name_lists_both_kinds_of_preset():
+    with pytest.raises(UnknownModelError) as e:
+        ModelArgs.from_name("qwen3-9b")
+    assert str(e.value).startswith("unknown model 'qwen3-9b'; did you mean qwen3-8b")
+    assert "presets: llama-2-7b, " in str(e.value)
+    assert "; transformers presets: qwen3-8b, " in str(e.value)
+    with pytest.raises(UnknownModelError, match="is the transformers preset 'gpt-oss-20b'"):
+        ModelArgs.from_name("openai/gpt-oss-20b")  # perfcounter's own model has no such preset
+
+
+def test_a_model_type_transformers_lacks_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setitem(PRESETS, "qwen3-8b", HfPreset(
+        name="qwen3-8b", repo="Qwen/Qwen3-8B", source={},
+        config=dict(PRESETS["qwen3-8b"].config, model_type="qwen9")))
+    with pytest.raises(UnsupportedArchitecture, match=r"^preset 'qwen3-8b': model_type 'qwen9' is "
+                                                      r"not a transformers 5\.\S+ architecture"):
+        count_config("qwen3-8b")

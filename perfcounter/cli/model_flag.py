@@ -2,7 +2,7 @@
 command counts for it; a path that is not what it says is refused in one line that says
 what --model takes (ValueError: the commands print it, exit code 2).
 
-    model_source("llama-3-8b")             # "preset"
+    model_source("llama-3-8b")             # "preset" (ours, or transformers': "qwen3-8b")
     model_source("ckpt/model.safetensors")  # "checkpoint" (its first bytes checked)
     config_of("ckpt/model.safetensors")     # ckpt/, the folder holding its config.json
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from perfcounter.models import hf_presets
 from perfcounter.models.args import ModelArgs, UnknownModelError
 
 CHECKPOINT_SUFFIXES = (".gguf", ".pth", ".pt", ".safetensors", ".bin")
@@ -61,7 +62,7 @@ def model_source(text) -> str:
 def config_of(model):
     """What a config-only command counts for --model: the preset, config.json or .gguf
     itself; for a .pth or .safetensors checkpoint, the config.json beside it (or, as
-    gpt-fast names its folders, the preset its folder is named after)."""
+    gpt-fast names its folders, the preset its folder is named after: ours or transformers')."""
     if model is None:
         raise ValueError("give the model: --model PRESET|config.json|FOLDER|FILE.gguf")
     if model_source(model) != "checkpoint":
@@ -75,6 +76,8 @@ def config_of(model):
         return folder
     if len(ggufs) == 1:
         return ggufs[0]
+    if hf_presets.find(folder.name):  # named after a transformers preset (Qwen3-8B/)
+        return folder.name
     try:
         ModelArgs.from_name(folder.name)
     except UnknownModelError:

@@ -122,10 +122,8 @@ def resolve_config(config):
         if not path.is_file():
             if path.suffix == ".json" or len(path.parts) > 2:
                 raise CheckpointError(f"{config}: no such config file")
-            preset = hf_presets.find(config)
-            if preset:  # a transformers architecture's published config (hf_presets.yaml)
-                return hf_presets.counted_config(preset)
-            return ModelArgs.from_name(str(config))  # a preset (UnknownModelError says which)
+            preset = hf_presets.find(config)  # a transformers preset, else ours (UnknownModelError)
+            return hf_presets.counted_config(preset) if preset else ModelArgs.from_name(str(config))
         try:
             config = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, ValueError) as e:
