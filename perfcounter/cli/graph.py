@@ -11,7 +11,7 @@ gpt-fast model) and records ONE forward with graph.record_forward: the prefill
 of a synthetic prompt, or (--phase decode) one decode step after an unrecorded
 prefill has filled the KV cache. Times are predicted on --device_spec (default:
 this machine's, see devices.default_device_spec); measured times need real
-tensors: call graph.record_forward on a loaded model. `cli.py` registers
+tensors: call graph.record_forward on a loaded model. `cli/main.py` registers
 `add_parser`; errors are ValueErrors (one line, exit 2).
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ generate.py loads it), or a counter saved by `TransformerPerformanceCounter.to_j
 --default_device). --hf builds transformers'
 own model class, so that module names are Hugging Face's (q_proj, lm_head,
 LlamaRMSNorm: the names UPMEM's mappings use); without it perfcounter's gpt-fast
-model runs (wqkv, wo, w1, w2, w3, output, RMSNorm). `cli.py` registers
+model runs (wqkv, wo, w1, w2, w3, output, RMSNorm). `cli/main.py` registers
 `add_parser`; errors are ValueErrors, which the command prints on one line
 (exit 2).
 

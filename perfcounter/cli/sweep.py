@@ -19,7 +19,7 @@ call, the peak an eager run needs at least) — against the device's memory
 (`fits`: no when it exceeds it, n/a when the spec has no size).
 Models are presets or config.json files (ours or Hugging Face). With vLLM's parallel flags
 (--tensor_parallel_size, ...: perfcounter/parallel) one rank of each model is counted, priced
-and fitted (a `parallel` column says its sizes). `cli.py` registers `add_parser`.
+and fitted (a `parallel` column says its sizes). `cli/main.py` registers `add_parser`.
 """
 from __future__ import annotations
 

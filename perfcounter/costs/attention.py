@@ -125,7 +125,7 @@ def efficient_forward_cost(q, k, v, bias=None, cu_q=None, cu_k=None, max_q=None,
 @register(torch.ops.perfcounter.quantized_kv_sdpa, attention=True)
 def quantized_kv_sdpa_cost(q, k, v, k_scale=None, v_scale=None, attn_mask=None, enable_gqa=False,
                            *args, kept_pairs=None, out_shape=None, **kw) -> Cost:
-    """Attention over an int8 / float8 KV cache with per-token scales (quant_ops.py): SDPA's.
+    """Attention over an int8 / float8 KV cache with per-token scales (quant/ops.py): SDPA's.
 
     NB: the scales are read (bytes), the dequantizing multiplies are not counted (a fused
     kernel does them in registers), so attention FLOPs equal those of a float cache."""

@@ -190,7 +190,7 @@ DATA_OPS = {
     aten._scaled_dot_product_flash_attention_for_cpu: _attention_data("attn_mask"),
     aten._scaled_dot_product_efficient_attention: _attention_data(3),
     aten._scaled_dot_product_cudnn_attention: _attention_data(3),
-    torch.ops.perfcounter.quantized_kv_sdpa: _attention_data(5),  # quant_ops.py (costs imports it)
+    torch.ops.perfcounter.quantized_kv_sdpa: _attention_data(5),  # quant/ops.py (costs imports it)
 }
 CALLS = {aten._grouped_mm: _grouped_mm_any_dtype}
 

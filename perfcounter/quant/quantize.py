@@ -21,8 +21,8 @@ stored (int8: N·K + 2·N bytes; int4: N·K/2 + 4·N·K/G) and FLOPs are the mat
 activations' dtype. Elsewhere (CUDA, or an int4 layer whose out_features is no multiple of
 16) the linear runs gpt-fast's eager code instead, `kernel = "dequant"`: it makes a
 dequantized copy of the weight, which both IO models then charge (as activation bytes).
-Attention over a quantized cache is one fused op (quant_ops.quantized_kv_sdpa) that reads
-the quantized keys, values and their scales.
+Attention over a quantized cache is one fused op (quant/ops.py:
+torch.ops.perfcounter.quantized_kv_sdpa) that reads the quantized keys, values and their scales.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ four named parts:
 
 1. Arrival: requests whose arrival time (+ the engine's fixed host cost a request,
    `request_overhead_s`) has come join the waiting queue (FCFS).
-2. Running (`_schedule_running`, KV blocks): running requests are scheduled first,
+2. Running (`_Engine.schedule_running`, KV blocks): running requests are scheduled first,
    decodes before unfinished prefills (each in admission order), each taking min(tokens
    it still needs, the budget left) of the step's token budget
    (`max_num_batched_tokens`): a prompt longer than the budget is prefilled in chunks. A
@@ -18,7 +18,7 @@ four named parts:
    waiting queue and will prefill its prompt and the tokens it generated again; if it is
    the request itself, it waits. Under "no_evict" (TensorRT-LLM's GUARANTEED_NO_EVICT)
    nothing is ever preempted (admission below guarantees the blocks).
-3. Admission (`_admit`): if nothing was preempted, waiting requests are admitted in
+3. Admission (`_Engine.admit`): if nothing was preempted, waiting requests are admitted in
    order while budget, `max_num_seqs` and blocks allow: "recompute" admits a request
    whose next chunk's blocks are free now; "no_evict" admits one only when the blocks of
    its whole prompt + output fit beside every running request's whole prompt + output

@@ -16,10 +16,12 @@ import dataclasses
 
 import numpy as np
 
+from perfcounter.generation.figures import Figures as RecordFigures
 from perfcounter.serve.steps import StepCounts, group_key
 from perfcounter.simulation.hf_names import FUSED, QKV, qkv_shares, split_trace
 
-_CALLS = 0  # the figure column a part keeps whole (steps._figures: calls first)
+# the figure column a part keeps whole, by its name in the record figures' order
+_CALLS = RecordFigures.from_values(range(len(RecordFigures().values()))).calls
 
 
 def fused_parents(where: dict) -> dict[str, set]:

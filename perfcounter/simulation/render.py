@@ -9,7 +9,7 @@
     log           per phase, time ordered: each module's ops and each transfer with its
                   start, duration, device, bytes and energy (--print_log)
 
-Numbers go through report.py's helpers (si, rate, format_table); nothing here prints.
+Numbers go through format.py's helpers (si, rate, format_table); nothing here prints.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ energy by component), and with detail the per-module results, per-op
 ("function") results and the time-ordered log. `to_dict` / `to_json` give the
 plain data (`to_json` writes atomically); `report(...)` renders the views
 UPMEM's profiler prints (--report_layers, --report_functions, --print_log,
---print_log_summary) with report.py's number and table helpers.
+--print_log_summary) with format.py's number and table helpers.
 """
 from __future__ import annotations
 
