@@ -11,6 +11,12 @@ simulated, the step tables counted, the wall time of the whole search (tables co
 candidate served), the CPU seconds of this process and its workers together, and the
 machine's load average before and after: other work on the machine slows the wall time, the
 CPU seconds / cores are what the search takes on idle cores. Then the recommendation.
+
+First it asks a bounded pool question, issue 46's (SmolLM2-135M on 4,096 H100s, 5 requests/s
+x 50 requests; --pool_devices, --pool_model): a pool of thousands of GPUs is answered, or
+refused with its bound named (plan/candidates.py MAX_CANDIDATES), before any table is
+counted; the line says which, its wall time (the question's target: within 10 s) and the
+load average around it. It prints; it asserts nothing.
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perfcounter.plan import plan  # noqa: E402
+from perfcounter.plan import PlanError, plan  # noqa: E402
 from perfcounter.plan.execute import default_workers, groups  # noqa: E402
 from perfcounter.plan.render import plan_text  # noqa: E402
 
@@ -34,6 +40,25 @@ def cpu_seconds() -> float:
                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
+def pool_question(model: str, devices: str, workers: int) -> None:
+    """The bounded pool question (module doc): answered or refused, in how long, under what
+    load."""
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    try:
+        result = plan(model, devices, slo="ttft=1s,tpot=50ms", qps=5.0, num_requests=50,
+                      workers=workers)
+        said = (f"answered: {len(result.candidates)} candidates, recommended "
+                + ("none" if result.recommended is None else f"#{result.recommended}"))
+    except PlanError as e:
+        said = f"refused: {e}"
+    wall = time.perf_counter() - start
+    print(f"bounded pool question: {model} on {devices}, 5 requests/s x 50 requests: {wall:.2f} "
+          f"s wall (target: within 10 s); load average (1 min) before {load_before[0]:.2f}, "
+          f"after {os.getloadavg()[0]:.2f}; cores: {os.cpu_count()}")
+    print(f"  {said}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="llama-3.1-70b")
@@ -42,8 +67,12 @@ def main() -> None:
     p.add_argument("--num_requests", type=int, default=100)
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--text", action="store_true", help="also print plan's own output")
+    p.add_argument("--pool_model", default="smollm2-135m")
+    p.add_argument("--pool_devices", default="h100-sxm:4096",
+                   help="the bounded pool question's pool (module doc)")
     a = p.parse_args()
     workers = a.workers or default_workers()
+    pool_question(a.pool_model, a.pool_devices, workers)
     load_before, cpu_before = os.getloadavg(), cpu_seconds()
     start = time.perf_counter()
     result = plan(a.model, a.devices, slo="ttft=1s,tpot=50ms", qps=a.qps,

@@ -333,3 +333,158 @@ def test_a_refusal_names_the_flag_that_was_given(capsys, extra, says):
     line = one_line(code, err)
     assert says in line and "--tensor_parallel_size" not in line \
         and "--data_parallel_size" not in line
+
+
+# -- 1. a pool's size bounded: what can matter enumerated, the rest refused ----------------
+def _toy():
+    from perfcounter.models.args import ModelArgs
+    # 4 layers, 8 heads of 8, 8 KV heads: TP 1, 2, 4, 8 divide the heads
+    return ModelArgs(block_size=1024, vocab_size=64, n_layer=4, n_head=8, n_local_heads=8,
+                     dim=64, intermediate_size=128)
+
+
+def test_replicas_go_up_to_the_requests():
+    from perfcounter.plan import Space, enumerate_candidates, parse_devices
+    space = Space(quantizations=(None,), kv_cache_dtypes=(None,), max_num_seqs=(16,),
+                  tensor_parallel_sizes=(1,), max_replicas=2)
+    cands = enumerate_candidates(_toy(), parse_devices("h100-sxm:8"), "bfloat16", space)
+    # aggregated: TP 1, PP 1 (one node), DP 1 and 2 (4 and 8 would idle: 2 requests)
+    assert [c.data_parallel_size for c in cands if not c.disaggregated] == [1, 2]
+    # P + D a power of two of 1-GPU instances, each at most 2: 1:1 (n = 2), 2:2 (n = 4); at
+    # n = 8 one side would need 6 (was 1:1, 1:3, 2:2, 3:1, and seven splits of 8 -> 11)
+    assert [(c.num_prefill_instances, c.num_decode_instances) for c in cands
+            if c.disaggregated] == [(1, 1), (2, 2)]
+    two = parse_devices("h100-sxm:8,a100-sxm4-80gb:8")
+    cross = [(c.num_prefill_instances, c.num_decode_instances) for c in
+             enumerate_candidates(_toy(), two, "bfloat16", space)
+             if c.disaggregated and c.device != c.decode_device]
+    # each side a power of two up to 2: 1, 2 -> 4 ratios, in both directions
+    assert cross == [(1, 1), (1, 2), (2, 1), (2, 2)] * 2
+    asked = Space(quantizations=(None,), kv_cache_dtypes=(None,), max_num_seqs=(16,),
+                  tensor_parallel_sizes=(1,), data_parallel_sizes=(4,), max_replicas=2,
+                  disaggregated=False)  # a size asked is kept as asked
+    assert [c.data_parallel_size for c in
+            enumerate_candidates(_toy(), parse_devices("h100-sxm:8"), "bfloat16", asked)] == [4]
+
+
+def test_a_pool_of_thousands_is_refused_at_the_bound_without_building_it():
+    from perfcounter.plan import PlanError, Space, enumerate_candidates, parse_devices
+    from perfcounter.plan.candidates import MAX_CANDIDATES, _ratios
+    pool = parse_devices("h100-sxm:1048576")  # the most a kind may hold: 2^20
+    with pytest.raises(PlanError) as e:
+        enumerate_candidates(_toy(), pool, "bfloat16", Space(max_replicas=50))
+    assert str(e.value).startswith("--devices h100-sxm:1048576: more than 4,096 candidates to "
+                                   "simulate (at most 4,096 a search); narrow the space")
+    assert MAX_CANDIDATES == 4096
+    # the splits of 2^20 one-GPU instances come one at a time: (1, 1), then (1, 3), (2, 2)...
+    splits = _ratios(pool[0], pool[0], 1)
+    assert [next(splits) for _ in range(3)] == [(1, 1), (1, 3), (2, 2)]
+
+
+@pytest.mark.parametrize("devices, says", [
+    ("h100-sxm:99999999999999999999", "--devices 'h100-sxm:99999999999999999999': "
+     "99,999,999,999,999,999,999 GPUs of h100-sxm; at most 1,048,576 GPUs of a kind"),
+    ("h100-sxm:1048577", "1,048,577 GPUs of h100-sxm; at most 1,048,576"),  # 2^20 + 1
+    ("h100-sxm:²", "--devices 'h100-sxm:²': expected KIND:COUNT[,KIND:COUNT] such as "
+                   "h100-sxm:8 (a count >= 1 after each device), got 'h100-sxm:²'"),
+])
+def test_a_pool_count_out_of_bounds_is_refused(devices, says):
+    from perfcounter.plan import PlanError, parse_devices
+    with pytest.raises(PlanError) as e:
+        parse_devices(devices)
+    assert says in str(e.value)
+
+
+def plan_cli(argv, capsys):
+    from perfcounter.cli.main import main
+    code = main(argv=["plan", *map(str, argv)])
+    out = capsys.readouterr()
+    return code, out.out, out.err.strip()
+
+
+ISSUE_PLAN = ["--model", "smollm2-135m", "--qps", "5", "--slo", "ttft=1s,tpot=50ms",
+              "--num_requests", "50"]
+
+
+@pytest.mark.parametrize("extra, says", [
+    # the issue's question: refused before any table is counted, the bound named
+    (["--devices", "h100-sxm:4096"],
+     "--devices h100-sxm:4096: more than 4,096 candidates to simulate (at most 4,096 a "
+     "search)"),
+    (["--devices", "h100-sxm:99999999999999999999"], "at most 1,048,576 GPUs of a kind"),
+    (["--devices", "h100-sxm:8", "--usd_per_hour", "1e300"],
+     "--usd_per_hour 1e+300: expected a price in [0, 100,000] USD a device-hour"),
+    (["--devices", "h100-sxm:8", "--slo_attainment", "1e-300"],
+     "--slo_attainment 1e-300: expected a fraction in [0.01, 1]"),
+    (["--devices", "h100-sxm:8", "--save_path", ""],
+     "--save_path '': expected a path, got an empty one"),
+])
+def test_plan_refuses_in_one_line_before_any_work(capsys, extra, says):
+    from perfcounter.serve import cache_info
+    tables = cache_info().tables
+    code, out, err = plan_cli([*ISSUE_PLAN, *extra], capsys)
+    assert code == 2 and "\n" not in err and says in err, err
+    assert err.startswith("perfcounter plan: error: ") and not out
+    assert cache_info().tables == tables  # no step table counted
+
+
+def test_a_plan_where_nothing_fits_says_what_did_not(capsys):
+    from perfcounter.plan import plan
+    from perfcounter.plan.render import plan_text
+    # Llama-3.1-70B on one A100 40 GB: even int4 (39.03 GB of weights) leaves no KV cache in
+    # 0.9 x its memory; every candidate is left out, a pool of 2 workers runs nothing
+    result = plan("llama-3.1-70b", "a100-sxm4-40gb:1", slo="ttft=1s,tpot=50ms", qps=1,
+                  num_requests=10, workers=2)
+    assert result.simulated == 0 and result.recommended is None
+    text = plan_text(result)
+    assert "(no candidate was simulated)" in text
+    assert ("recommended: none; no candidate fits 1 x a100-sxm4-40gb: a rank's weights and "
+            "workspace leave no KV cache; give more or larger devices (--devices) or smaller "
+            "weights (--quantize)") in text
+    assert "max_workers" not in text
+
+
+def test_a_cpu_pool_shows_no_energy_it_does_not_know_and_runs_eager(tiny, capsys):
+    import shlex
+    from perfcounter.plan import plan
+    from perfcounter.plan.render import plan_text
+    cpu = tiny / "mycpu.yaml"  # a CPU with memory and peaks, no energy figures, no price
+    cpu.write_text("devices:\n  my-cpu:\n    device_type: cpu\n    vram_GB: 16\n"
+                   "    bandwidth_GBs: 51.2\n    tflops: {float32: 0.768, bfloat16: 0.768}\n"
+                   "    source:\n      default: a test's assumed part\n")
+    result = plan(str(tiny / "tiny.json"), f"{cpu}:1", slo="ttft=10s,tpot=1s", qps=1,
+                  num_requests=4, prompt_length="16", max_new_tokens="4",
+                  quantizations=("none",), kv_cache_dtypes=("none",), max_num_seqs=(8,),
+                  backend="serial")
+    (figures,) = result.figures
+    assert figures["j_per_output_token"] is None and figures["usd_per_1m_output_tokens"] is None
+    text = plan_text(result)
+    assert f"steps cudagraphs (eager on {cpu}: no CUDA graphs there)" in text
+    row = next(line for line in text.splitlines() if line.startswith("0 "))
+    assert row.split()[-2:] == ["-", "-"]  # $/1M tok and J/tok both unknown: "-"
+    argv = shlex.split(result.commands[0])
+    assert "--execution" not in argv  # serve runs the engine's own regime there: eager
+    save = tiny / "cpu.json"
+    code, _, err = serve_cli([*argv[2:], "--save_path", save], capsys)
+    served = json.loads(save.read_text())
+    assert code == 0 and served["execution"] == "eager"
+    assert served["median_tpot_ms"] == figures["median_tpot_ms"]
+
+
+def test_a_disaggregated_command_carries_a_price_given_to_the_search(tiny, capsys):
+    import shlex
+    from perfcounter.plan import plan
+    result = plan(str(tiny / "tiny.json"), "h100-sxm:2", slo="ttft=50ms,tpot=2ms", qps=50,
+                  num_requests=12, prompt_length="32", max_new_tokens="8",
+                  quantizations=("none",), kv_cache_dtypes=("none",), max_num_seqs=(8,),
+                  tensor_parallel_size=(1,), pipeline_parallel_size=(1,),
+                  data_parallel_size=(1,), usd_per_hour=2.5, backend="serial")
+    i = next(i for i, c in enumerate(result.candidates) if c.disaggregated)  # 1P:1D
+    argv = shlex.split(result.commands[i])
+    assert argv[argv.index("--usd_per_hour") + 1] == "2.5"
+    save = tiny / "priced.json"
+    code, _, err = serve_cli([*argv[2:], "--save_path", save], capsys)
+    assert code == 0, err
+    # 1 + 1 GPUs at $2.5 an hour, both in plan and in serve
+    served = json.loads(save.read_text())["overall"]["usd_per_1m_output_tokens"]
+    assert served == result.figures[i]["usd_per_1m_output_tokens"]

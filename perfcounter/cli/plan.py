@@ -26,6 +26,7 @@ from perfcounter.pricing.price import REGIMES
 from perfcounter.serve.api import PRECISIONS
 from perfcounter.serve.engines import ENGINES
 from perfcounter.serve.errors import ServeError
+from perfcounter.serve.metrics import check_attainment
 
 
 def _names(values) -> str:
@@ -109,6 +110,7 @@ def _main(args) -> int:
     if args.ray is not None and args.workers is not None:
         raise PlanError("--workers sizes the process pool; with --ray, the cluster's CPUs "
                         "run the tasks: give one of them")
+    check_attainment(args.slo_attainment)  # [0.01, 1]: plan() alone takes any fraction > 0
     backend = "ray" if args.ray is not None else "processes"
     result = plan(str(config_of(args.model)), args.devices, slo=args.slo, qps=args.qps,
                   num_requests=args.num_requests, prompt_length=args.prompt_length,

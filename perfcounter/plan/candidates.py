@@ -18,7 +18,13 @@ with --pipeline_parallel_size, any that fits); EP only where TP x DP divides the
 TP x PP x DP GPUs of a kind at most as many as the pool holds (a disaggregated candidate:
 TP x (P + D), its pools' instances TP GPUs each). A device without a link between its GPUs
 (pricing/collectives.py) runs one-GPU instances only; fp8 weights need a device with an fp8
-peak. Before anything is simulated, a candidate whose rank's weights and workspace leave no
+peak. What can matter is enumerated, and the rest bounded before any work: a deployment never
+needs more replicas than the workload has requests (one replica serves a request, the others
+idle), so DP and the P and D instances go up to `Space.max_replicas` (the requests; sizes
+asked are kept as asked); a pool of thousands of GPUs then enumerates what a pool of about
+twice the requests would, and a search of more than MAX_CANDIDATES candidates is refused
+(PlanError naming the pool, the bound and the flags that narrow it) as its enumeration
+reaches the bound, never built whole. Before anything is simulated, a candidate whose rank's weights and workspace leave no
 KV cache (serve/memory.py's plan of the rank's args, parallel/sharding.py) is left out, and
 counted as such; so is one whose rank the weight scheme cannot store (an int4 group larger
 than a sharded linear's inputs), its reason kept.
@@ -32,7 +38,7 @@ import torch
 
 from perfcounter.models.args import ModelArgs
 from perfcounter.parallel.sharding import ParallelConfig, rank_args, valid_tensor_parallel_sizes
-from perfcounter.plan.pool import DeviceKind
+from perfcounter.plan.pool import DeviceKind, PlanError
 from perfcounter.pricing.collectives import LinkError, check_link
 from perfcounter.pricing.links import GPUS_PER_NODE
 from perfcounter.serve.api import resolve_quantization
@@ -42,6 +48,7 @@ QUANTIZATIONS = (None, "fp8", "int8", "int4-128")  # quantize.parse_scheme's nam
 INT4_GROUPS = (128, 64, 32)  # the default int4: the largest group dividing every linear
 KV_CACHE_DTYPES = (None, "fp8")  # None: the precision ("auto" in vLLM)
 MAX_NUM_SEQS = (16, 32, 64, 128, 256)
+MAX_CANDIDATES = 4096  # a search's candidates, each served to the workload (~0.2 CPU-s each)
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,9 @@ class Candidate:
 class Space:
     """What a search enumerates (module doc). parallel: degrees above 1 (TP, PP, DP, EP);
     disaggregated: prefill and decode pools beside the aggregated deployments; the sizes:
-    those to try instead of the powers of two (None: every power of two that fits)."""
+    those to try instead of the powers of two (None: every power of two that fits);
+    max_replicas: the most replicas (DP, P, D) enumerated, the workload's requests (None: as
+    many as the pool holds)."""
 
     quantizations: tuple = QUANTIZATIONS
     kv_cache_dtypes: tuple = KV_CACHE_DTYPES
@@ -95,6 +104,7 @@ class Space:
     tensor_parallel_sizes: tuple | None = None
     pipeline_parallel_sizes: tuple | None = None
     data_parallel_sizes: tuple | None = None
+    max_replicas: int | None = None
 
 
 def default_quantizations(args: ModelArgs, dtype: torch.dtype) -> tuple:
@@ -153,30 +163,50 @@ def shards(args: ModelArgs, gpus: int, parallel: bool,
 
 def enumerate_candidates(args: ModelArgs, kinds: list[DeviceKind], dtype: str,
                          space: Space = Space()) -> list[Candidate]:
-    """Every candidate of the module doc on the pool `kinds`, in a fixed order."""
-    out: list[Candidate] = []
+    """Every candidate of the module doc on the pool `kinds`, in a fixed order; PlanError
+    before the list holds more than MAX_CANDIDATES."""
+    out = list(itertools.islice(_candidates(args, kinds, dtype, space), MAX_CANDIDATES + 1))
+    if len(out) > MAX_CANDIDATES:
+        pool = ",".join(f"{k.name}:{k.count}" for k in kinds)
+        raise PlanError(f"--devices {pool}: more than {MAX_CANDIDATES:,} candidates to simulate "
+                        f"(at most {MAX_CANDIDATES:,} a search); narrow the space with the sizes "
+                        "to try (--tensor_parallel_size, --pipeline_parallel_size, "
+                        "--data_parallel_size), --quantize, --kv_dtype, --max_num_seqs"
+                        + (", --aggregated_only" if space.disaggregated else "")
+                        + (" or fewer --num_requests (replicas up to the requests)"
+                           if space.max_replicas is not None else ""))
+    return out
+
+
+def _replicas(limit: int, space: Space) -> int:
+    """`limit` replicas, or the workload's requests where fewer (module doc)."""
+    return limit if space.max_replicas is None else min(limit, space.max_replicas)
+
+
+def _candidates(args: ModelArgs, kinds: list[DeviceKind], dtype: str, space: Space):
     moe = bool(args.num_experts)
     for kind in kinds:
         quants = [q for q in space.quantizations if q != "fp8" or has_fp8(kind.spec)]
         parallel = space.parallel and linked(kind.spec)
         for q, kv, (tp, pp) in itertools.product(quants, space.kv_cache_dtypes,
                                                  shards(args, kind.count, parallel, space)):
-            dps = _sizes(space.data_parallel_sizes, kind.count // (tp * pp) if parallel else 1)
+            most = kind.count // (tp * pp) if parallel else 1
+            dps = _sizes(space.data_parallel_sizes, most if space.data_parallel_sizes
+                         else _replicas(most, space))
             for dp, seqs in itertools.product(dps, space.max_num_seqs):
                 split = moe and tp * dp > 1 and args.num_experts % (tp * dp) == 0
                 for ep in ((False, True) if split else (False,)):
-                    out.append(Candidate(kind.name, dtype, q, kv, tp, pp, dp, ep, seqs))
+                    yield Candidate(kind.name, dtype, q, kv, tp, pp, dp, ep, seqs)
     if space.disaggregated:
-        out += disaggregated_candidates(args, kinds, dtype, space)
-    return out
+        yield from disaggregated_candidates(args, kinds, dtype, space)
 
 
 def disaggregated_candidates(args: ModelArgs, kinds: list[DeviceKind], dtype: str,
-                             space: Space) -> list[Candidate]:
+                             space: Space):
     """Prefill on P instances of one kind, decode on D of another or the same: every P:D
     with P, D >= 1 the pool holds at the instance's TP (serve's pools are TP instances: no
-    PP, no EP; the instances are the replicas)."""
-    out: list[Candidate] = []
+    PP, no EP; the instances are the replicas), each at most Space.max_replicas; a
+    generator, in a fixed order."""
     for pk, dk in itertools.product(kinds, kinds):
         quants = [q for q in space.quantizations
                   if q != "fp8" or (has_fp8(pk.spec) and has_fp8(dk.spec))]
@@ -187,20 +217,26 @@ def disaggregated_candidates(args: ModelArgs, kinds: list[DeviceKind], dtype: st
             if pp > 1:
                 continue
             per = tp
-            for p, d in _ratios(pk, dk, per):
+            for p, d in _ratios(pk, dk, per, space.max_replicas):
                 for seqs in space.max_num_seqs:
-                    out.append(Candidate(pk.name, dtype, q, kv, tp, pp, 1, False, seqs, True,
-                                         dk.name, p, d))
-    return out
+                    yield Candidate(pk.name, dtype, q, kv, tp, pp, 1, False, seqs, True,
+                                    dk.name, p, d)
 
 
-def _ratios(pk: DeviceKind, dk: DeviceKind, per: int) -> list[tuple[int, int]]:
+def _ratios(pk: DeviceKind, dk: DeviceKind, per: int, most: int | None = None):
     """(P, D) instances of `per` GPUs each: on one kind P + D fit its count, on two each
-    fits its own."""
+    fits its own; P and D at most `most` (None: no bound). A generator: a pool of 2^20
+    GPUs yields its first splits at once."""
     if pk.name == dk.name:
-        n = pk.count // per
-        return [(p, n_ - p) for n_ in powers_of_two(n) for p in range(1, n_) if n_ > 1]
-    return [(p, d) for p in powers_of_two(pk.count // per) for d in powers_of_two(dk.count // per)]
+        for n in powers_of_two(pk.count // per):
+            low, high = 1, n - 1
+            if most is not None:
+                low, high = max(low, n - most), min(high, most)
+            yield from ((p, n - p) for p in range(low, high + 1))
+        return
+    cap = (lambda n: n) if most is None else (lambda n: min(n, most))
+    yield from itertools.product(powers_of_two(cap(pk.count // per)),
+                                 powers_of_two(cap(dk.count // per)))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,14 @@ Its figures:
                                 x duration / output tokens x 1e6 (serve's, at that price;
                                 disaggregated: both pools' GPUs, each at its kind's price)
     j_per_output_token          serve's energy over the run / output tokens (disaggregated:
-                                both pools'; the KV moves' joules beside, kv_transfer_j)
+                                both pools'; the KV moves' joules beside, kv_transfer_j);
+                                None where a device's figures give no energy (as $ is None
+                                where no price is listed)
+
+The regime is the search's (--execution), except CUDA graphs on a device that replays none
+(a CPU, a PIM part: the engine's profile says so, serve/engines.py): there each device runs
+its engine's own regime (eager), as `perfcounter serve` runs it when --execution is not
+given, and the serve command leaves --execution out.
 
 Goodput is measured at the workload's rate, not searched for the highest rate meeting the
 SLO (serve's find_max_qps bisects rates, each a run of thousands of requests): a search ranks
@@ -29,7 +36,9 @@ import shlex
 from dataclasses import dataclass
 
 from perfcounter.plan.candidates import Candidate
-from perfcounter.serve.api import deployment, disaggregated, serve
+from perfcounter.serve.api import (deployment, disaggregated, resolve_precision, resolve_spec,
+                                   serve)
+from perfcounter.serve.engines import engine_profile
 from perfcounter.serve.workload import synthetic
 
 FIGURES = ("request_goodput", "slo_met_fraction", "request_throughput", "output_throughput",
@@ -80,13 +89,29 @@ def parallel_flags(c: Candidate) -> list[str]:
     return argv
 
 
+def _specs(c: Candidate) -> list:
+    """The device specs `c` runs on (disaggregated: the prefill pool's, the decode pool's)."""
+    dtype = resolve_precision(c.dtype)
+    return [resolve_spec(d, dtype) for d in [c.device] + [c.decode_device] * c.disaggregated]
+
+
+def execution(c: Candidate, job: Job) -> str | None:
+    """The regime `c` is priced in (module doc): the job's, or None (each device its engine's
+    own) where CUDA graphs were asked of a device that replays none."""
+    if job.execution != "cudagraphs":
+        return job.execution
+    profile = engine_profile(job.engine)
+    graphs = all(profile.regime(spec).value == "cudagraphs" for spec in _specs(c))
+    return job.execution if graphs else None
+
+
 def deployment_kwargs(c: Candidate, job: Job) -> dict:
     """serve.deployment's keywords for `c` (the same a serve command line gives)."""
     return {"engine": job.engine, "precision": c.dtype, "quantize": c.quantization,
             "kv_dtype": c.kv_cache_dtype,
             "gpu_memory_utilization": job.gpu_memory_utilization,
             "block_size": job.block_size, "max_num_batched_tokens": job.max_num_batched_tokens,
-            "max_num_seqs": c.max_num_seqs, "execution": job.execution,
+            "max_num_seqs": c.max_num_seqs, "execution": execution(c, job),
             "usd_per_hour": dict(job.prices).get(c.device), **parallel_kwargs(c)}
 
 
@@ -131,6 +156,8 @@ def evaluate(c: Candidate, job: Job) -> dict:
         m = serve(dep, workload(job), slo=job.slo).metrics
         extra = {"usd_per_hour": dep.usd_per_hour,  # every GPU of the deployment
                  "kv_cache_tokens": dep.plan.kv_tokens}
+        if not getattr(dep.table, "has_energy", True):  # the device gives no energy figures
+            extra["j_per_output_token"] = None
     out = {k: m.get(k) for k in FIGURES}
     gpus = c.num_gpus
     out["goodput_per_gpu"] = None if m.get("request_goodput") is None \
@@ -160,11 +187,16 @@ def serve_command(c: Candidate, job: Job) -> str:
              "--max_num_batched_tokens", str(job.max_num_batched_tokens),
              "--gpu_memory_utilization", f"{job.gpu_memory_utilization:g}",
              "--block_size", str(job.block_size)]
-    argv += ["--execution", job.execution]  # any of REGIMES, bound included
+    regime = execution(c, job)
+    if regime is not None:  # any of REGIMES, bound included (None: the engine's own there)
+        argv += ["--execution", regime]
     argv += ["--qps", repr(job.qps), "--num_requests", str(job.num_requests),
              "--prompt_length", job.prompt_length, "--max_new_tokens", job.max_new_tokens,
              "--burstiness", repr(job.burstiness), "--seed", str(job.seed), "--slo", job.slo]
     price = dict(job.prices).get(c.device)
     if price is not None and not c.disaggregated:  # a GPU-hour (serve prices every GPU)
         argv += ["--usd_per_hour", repr(price)]
+    elif price is not None and price == dict(job.prices).get(c.decode_device) \
+            and any(spec.usd_per_hour != price for spec in _specs(c)):
+        argv += ["--usd_per_hour", repr(price)]  # both pools at a price given, not listed
     return shlex.join(argv)

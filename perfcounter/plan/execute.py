@@ -92,6 +92,8 @@ def run_candidates(candidates: list[Candidate], job: Job, *, backend: str = "pro
     """Each candidate's figures, in candidate order, on `backend` (module doc)."""
     check_backend(backend, workers)
     tasks = groups(candidates)
+    if not tasks:  # nothing fits: nothing to run (a pool of 0 workers is no pool)
+        return []
     workers = default_workers() if workers is None else workers
     if backend == "serial" or (backend == "processes" and (workers == 1 or len(tasks) == 1)):
         done = [pair for task in tasks for pair in run_group(job, task)]

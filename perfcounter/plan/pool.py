@@ -4,20 +4,22 @@
     --devices h100-sxm:8,a100-sxm4-80gb:8     two kinds (a candidate runs on one kind, or
                                               prefills on one and decodes on the other)
 
-Each kind is a registry name (or a YAML path) and a count >= 1. Its price a GPU-hour is the
-registry's sourced `usd_per_hour` (serve/api.py listed_price), or `--usd_per_hour`, which
-then prices every kind alike. Bad input raises PlanError naming the value and what is valid,
-before any work.
+Each kind is a registry name (or a YAML path) and a count from 1 to serve's MAX_GPUS
+(2^20, serve/replicas.py) in ASCII digits. Its price a GPU-hour is the registry's sourced
+`usd_per_hour` (serve/api.py listed_price), or `--usd_per_hour` (within the device files'
+range, serve/metrics.py check_prices), which then prices every kind alike. Bad input raises
+PlanError naming the value and what is valid, before any work.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from perfcounter.serve.api import listed_price, resolve_spec
 from perfcounter.serve.errors import ServeError
+from perfcounter.serve.metrics import check_prices
+from perfcounter.serve.replicas import MAX_GPUS
 
 
 class PlanError(ServeError):
@@ -38,14 +40,20 @@ class DeviceKind:
 def parse_devices(text, dtype: torch.dtype = torch.bfloat16,
                   usd_per_hour: float | None = None) -> list[DeviceKind]:
     """'h100-sxm:8,a100-sxm4-80gb:8' -> [DeviceKind, ...] (module doc); PlanError else."""
-    if usd_per_hour is not None and not (usd_per_hour >= 0 and math.isfinite(usd_per_hour)):
-        raise PlanError(f"--usd_per_hour {usd_per_hour}: expected a price >= 0")
+    try:
+        check_prices(usd_per_hour)
+    except ServeError as e:
+        raise PlanError(str(e)) from None
     kinds: list[DeviceKind] = []
     for part in str(text or "").split(","):
         name, sep, count = part.strip().rpartition(":")
-        if not sep or not name or not count.strip().isdigit() or int(count) < 1:
+        count = count.strip()
+        if not sep or not name or not count.isascii() or not count.isdigit() or int(count) < 1:
             raise PlanError(f"--devices {text!r}: expected KIND:COUNT[,KIND:COUNT] such as "
                             f"h100-sxm:8 (a count >= 1 after each device), got {part.strip()!r}")
+        if int(count) > MAX_GPUS:
+            raise PlanError(f"--devices {text!r}: {int(count):,} GPUs of {name}; at most "
+                            f"{MAX_GPUS:,} GPUs of a kind")
         try:
             spec = resolve_spec(name, dtype)
         except ServeError as e:

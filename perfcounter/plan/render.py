@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from perfcounter.format import format_table
 from perfcounter.plan.candidates import Candidate
+from perfcounter.serve.engines import engine_profile
 
 HEADER = ("#", "devices", "weights", "KV", "TP", "PP", "DP", "EP", "seqs", "GPUs",
           "tok/s/GPU", "TPOT ms", "p99 TTFT ms", "goodput/GPU", "SLO met", "$/1M tok", "J/tok")
@@ -30,6 +31,30 @@ def row(i: int, c: Candidate, f: dict) -> tuple:
             _num(f.get("usd_per_1m_output_tokens")), _num(f.get("j_per_output_token")))
 
 
+def steps_text(result) -> str:
+    """The regime steps are priced in: --execution, and where CUDA graphs were asked of a
+    kind that replays none, what it runs instead (evaluate.execution)."""
+    job = result.job
+    if job.execution != "cudagraphs":
+        return job.execution
+    profile = engine_profile(job.engine)
+    other = [f"{profile.regime(k.spec).value} on {k.name}" for k in result.kinds
+             if profile.regime(k.spec).value != "cudagraphs"]
+    return job.execution + (f" ({', '.join(other)}: no CUDA graphs there)" if other else "")
+
+
+def none_fits(result) -> str:
+    """Why nothing was simulated: what did not fit the pool."""
+    pool = ", ".join(f"{k.count} x {k.name}" for k in result.kinds)
+    unstored = [f["error"] for f in result.figures if f]
+    if len(unstored) == len(result.figures):
+        return f"no candidate fits {pool}: the weight scheme cannot store a rank ({unstored[0]})"
+    return (f"no candidate fits {pool}: a rank's weights and workspace leave no KV cache"
+            + (f" ({len(unstored)} more: a rank the weight scheme cannot store)" if unstored
+               else "") + "; give more or larger devices (--devices) or smaller weights "
+            "(--quantize)")
+
+
 def plan_text(result) -> str:
     """The text `perfcounter plan` prints (search.PlanResult)."""
     job = result.job
@@ -44,7 +69,7 @@ def plan_text(result) -> str:
     lines = [f"plan: {job.model} on {pool}",
              f"workload: {job.qps:g} requests/s, {job.num_requests} requests, prompt "
              f"{job.prompt_length}, output {job.max_new_tokens} tokens; SLO {job.slo} for "
-             f"{result.slo_attainment:.0%} of requests; steps {job.execution}",
+             f"{result.slo_attainment:.0%} of requests; steps {steps_text(result)}",
              f"candidates: {len(result.candidates)} enumerated, "
              f"{len(result.candidates) - result.simulated - unstored} left out (no KV cache "
              f"fits a rank), "
@@ -56,9 +81,11 @@ def plan_text(result) -> str:
     lines.append("Pareto front (output tokens/s per GPU against median TPOT):")
     front = [row(i, result.candidates[i], result.figures[i]) for i in result.front]
     lines.append(format_table(front, HEADER, rule=True) if front else "  (no candidate ran "
-                 "without overload)")
+                 "without overload)" if result.simulated else "  (no candidate was simulated)")
     lines.append("")
-    if result.recommended is None:
+    if not result.simulated:
+        lines.append(f"recommended: none; {none_fits(result)}")
+    elif result.recommended is None:
         lines.append(f"recommended: none; no candidate meets {job.slo} for "
                      f"{result.slo_attainment:.0%} of requests at {job.qps:g} requests/s")
     else:
