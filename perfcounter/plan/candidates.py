@@ -24,10 +24,10 @@ idle), so DP and the P and D instances go up to `Space.max_replicas` (the reques
 asked are kept as asked); a pool of thousands of GPUs then enumerates what a pool of about
 twice the requests would, and a search of more than MAX_CANDIDATES candidates is refused
 (PlanError naming the pool, the bound and the flags that narrow it) as its enumeration
-reaches the bound, never built whole. Before anything is simulated, a candidate whose rank's weights and workspace leave no
-KV cache (serve/memory.py's plan of the rank's args, parallel/sharding.py) is left out, and
-counted as such; so is one whose rank the weight scheme cannot store (an int4 group larger
-than a sharded linear's inputs), its reason kept.
+reaches the bound, never built whole. Before anything is simulated, a candidate whose rank's
+weights and workspace leave no KV cache (serve/memory.py's plan of the rank's args,
+parallel/sharding.py) is left out, and counted as such; so is one whose rank the weight
+scheme cannot store (an int4 group larger than a sharded linear's inputs), its reason kept.
 """
 from __future__ import annotations
 
