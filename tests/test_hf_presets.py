@@ -232,8 +232,8 @@ def test_counted_config_only_with_the_published_parameters(name):
 
 @pytest.mark.slow
 def test_perfcounter_count_takes_a_preset(capsys):
-    assert cli(["count", "--model", "gpt-oss-20b", "--prompt_length", "8",
-                "--max_new_tokens", "2", "--json"]) == 0
+    assert cli(argv=["count", "--model", "gpt-oss-20b", "--prompt_length", "8",
+                     "--max_new_tokens", "2", "--json"]) == 0
     out = capsys.readouterr()
     assert out.err.startswith("gpt-oss-20b: counted with no weights (FakeTensorMode)")
     assert '"decode"' in out.out
