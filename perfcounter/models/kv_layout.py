@@ -13,7 +13,7 @@ Per token and layer (`elements`, K and V together):
   vllm/model_executor/layers/attention/mla_attention.py (MLAAttention: head_size =
   kv_lora_rank + qk_rope_head_dim, num_kv_heads = 1) and vllm/v1/kv_cache_interface.py
   (MLAAttentionSpec.real_page_size_bytes = block_size x num_kv_heads x head_size x dtype size, no
-  separate V). transformers (>= 5.17) stores the same, "while latent KV is still compressed":
+  separate V). transformers 5.25 stores the same, "while latent KV is still compressed":
   transformers/models/deepseek_v3/modeling_deepseek_v3.py caches kv_nope [B, 1, S, kv_lora_rank]
   and k_rot [B, 1, S, qk_rope_head_dim], so both layouts agree on MLA.
 Tokens a layer holds (`window`; None: every token), from its config's layer_types (or, where it
