@@ -324,9 +324,9 @@ def test_a_price_at_the_ends_of_its_range_is_taken():
      "--prefill_pool 'h100-sxm,instances=2': a llama.cpp file's layers are priced unsharded, "
      "on one GPU: give instances=1,tp=1, or leave out --gguf_type"),
     (["--device_spec", "h100-sxm", "--mapping", ""],
-     "--mapping '': expected a YAML/JSON file or inline mapping text, got an empty one"),
+     "--mapping '': expected a YAML/JSON file or inline mapping text"),
     (["--device_spec", "h100-sxm", "--save_path", ""],
-     "--save_path '': expected a file path, got an empty one"),
+     "--save_path '': expected a path, got an empty one"),
 ])
 def test_a_refusal_names_the_flag_that_was_given(capsys, extra, says):
     code, _, err = serve_cli(["--model", "smollm2-135m", "--qps", "1", *extra], capsys)
