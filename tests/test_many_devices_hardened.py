@@ -488,3 +488,37 @@ def test_a_disaggregated_command_carries_a_price_given_to_the_search(tiny, capsy
     # 1 + 1 GPUs at $2.5 an hour, both in plan and in serve
     served = json.loads(save.read_text())["overall"]["usd_per_1m_output_tokens"]
     assert served == result.figures[i]["usd_per_1m_output_tokens"]
+
+
+# -- the same checks from Python: deployment(), serve(), plan(), a mapping ---------------------
+def test_the_python_api_checks_what_the_command_line_checks():
+    from perfcounter.models.args import ModelArgs
+    from perfcounter.plan import PlanError, plan
+    from perfcounter.serve import ServeError, deployment, serve, synthetic
+    from perfcounter.simulation.placement import Mapping, MappingError
+    toy = ModelArgs(**TINY)
+    with pytest.raises(ServeError, match=r"--data_parallel_size 1000000000"):
+        deployment(toy, "h100-sxm", data_parallel_size=10**9)
+    with pytest.raises(ServeError, match=r"^--usd_per_hour 1e\+300: expected a price in \[0, "):
+        deployment(toy, "h100-sxm", usd_per_hour=1e300)
+    dep = deployment(toy, "h100-sxm", execution="bound")
+    with pytest.raises(ServeError, match=r"^--usd_per_kwh 1e\+300: expected a price in \[0, "):
+        serve(dep, synthetic(2, 8, 2, qps=1, seed=0), usd_per_kwh=1e300)
+    with pytest.raises(PlanError, match=r"^--slo_attainment 1e-300: expected a fraction in"):
+        plan(toy, "h100-sxm:1", slo="ttft=1s", qps=1, slo_attainment=1e-300)
+    with pytest.raises(MappingError, match=r"not an empty string$"):
+        Mapping.load("")
+    with pytest.raises(MappingError, match=r"'tp=²' needs a whole number from 1 to 4,096"):
+        Mapping.load({"layers": "h100-sxm,tp=²"})
+
+
+def test_plan_enumerates_no_more_replicas_than_requests():
+    from perfcounter.models.args import ModelArgs
+    from perfcounter.plan import plan
+    toy = ModelArgs(**TINY)
+    # 2 requests on 8 GPUs: DP 1 and 2 only (DP 4 and 8 would leave replicas with no request)
+    r = plan(toy, "h100-sxm:8", slo="ttft=1s,tpot=50ms", qps=1, num_requests=2,
+             prompt_length="8", max_new_tokens="2", max_num_seqs=(16,), quantizations=(None,),
+             kv_cache_dtypes=(None,), tensor_parallel_size=(1,), disaggregated=False,
+             backend="processes", workers=1)
+    assert sorted({c.data_parallel_size for c in r.candidates}) == [1, 2]

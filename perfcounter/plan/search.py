@@ -28,7 +28,7 @@ from perfcounter.serve.api import (check_execution, resolve_model, resolve_preci
                                    resolve_quantization)
 from perfcounter.serve.engines import ENGINES
 from perfcounter.serve.errors import ServeError
-from perfcounter.serve.metrics import parse_slo
+from perfcounter.serve.metrics import check_attainment, parse_slo
 from perfcounter.serve.workload import check_fits_model, check_rate, parse_lengths
 
 
@@ -205,7 +205,7 @@ def _question(model, devices, o: PlanOptions) -> _Question:
     except ServeError as e:
         raise PlanError(f"{e} (the workload)") from None
     space = Space(quants, kvs, seqs, disaggregated=bool(sp.disaggregated) and ev.DISAGGREGATED,
-                  **sizes)
+                  max_replicas=w.num_requests, **sizes)
     return _Question(args, dtype, kinds, job, space)
 
 
@@ -218,9 +218,10 @@ def _check_engine_and_target(eng: PlanEngine, target: PlanTarget) -> None:
         raise PlanError("--slo: a search needs targets, e.g. ttft=1s,tpot=50ms")
     if "itl" in parse_slo(slo):
         raise PlanError(f"--slo {slo}: goodput takes ttft, tpot and e2el (vLLM's), not itl")
-    if not 0 < target.slo_attainment <= 1:
-        raise PlanError(f"--slo_attainment {target.slo_attainment}: expected a fraction in "
-                        "(0, 1]")
+    try:
+        check_attainment(target.slo_attainment)
+    except ServeError as e:
+        raise PlanError(str(e)) from None
 
 
 def _space_values(args, dtype, sp: PlanSpace) -> tuple:

@@ -90,8 +90,7 @@ def serve(dep: Deployment, workload: Workload, *, slo=None, usd_per_kwh: float |
                       sources={**dep.sources, "execution": "--execution (given)"})
     if not dep.plan.fits:
         raise ServeError(no_fit_line(dep.model_name, dep.name, dep.plan))
-    if usd_per_kwh is not None and not (usd_per_kwh >= 0 and math.isfinite(usd_per_kwh)):
-        raise ServeError(f"--usd_per_kwh {usd_per_kwh}: expected a price >= 0")
+    check_prices(None, usd_per_kwh)
     check_fits_model(workload, dep.plan.max_model_len)
     slo = parse_slo(slo) if slo else None
     run = replicas.simulate(workload, dep)  # DP replicas, PP streams

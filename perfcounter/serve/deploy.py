@@ -6,7 +6,6 @@ docstring lists its settings; options.py groups them), with its step table and m
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from perfcounter.quant.quantize import WeightScheme
 from perfcounter.serve.engines import EngineProfile, check_given, engine_profile, engine_settings
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.memory import MemoryPlan, memory_plan
+from perfcounter.serve.metrics import check_prices
 from perfcounter.serve.options import CacheOptions, DeploymentOptions
 from perfcounter.serve.placement import PlacementPricer, placement_memory
 from perfcounter.serve.predicted import PredictionPricer
@@ -29,6 +29,7 @@ from perfcounter.serve.pricing import RooflinePricer, step_table
 from perfcounter.serve.resolve import (gguf_file, is_gguf, precision_label,  # noqa: F401
                                        resolve_expert_load, resolve_model, resolve_precision,
                                        resolve_quantization, resolve_spec)
+from perfcounter.serve.replicas import check_sizes
 from perfcounter.serve.scheduler import EngineConfig
 from perfcounter.simulation.placement import Mapping
 
@@ -174,9 +175,9 @@ def _check(options: DeploymentOptions) -> EngineProfile:
     if engine.execution is not None:
         check_execution(engine.execution)
     profile = engine_profile(engine.engine)
-    usd = options.usd_per_hour
-    if usd is not None and not (usd >= 0 and math.isfinite(usd)):
-        raise ServeError(f"--usd_per_hour {usd}: expected a price >= 0")
+    check_prices(options.usd_per_hour)
+    p = options.parallel
+    check_sizes(p.tensor_parallel_size, p.pipeline_parallel_size, p.data_parallel_size)
     return profile
 
 

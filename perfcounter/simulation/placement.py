@@ -20,27 +20,24 @@ differently are an error. A module no key matches runs where its nearest placed 
 runs, and with no placed ancestor where the previous module ran (UPMEM's behaviour), or on
 the default device when one is given.
 
-Options: `t`, a transfer point (the module's input comes back through the host: the
-device it was on sends it to the host, the host sends it on); `m`, a MoE transfer point
-(as `t`, but the input shared by sibling modules that this key matches, e.g. the experts
-of one block, is sent once); `tp=N`, tensor parallelism over N devices of that kind.
-Letters may be joined ("tm").
+Options: `t`, a transfer point (the module's input comes back through the host: the device
+it was on sends it to the host, the host sends it on); `m`, a MoE transfer point (as `t`,
+but the input shared by sibling modules this key matches, e.g. one block's experts, is sent
+once); `tp=N`, tensor parallelism over N devices of that kind. Letters may be joined ("tm").
 
 Device names resolve as UPMEM writes them: any case, `_` or `-`; "host" is the host;
 UPMEM's own profile names (H100, Snapdragon8gen3, DGX100, ...) mean the registry's UPMEM
 profiles ("upmem-h100"), other names the registry's entries, "FILE.yaml:ENTRY" a file.
 
-Device figures beyond one device come from the DeviceSpec (YAML `peak_fraction`,
-`device_link_GBs` / `device_link_pj_per_bit`, `interconnect_GBs` /
-`interconnect_pj_per_bit`), and an option given to simulate() (or the CLI's
+Device figures beyond one device come from the DeviceSpec (YAML `peak_fraction`, the device
+link and interconnect figures), and an option given to simulate() (or the CLI's
 --peak_fraction, --device_link_GBs, --interconnect_GBs) overrides them:
 - peak_fraction: one number for every device > {device: fraction} for that device >
   the spec's `peak_fraction` > 1 (peak);
 - a device<->device transfer: the `device_link` option (one fabric between all non-host
-  devices, its pJ/bit included) > the specs' device link when both ends have one (the
-  slower end's bandwidth, the mean pJ/bit when both give one) > through the host;
-- a tensor-parallel all-reduce: the `interconnect` option > the spec's interconnect >
-  through the host.
+  devices) > both specs' device links (pricing/links.py's `between`) > through the host;
+- a tensor-parallel all-reduce: the `interconnect` option > the spec's interconnect, priced
+  as every all-reduce (pricing/links.py's `within`) > through the host.
 A link without a pJ/bit charges 0 J and warns (once per link and simulation).
 """
 from __future__ import annotations
@@ -119,7 +116,7 @@ def parse_value(key: str, value) -> Assignment:
     for opt in opts:
         if opt.lower().startswith("tp="):
             text = opt[3:].strip()
-            if not text.isdigit() or not 1 <= int(text) <= MAX_TP:
+            if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_TP:
                 raise MappingError(f"mapping entry {key!r}: {opt!r} needs a whole number from 1 "
                                    f"to {MAX_TP:,} (tp=2); valid options: {OPTION_HELP}")
             tp = int(text)
@@ -199,6 +196,9 @@ class Mapping:
             return cls([])
         if isinstance(source, dict):
             data = source
+        elif isinstance(source, (str, Path)) and not str(source).strip():
+            raise MappingError("--mapping '': expected a YAML / JSON file or inline text, not "
+                               "an empty string")
         elif isinstance(source, str) and (source.lstrip().startswith("{") or "\n" in source):
             data = _parse_text(source, "inline mapping")
         elif isinstance(source, (str, Path)):
