@@ -290,8 +290,8 @@ def test_layers_that_do_not_repeat_are_refused():
 
     with pytest.raises(DeriveError, match="a second 'decoder' layer does not repeat the first"):
         count_layers(tiny_args(n_layer=3), count_uneven)
-    qwen_moe = type("Cfg", (), {"num_hidden_layers": 4, "mlp_only_layers": [0]})()
-    with pytest.raises(DeriveError, match="mlp_only_layers"):
+    qwen_moe = type("Cfg", (), {"num_hidden_layers": 4, "layer_types": ["a"] * 3})()
+    with pytest.raises(DeriveError, match="3 layer_types for 4 layers"):
         layer_kinds(qwen_moe)
 
 
@@ -363,5 +363,61 @@ def test_transformers_config_alternating_layers_derived_equals_counted():
         count_hf_config(config, derived, derive=True, **run)  # is checked; transformers' own
     ours = [str(w.message) for w in caught if issubclass(w.category, PerfcounterWarning)]
     assert ours == []  # warnings (deprecations of a release) are theirs, not asserted on
+    for label in ("prefill", "decode"):
+        assert_same(every.counts[label].trace, derived.counts[label].trace)
+
+
+def _tiny_hf(model_type: str, **fields):
+    import transformers
+    return transformers.AutoConfig.for_model(model_type, **{
+        "vocab_size": 64, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 128, **fields})
+
+
+def test_per_layer_settings_are_layer_kinds():
+    # DeepSeek-V3: layers below first_k_dense_replace dense, the others experts
+    ds = _tiny_hf("deepseek_v3", num_hidden_layers=4, first_k_dense_replace=1)
+    assert layer_kinds(ds) == ["decoder;experts=0"] + ["decoder;experts=1"] * 3
+    # a dense layer cannot follow an expert layer there: the extra dense layer goes first
+    from perfcounter.generation.derive_layers import arranged, with_layers
+    order = arranged(ds, ["decoder;experts=0", "decoder;experts=1", "decoder;experts=0"])
+    assert order == ["decoder;experts=0"] * 2 + ["decoder;experts=1"]
+    assert with_layers(ds, order).first_k_dense_replace == 2
+    with pytest.raises(DeriveError, match="not dense first"):
+        with_layers(ds, ["decoder;experts=1", "decoder;experts=0"])
+    # Qwen3-MoE: mlp_only_layers [0] and every layer else sparse (decoder_sparse_step 1)
+    qw = _tiny_hf("qwen3_moe", num_hidden_layers=3, mlp_only_layers=[0], decoder_sparse_step=1)
+    assert layer_kinds(qw) == ["decoder;experts=0", "decoder;experts=1", "decoder;experts=1"]
+    one = with_layers(qw, ["decoder;experts=1", "decoder;experts=0"])
+    assert (one.mlp_only_layers, one.decoder_sparse_step) == ([1], 1)
+
+
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
+@pytest.mark.parametrize("model_type, fields", [
+    ("deepseek_v3", dict(num_hidden_layers=4, first_k_dense_replace=1, intermediate_size=48,
+                         num_key_value_heads=4,
+                         moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
+                         n_group=1, topk_group=1, n_shared_experts=1, kv_lora_rank=16,
+                         q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)),
+    ("qwen3_moe", dict(num_hidden_layers=3, mlp_only_layers=[0], decoder_sparse_step=1,
+                       intermediate_size=48, moe_intermediate_size=16, num_experts=4,
+                       num_experts_per_tok=2, head_dim=8)),
+    ("llama4_text", dict(num_hidden_layers=4, intermediate_size=48, intermediate_size_mlp=64,
+                         num_local_experts=4, num_experts_per_tok=1, head_dim=8,
+                         moe_layers=[1, 3], no_rope_layers=[1, 1, 1, 0],
+                         attention_chunk_size=16)),
+])
+def test_layers_that_differ_by_their_settings_derived_equal_every_layer(model_type, fields):
+    from perfcounter.generation.config_only import count_hf_config
+    config = _tiny_hf(model_type, **fields)
+    assert len(set(layer_kinds(config))) > 1  # two kinds of layer at least
+    every, derived = TransformerPerformanceCounter(), TransformerPerformanceCounter()
+    run = dict(batch_size=1, prompt_length=6, max_new_tokens=4, dtype=torch.float32)
+    count_hf_config(config, every, **run)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        count_hf_config(config, derived, derive=True, **run)
+    ours = [str(w.message) for w in caught if issubclass(w.category, PerfcounterWarning)]
+    assert not any("counting every layer" in m for m in ours), ours
     for label in ("prefill", "decode"):
         assert_same(every.counts[label].trace, derived.counts[label].trace)

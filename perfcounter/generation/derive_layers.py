@@ -23,36 +23,89 @@ from perfcounter.models.layer_paths import at_layer, is_layer, layer_of
 from perfcounter.trace import OpRecord, Trace
 
 
+# The per-layer settings of transformers' configs, each read as transformers' modeling code
+# reads it: a layer's attention type (layer_types[i]); whether it applies RoPE
+# (no_rope_layers[i], Llama 4, SmolLM3); whether it holds experts (i in moe_layers, Llama 4;
+# i >= first_k_dense_replace, DeepSeek-V2/V3, GLM-4-MoE, dots1, Mistral 4; i not in
+# mlp_only_layers and (i + 1) % decoder_sparse_step == 0, Qwen2/3-MoE). moe_layer_freq is in
+# configs but no modeling file reads it. A layer's kind joins what it reads of each.
+_PER_LAYER = ("no_rope_layers", "moe_layers", "first_k_dense_replace", "mlp_only_layers",
+              "decoder_sparse_step")
+
+
 def layer_kinds(config) -> list[str]:
     """The kind of each decoder layer of a ModelArgs or Hugging Face config: layers of one
-    kind are identical. DeriveError for a per-layer setting this cannot tell apart."""
+    kind are identical. Its attention type ("decoder" without layer_types), then each
+    per-layer setting the config has ("full_attention", "sliding_attention",
+    "decoder;rope=0;experts=1")."""
     if isinstance(config, ModelArgs):
         return ["decoder"] * config.n_layer  # a sliding window or experts apply to every layer
     n = getattr(config, "num_hidden_layers", None)
     if not isinstance(n, int):
         raise DeriveError(f"{type(config).__name__} has no num_hidden_layers")
-    for name in ("mlp_only_layers", "first_k_dense_replace", "moe_layer_freq", "no_rope_layers"):
-        if getattr(config, name, None):
-            raise DeriveError(f"{type(config).__name__}.{name}={getattr(config, name)!r} makes "
-                              "layers differ in ways not told apart here; count every layer")
-    if getattr(config, "decoder_sparse_step", 1) not in (None, 1):
-        raise DeriveError(f"{type(config).__name__}.decoder_sparse_step="
-                          f"{config.decoder_sparse_step}: count every layer")
-    kinds = list(getattr(config, "layer_types", None) or ["decoder"] * n)
-    if len(kinds) != n:
-        raise DeriveError(f"{len(kinds)} layer_types for {n} layers")
-    return kinds
+    types = list(getattr(config, "layer_types", None) or ["decoder"] * n)
+    if len(types) != n:
+        raise DeriveError(f"{len(types)} layer_types for {n} layers")
+    return [";".join([types[i], *_settings(config, i, n)]) for i in range(n)]
+
+
+def _settings(config, i: int, n: int) -> list[str]:
+    """What layer i reads of the config's per-layer settings (_PER_LAYER), as "name=value"."""
+    out = []
+    rope = getattr(config, "no_rope_layers", None)
+    if rope:
+        if len(rope) != n:
+            raise DeriveError(f"{len(rope)} no_rope_layers for {n} layers")
+        out.append(f"rope={int(rope[i])}")
+    experts = None
+    if getattr(config, "moe_layers", None) is not None:
+        experts = i in config.moe_layers
+    elif getattr(config, "first_k_dense_replace", None) is not None:
+        experts = i >= config.first_k_dense_replace
+    elif getattr(config, "mlp_only_layers", None) is not None \
+            or getattr(config, "decoder_sparse_step", None) is not None:
+        step = getattr(config, "decoder_sparse_step", None) or 1
+        experts = i not in (getattr(config, "mlp_only_layers", None) or ()) and (i + 1) % step == 0
+    if experts is not None:
+        out.append(f"experts={int(experts)}")
+    return out
 
 
 def with_layers(config, kinds: list[str]):
-    """A copy of config with one layer per entry of kinds."""
+    """A copy of config with one layer per entry of kinds (layer_kinds' names); DeriveError
+    for an order the config cannot say (first_k_dense_replace: its dense layers first)."""
     if isinstance(config, ModelArgs):
         return dataclasses.replace(config, n_layer=len(kinds))
     out = copy.deepcopy(config)
     out.num_hidden_layers = len(kinds)
+    parts = [dict(p.split("=", 1) for p in k.split(";")[1:]) for k in kinds]
     if getattr(config, "layer_types", None):
-        out.layer_types = list(kinds)
+        out.layer_types = [k.split(";", 1)[0] for k in kinds]
+    if getattr(config, "no_rope_layers", None):
+        out.no_rope_layers = [int(p["rope"]) for p in parts]
+    experts = [p.get("experts") == "1" for p in parts]
+    if getattr(config, "moe_layers", None) is not None:
+        out.moe_layers = [j for j, e in enumerate(experts) if e]
+    elif getattr(config, "first_k_dense_replace", None) is not None:
+        dense = experts.index(True) if True in experts else len(experts)
+        if any(experts[:dense]) or not all(experts[dense:]):
+            raise DeriveError(f"layers {kinds} are not dense first: "
+                              "first_k_dense_replace cannot say them")
+        out.first_k_dense_replace = dense
+    elif getattr(config, "mlp_only_layers", None) is not None \
+            or getattr(config, "decoder_sparse_step", None) is not None:
+        out.decoder_sparse_step = 1
+        out.mlp_only_layers = [j for j, e in enumerate(experts) if not e]
     return out
+
+
+def arranged(config, kinds: list[str]) -> list[str]:
+    """kinds in an order the config can say: first_k_dense_replace's dense layers first
+    (stable), any order otherwise."""
+    if isinstance(config, ModelArgs) or getattr(config, "moe_layers", None) is not None \
+            or getattr(config, "first_k_dense_replace", None) is None:
+        return list(kinds)
+    return sorted(kinds, key=lambda k: "experts=1" in k.split(";"))
 
 
 def _layout(trace: Trace, n: int) -> tuple[str, str, int]:
@@ -169,16 +222,17 @@ def count_layers(config, count, *, kinds: list[str] | None = None) -> dict[str, 
     run on smaller configs: one layer per kind, and one more layer of each kind that
     repeats. DeriveError when an extra layer's records are not its representative's."""
     kinds = list(kinds) if kinds is not None else layer_kinds(config)
-    base = list(dict.fromkeys(kinds))
+    base = arranged(config, list(dict.fromkeys(kinds)))
     if len(base) == len(kinds):
         return count(config)
     got = count(with_layers(config, base))
-    plus = {k: count(with_layers(config, base + [k])) for k in base if kinds.count(k) > 1}
+    more = {k: arranged(config, base + [k]) for k in base if kinds.count(k) > 1}
+    plus = {k: count(with_layers(config, order)) for k, order in more.items()}
     out = {}
     for label, trace in got.items():
         extra = {k: p[label] for k, p in plus.items()}
         for k, p in extra.items():
-            diff = difference(expand_layers(trace, base, base + [k], extra), p)
+            diff = difference(expand_layers(trace, base, more[k], extra), p)
             if diff:
                 raise DeriveError(f"a second {k!r} layer does not repeat the first ({label}): "
                                   f"{diff}")
