@@ -324,7 +324,7 @@ class PerformanceStats:
     def energy(self) -> Energy | None:
         if not self.priced:
             return None
-        return energy(self.trace, self.device_spec, self.total_io, self.roofline)
+        return energy(self.trace, self.device_spec, self.total_io, self.roofline, lambda: self.predicted_latency)
 
     @property
     def energy_j(self) -> float | None:

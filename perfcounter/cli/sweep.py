@@ -13,7 +13,8 @@ compulsory IO, roofline latency and bound (with --mapping: the simulated time of
 the placement, `simulate.simulate`, the device placing the modules no key
 places), the predicted latency beside it in the --execution asked (predict.py:
 each op's overhead and achievable rate; with --mapping the simulation's
-prediction), tokens/s by each, J/token, the KV cache's size, and the memory footprint —
+prediction), tokens/s by each, J/token and the phase's average power on the device (W: its
+joules over its predicted time, pricing/power.py), the KV cache's size, and the memory footprint —
 weights + KV cache + the largest op's activations (inputs and outputs of one
 call, the peak an eager run needs at least) — against the device's memory
 (`fits`: no when it exceeds it, n/a when the spec has no size).
@@ -46,10 +47,12 @@ from perfcounter.models.args import ModelArgs
 from perfcounter.models.hf_checkpoint import model_args_from_hf
 from perfcounter.models.loading import fake_model, read_config
 from perfcounter.parallel import check_links, rank_args, shard
+from perfcounter.pricing.power import mean_power_w
 from perfcounter.quant import quantize as quantization
 from perfcounter.quant.gguf_types import FILE_TYPES, GgufFile, check_file_type, check_gguf_type
 from perfcounter.quant.quantize import kv_cache_bytes
 from perfcounter.quant.stored import STORED
+from perfcounter.report.html import HELP as HTML_HELP, check_html, sweep_page, write_page
 from perfcounter.report.plots import check_plot_dir, sweep_plots
 from perfcounter.simulation.placement import Mapping
 from perfcounter.simulation.run import simulate
@@ -57,7 +60,7 @@ from perfcounter.trace import ROLES
 
 HEAD = ["model", "batch", "prompt", "new", "device", "phase", "tokens", "GFLOPs", "per_op GB",
         "compulsory GB", "roofline", "bound", "predicted", "tok/s roofline", "tok/s predicted",
-        "J/token", "KV GB", "footprint GB", "memory GB", "fits"]
+        "J/token", "W", "KV GB", "footprint GB", "memory GB", "fits"]
 _ACT = ROLES.index("activation")
 
 
@@ -193,10 +196,12 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
                 if sim is None:
                     latency, bound, predicted = s.roofline_latency, s.bound, s.predicted_latency
                     tps, jpt = s.roofline_token_throughput, s.energy_per_token_j
+                    watts = s.energy.mean_power_w if s.energy is not None else None
                 else:
                     phase = sim.phases[label]
                     latency, bound, predicted = phase.time_s, None, phase.predicted_s
                     tps, jpt = phase.tokens_per_s, phase.j_per_token
+                    watts = mean_power_w(phase.energy_j, phase.time_s)
                 rows.append({
                     "model": name, "batch": batch, "prompt": prompt, "new": new,
                     "weights": f"{file_type} GGUF" if file_type else "as stored (GGUF)"
@@ -208,7 +213,7 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
                     "bound": bound, "execution": execution, "predicted_latency_s": predicted,
                     "tokens_per_s": tps,
                     "predicted_tokens_per_s": s.num_tokens / predicted if predicted else None,
-                    "j_per_token": jpt,
+                    "j_per_token": jpt, "mean_power_w": watts,
                     "kv_cache_bytes": need.kv_cache, "footprint_bytes": need.total,
                     "weights_bytes": need.weights, "activations_bytes": need.activations,
                     "memory_bytes": spec.vram,
@@ -227,14 +232,14 @@ def _cells(row: dict) -> list[str]:
             scaled(row["compulsory_bytes"], "G", 2), si(row["latency_s"], "s"),
             row["bound"] or "n/a", si(row["predicted_latency_s"], "s"),
             rate(row["tokens_per_s"], "tok/s"), rate(row["predicted_tokens_per_s"], "tok/s"),
-            si(row["j_per_token"], "J"),
+            si(row["j_per_token"], "J"), si(row.get("mean_power_w"), "W"),
             scaled(row["kv_cache_bytes"], "G", 2), scaled(row["footprint_bytes"], "G", 1),
             scaled(row["memory_bytes"], "G", 0), fits]
 
 
 def to_text(rows: list[dict], *, markdown: bool = False) -> str:
     return format_table([_cells(r) for r in rows], HEAD, align="l" + "r" * 3 + "ll" + "r" * 5
-                        + "l" + "r" * 8, markdown=markdown, rule=not markdown)
+                        + "l" + "r" * 9, markdown=markdown, rule=not markdown)
 
 
 def to_csv(rows: list[dict]) -> str:
@@ -262,6 +267,7 @@ def add_parser(sub) -> None:
     add_output(p, "--markdown", help="write the table as markdown")
     add_output(p, "--plot", folder=True, help="write latency and J/token per device, phase "
                "and combination (PNG and SVG; needs matplotlib)")
+    add_output(p, "--html", needs=check_html, help=HTML_HELP)
     p.set_defaults(run=run)
 
 
@@ -305,4 +311,7 @@ def run(args) -> int:
     if args.plot is not None:  # latency and J/token compared across devices
         for path in sweep_plots(plot_dir, rows):
             print(f"wrote {path}")
+    if args.html is not None:  # the same, and the table, on one page (report/html.py)
+        write_page(args.html, sweep_page(rows, f"perfcounter sweep {args.model}", HEAD, _cells))
+        print(f"wrote {args.html}")
     return 0

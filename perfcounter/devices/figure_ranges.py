@@ -29,7 +29,8 @@ RANGES = {
     "silu_ns_per_element": (1e-6, 1e6, "ns per element"),
     "RMSNorm_ns_per_element": (1e-6, 1e6, "ns per element"),
     "rmsnorm_ns_per_element": (1e-6, 1e6, "ns per element"),
-    "tdp_W": (1e-3, 1e6, "W"), "static_W": (0, 1e6, "W"), "usd_per_hour": (0, 1e5, "USD an hour"),
+    "tdp_W": (1e-3, 1e6, "W"), "static_W": (0, 1e6, "W"), "idle_W": (0, 1e6, "W"),
+    "usd_per_hour": (0, 1e5, "USD an hour"),
     "op_overhead_us": (0, 1e7, "µs"),
 }
 

@@ -88,7 +88,7 @@ FIGURES = {
     "RMSNorm_ns_per_element": Figure("rmsnorm_ns_per_element", 1.0),
     "rmsnorm_ns_per_element": Figure("rmsnorm_ns_per_element", 1.0),
     "tdp_W": Figure("tdp_w", 1.0), "static_W": Figure("static_w", 1.0),
-    "usd_per_hour": Figure("usd_per_hour", 1.0),
+    "idle_W": Figure("idle_w", 1.0), "usd_per_hour": Figure("usd_per_hour", 1.0),
     "device_link_GBs": Figure("device_link_bw", 1e9),
     "device_link_pj_per_bit": Figure("device_link_pj_per_bit", 1.0),
     "interconnect_GBs": Figure("interconnect_bw", 1e9),

@@ -53,7 +53,7 @@ _POSITIVE = ("bandwidth", "flops_per_s", "vram", "roofline_balancepoint", "cache
              "mem_pj_per_bit", "pj_per_flop_by_dtype")
 _NON_NEGATIVE = ("host_to_device_pj_per_bit", "device_to_host_pj_per_bit",
                  "device_link_pj_per_bit", "interconnect_pj_per_bit", "node_link_pj_per_bit",
-                 "static_w",
+                 "static_w", "idle_w",
                  "usd_per_hour")
 _FRACTIONS = ("peak_fraction",)
 _TABLES = ("flops_by_dtype", "pj_per_flop_by_dtype")
@@ -112,7 +112,8 @@ class DeviceSpec:
     silu_ns_per_element: float | None = None
     rmsnorm_ns_per_element: float | None = None
     tdp_w: float | None = None
-    static_w: float | None = None
+    static_w: float | None = None  # W at all times, the dynamic energy model (pricing/power.py)
+    idle_w: float | None = None  # W loaded and idle, clocks up: the power model (power.py)
     usd_per_hour: float | None = None  # US$ an hour of one device (a cloud list price)
     profile: str | None = None  # "upmem": one of the UPMEM framework's profiles
     op_overhead_s: dict = field(default_factory=dict)  # {execution: s per op call}
@@ -134,6 +135,10 @@ class DeviceSpec:
             raise DeviceSpecError(f"DeviceSpec {self._owner}: gpus_per_node must be a whole "
                                   f"number of devices, got {self.gpus_per_node!r}",
                                   field="gpus_per_node", expected="a whole number >= 1")
+        if None not in (self.idle_w, self.tdp_w) and self.idle_w > self.tdp_w:
+            raise DeviceSpecError(f"DeviceSpec {self._owner}: idle_W {self.idle_w:g} exceeds "
+                                  f"tdp_W {self.tdp_w:g}", field="idle_w",
+                                  expected=f"a number of W in [0, tdp_W = {self.tdp_w:g}]")
         if self.profile is not None:
             profile = self.profile.strip().lower() if isinstance(self.profile, str) else None
             if profile not in PROFILES:

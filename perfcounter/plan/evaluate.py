@@ -18,6 +18,8 @@ Its figures:
                                 both pools'; the KV moves' joules beside, kv_transfer_j);
                                 None where a device's figures give no energy (as $ is None
                                 where no price is listed)
+    mean_power_w                serve's energy / the run's duration: every GPU's average
+                                power (None where the energy is); the table shows it per GPU
 
 The regime is the search's (--execution), except CUDA graphs on a device that replays none
 (a CPU, a PIM part: the engine's profile says so, serve/engines.py): there each device runs
@@ -43,7 +45,8 @@ from perfcounter.serve.workload import synthetic
 
 FIGURES = ("request_goodput", "slo_met_fraction", "request_throughput", "output_throughput",
            "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "mean_batch_size",
-           "preemptions", "overloaded", "j_per_output_token", "usd_per_1m_output_tokens")
+           "preemptions", "overloaded", "j_per_output_token", "usd_per_1m_output_tokens",
+           "mean_power_w")
 
 
 @dataclass(frozen=True)
@@ -157,7 +160,7 @@ def evaluate(c: Candidate, job: Job) -> dict:
         extra = {"usd_per_hour": dep.usd_per_hour,  # every GPU of the deployment
                  "kv_cache_tokens": dep.plan.kv_tokens}
         if not getattr(dep.table, "has_energy", True):  # the device gives no energy figures
-            extra["j_per_output_token"] = None
+            extra["j_per_output_token"] = extra["mean_power_w"] = None
     out = {k: m.get(k) for k in FIGURES}
     gpus = c.num_gpus
     out["goodput_per_gpu"] = None if m.get("request_goodput") is None \

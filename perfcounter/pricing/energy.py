@@ -7,13 +7,18 @@
     host link = bytes host→device · 8 · pJ/bit  +  bytes device→host · 8 · pJ/bit
                 (only for a device behind a host link; which bytes cross is
                 decided in roofline.py: the phase's inputs in, its output back)
-    static    = static W · roofline latency on that device
+    static    = the device's static W (pricing/power.py) · the phase's time on that device
 
 All in pJ, times 1e-12 for joules. Executed FLOPs (not the dense convention)
-are priced because that is what the hardware does. Static power is charged
-over the modelled (roofline) time on the target device, not the measured time
-on the machine that ran the count, so that re-costing a trace for another
-device stays consistent.
+are priced because that is what the hardware does. The phase's time is the
+modelled time on the target device, not the measured time on the machine that
+ran the count, so that re-costing a trace for another device stays consistent:
+under the power model (a GPU with an idle figure) the predicted time, which the
+caller passes (stats.py: the phase's prediction in its regime), the total capped
+at the board's limit x that time; under the dynamic model (PIM parts, UPMEM's
+profiles, devices without an idle figure) the roofline time, static W the
+entry's static_W, no cap, as before the power model. `mean_power_w` = total /
+that time.
 
 A component whose figure the spec lacks is None (shown "n/a"). The total needs
 compute and memory; host link and static count as 0 when unknown.
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from perfcounter.pricing.collectives import is_collective, record_joules
+from perfcounter.pricing.power import DYNAMIC, mean_power_w, power_of
 from perfcounter.pricing.roofline import Roofline, is_integer_dtype
 from perfcounter.trace import Trace
 
@@ -38,12 +44,23 @@ class Energy:
     memory_j: float | None
     host_link_j: float | None
     static_j: float | None
+    seconds: float | None = None  # the phase's time its static power and mean power are over
+    cap_w: float | None = None  # the board's limit (the power model); None: no cap
+    model: str = DYNAMIC  # pricing/power.py's model of the device
 
     @property
     def total_j(self) -> float | None:
         if self.compute_j is None or self.memory_j is None:
             return None
-        return self.compute_j + self.memory_j + (self.host_link_j or 0.0) + (self.static_j or 0.0)
+        total = self.compute_j + self.memory_j + (self.host_link_j or 0.0) + (self.static_j or 0.0)
+        if self.cap_w is not None and self.seconds:
+            total = min(total, self.cap_w * self.seconds)
+        return total
+
+    @property
+    def mean_power_w(self) -> float | None:
+        """total_j / seconds: the phase's average power on the device."""
+        return mean_power_w(self.total_j, self.seconds)
 
     def per_token_j(self, num_tokens: int) -> float | None:
         total = self.total_j
@@ -52,7 +69,9 @@ class Energy:
     def to_dict(self) -> dict:
         return {"total_j": self.total_j, "compute_j": self.compute_j,
                 "memory_j": self.memory_j, "host_link_j": self.host_link_j,
-                "static_j": self.static_j}
+                "static_j": self.static_j, "seconds": self.seconds,
+                "mean_power_w": self.mean_power_w, "cap_w": self.cap_w,
+                "energy_model": self.model}
 
 
 def record_pj_per_flop(spec, dtype: str) -> float | None:
@@ -112,8 +131,10 @@ def compute_energy_j(trace: Trace, spec) -> float | None:
     return total_pj * PJ
 
 
-def energy(trace: Trace, spec, io_bytes: int, line: Roofline) -> Energy:
-    """A phase's energy on a device given its io-model bytes and roofline."""
+def energy(trace: Trace, spec, io_bytes: int, line: Roofline, seconds=None) -> Energy:
+    """A phase's energy on a device given its io-model bytes and roofline; `seconds`: its
+    predicted time, or a function that gives it (asked only under the power model; None: the
+    roofline's time)."""
     compute = compute_energy_j(trace, spec)
     mem_pj = spec.mem_pj_per_bit
     memory = None if mem_pj is None else io_bytes * 8 * mem_pj * PJ + sum(
@@ -127,6 +148,12 @@ def energy(trace: Trace, spec, io_bytes: int, line: Roofline) -> Energy:
             host = None
             break
         host += nbytes * 8 * pj * PJ
-    static_w = spec.static_w
-    static = None if static_w is None else static_w * line.latency_s
-    return Energy(compute, memory, host, static)
+    power = power_of(spec)
+    if power.model == DYNAMIC:
+        t = line.latency_s
+        static = None if spec.static_w is None else spec.static_w * t
+    else:
+        t = seconds() if callable(seconds) else seconds
+        t = line.latency_s if t is None else t
+        static = power.static_w * t
+    return Energy(compute, memory, host, static, t, power.cap_w, power.model)

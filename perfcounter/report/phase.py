@@ -94,6 +94,7 @@ def format_stats(stats, module_depth: int | None = 4) -> str:
             f"    Total: {si(en.total_j, 'J')} ({si(s.energy_per_token_j, 'J')}/token)",
             f"    Compute: {si(en.compute_j, 'J')}, memory: {si(en.memory_j, 'J')}, "
             f"host link: {si(en.host_link_j, 'J')}, static: {si(en.static_j, 'J')}",
+            _power_line(en),
         ]
     cov = s.coverage
     lines.append(f"  Coverage: {percent(cov['bytes'])} of bytes, {percent(cov['calls'])} of op "
@@ -111,6 +112,17 @@ def format_stats(stats, module_depth: int | None = 4) -> str:
             lines += [f"  Modules (depth {deepest}, layer indices merged as *)",
                       _table(rows, s, indent=4)]
     return "\n".join(lines)
+
+
+def _power_line(en) -> str:
+    """The phase's average power and the model that priced it (pricing/power.py)."""
+    if en.model == "power":
+        how = "power model: idle + activity" + (
+            f", at most {si(en.cap_w, 'W')}" if en.cap_w is not None else "")
+        over = "predicted"
+    else:
+        how, over = "dynamic model: pJ figures + static W", "roofline"
+    return f"    Mean power: {si(en.mean_power_w, 'W')} over the {over} {si(en.seconds, 's')} ({how})"
 
 
 def _prediction_lines(s) -> list[str]:

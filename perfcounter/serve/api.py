@@ -95,7 +95,7 @@ def serve(dep: Deployment, workload: Workload, *, slo=None, usd_per_kwh: float |
     slo = parse_slo(slo) if slo else None
     run = replicas.simulate(workload, dep)  # DP replicas, PP streams
     m = metrics(run, slo=slo, open_loop=workload.concurrency is None,
-                static_w=replicas.staged(dep).static_w, usd_per_hour=dep.usd_per_hour,
+                **replicas.idle_power(dep), usd_per_hour=dep.usd_per_hour,
                 usd_per_kwh=usd_per_kwh)
     return ServeResult(dep, workload, m, run)
 

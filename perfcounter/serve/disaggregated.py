@@ -22,8 +22,9 @@ AttAcc and NeuPIMs place them). As DistServe and Splitwise run it:
 Per pool the metrics are its own run's, priced at its deployment's price an hour (one
 device's x its instances x TP GPUs); overall, each request's TTFT is its prefill's, its
 end its decode's, its TPOT (end - first token) / (output - 1), the steps and joules both
-pools', the price both pools', and `kv_transfer_bytes` / `kv_transfer_s` / `kv_transfer_j`
-the moves. Every setting of a deployment applies to both pools as it applies to one
+pools' (each pool's GPUs drawing their static power whenever they run nothing, over the
+whole run: `_idle_j`), the price both pools', and `kv_transfer_bytes` / `kv_transfer_s` /
+`kv_transfer_j` the moves. Every setting of a deployment applies to both pools as it applies to one
 deployment (serve/api.py's `disaggregated`).
 
 Each pool runs as any deployment runs (replicas.simulate: its DP replicas and PP streams);
@@ -39,8 +40,9 @@ import numpy as np
 
 from perfcounter.pricing.links import Link, pool_link, transfer
 from perfcounter.parallel.sharding import ParallelError
+from perfcounter.pricing.power import idle_joules
 from perfcounter.serve.metrics import metrics
-from perfcounter.serve.replicas import check_gpus, join_steps, staged
+from perfcounter.serve.replicas import check_gpus, idle_power, join_steps, staged
 from perfcounter.serve.replicas import simulate as simulate_run
 
 
@@ -120,9 +122,9 @@ def simulate(workload, prefill_dep, decode_dep, kv_bytes_per_token: int, *, pool
     pool at its deployment's price an hour (its every GPU's), overall at both pools'."""
     open_loop = workload.concurrency is None
     price = {"usd_per_kwh": usd_per_kwh}
-    pre = {**price, "usd_per_hour": prefill_dep.usd_per_hour,
+    pre = {**price, "usd_per_hour": prefill_dep.usd_per_hour, **idle_power(prefill_dep),
            "energy_known": getattr(staged(prefill_dep), "has_energy", True)}
-    dec = {**price, "usd_per_hour": decode_dep.usd_per_hour,
+    dec = {**price, "usd_per_hour": decode_dep.usd_per_hour, **idle_power(decode_dep),
            "energy_known": getattr(staged(decode_dep), "has_energy", True)}
     both = {**price, "energy_known": pre["energy_known"] and dec["energy_known"],
             "usd_per_hour": None if None in (pre["usd_per_hour"], dec["usd_per_hour"])
@@ -148,13 +150,23 @@ def simulate(workload, prefill_dep, decode_dep, kv_bytes_per_token: int, *, pool
         for j, i in enumerate(order):
             finish[i] = decoded.requests[j].finish
     overall = _overall_run(workload, prefilled, decoded, ready, finish, order)
-    out = metrics(overall, slo=slo, open_loop=open_loop, **both)
+    duration = overall.end - float(workload.arrival.min())
+    idle = _idle_j(prefilled, prefill_dep, duration) + _idle_j(decoded, decode_dep, duration)
+    out = metrics(overall, slo=slo, open_loop=open_loop, idle_j=idle, **both)
     out.update(kv_transfer_bytes=int(nbytes.sum()), kv_transfer_s=float(seconds.sum()),
                kv_transfer_j=float(joules.sum()), gpus=prefill_pool.gpus + decode_pool.gpus)
     return DisaggregatedResult(metrics(prefilled, open_loop=open_loop, **pre),
                                metrics(decoded, open_loop=open_loop, **dec)
                                if decoded is not None else {},
                                out, link, prefill_pool, decode_pool)
+
+
+def _idle_j(run, dep, duration: float) -> float:
+    """Joules a pool's GPUs draw running nothing over `duration` (metrics' rule: each
+    stream's static W over the time its steps leave; a pool that ran nothing idles it all)."""
+    idle = idle_power(dep)
+    busy = float(np.frombuffer(run.steps.seconds).sum()) if run is not None else 0.0
+    return idle_joules(idle["streams"] * duration - busy, idle["static_w"])
 
 
 def _overall_run(workload, prefilled, decoded, ready, finish, order):

@@ -14,8 +14,12 @@ ms. Goodput (vLLM's `request_goodput`): requests meeting every SLO given
 
 Ours beside them: mean and peak batch size (sequences a step), KV-cache utilisation
 (blocks held / blocks, mean over steps and peak), preemptions, energy (J per output
-token, per request: steps' joules + static W over idle time; None where the device's
-figures give no energy, `energy_known=False`, shown as n/a, never as 0) and cost ($ per 1M
+token, per request: J = ∫ P dt, pricing/power.py: every step's joules, static + activity
+capped per step under the power model, + the static W of each stream's GPUs over the time it
+runs nothing, `idle_energy_j`: `streams` x duration - the steps' seconds; None where the
+device's figures give no energy, `energy_known=False`, shown as n/a, never as 0), the run's
+average power (`mean_power_w` = energy / duration, every GPU's, as a power meter over the
+run reads it) and cost ($ per 1M
 output tokens: the device's hourly price over the duration, and energy at `usd_per_kwh`;
 each price within its range, `check_prices`). Overload: with open-loop arrivals, when the
 requests in the system at the last arrival are more than the batch holds, and more than
@@ -32,6 +36,7 @@ import re
 import numpy as np
 
 from perfcounter.devices.figure_ranges import RANGES
+from perfcounter.pricing.power import idle_joules, mean_power_w
 from perfcounter.serve.errors import ServeError
 
 USD_PER_HOUR = RANGES["usd_per_hour"][:2]  # a device's price an hour: the device files' range
@@ -145,11 +150,14 @@ def overload(run, rq: dict, open_loop: bool) -> str | None:
 
 
 def metrics(run, *, slo: dict | None = None, open_loop: bool = True, static_w: float = 0.0,
-            usd_per_hour: float | None = None, usd_per_kwh: float | None = None,
-            energy_known: bool = True) -> dict:
+            streams: int = 1, idle_j: float | None = None, usd_per_hour: float | None = None,
+            usd_per_kwh: float | None = None, energy_known: bool = True) -> dict:
     """The metrics of the module doc, as a flat dict of numbers (and the overload line);
+    static_w and streams: replicas.idle_power's (the W of one stream's GPUs with nothing to
+    run, and how many streams ran side by side); idle_j: the idle joules, where the caller
+    knows them better (a disaggregated run's pools, each over the whole run);
     energy_known=False: the steps' device gives no energy figures (the step table's
-    `has_energy`), so the joules and the energy's price are None."""
+    `has_energy`), so the joules, the power and the energy's price are None."""
     rq = per_request(run)
     steps = run.steps
     seconds = np.frombuffer(steps.seconds)
@@ -177,7 +185,9 @@ def metrics(run, *, slo: dict | None = None, open_loop: bool = True, static_w: f
         out["request_goodput"] = int(good.sum()) / duration
         out["slo_met_fraction"] = float(good.mean())
     busy = float(seconds.sum())
-    energy = float(np.frombuffer(steps.energy_j).sum()) + static_w * max(0.0, duration - busy)
+    if idle_j is None:
+        idle_j = idle_joules(streams * duration - busy, static_w)
+    energy = float(np.frombuffer(steps.energy_j).sum()) + idle_j
     out.update({
         "mean_batch_size": float(seqs.mean()), "peak_batch_size": int(seqs.max()),
         "mean_kv_cache_utilization": float(kv.mean() / run.config.kv_blocks),
@@ -185,12 +195,14 @@ def metrics(run, *, slo: dict | None = None, open_loop: bool = True, static_w: f
         "kv_cache_blocks": run.config.kv_blocks, "preemptions": run.preemptions,
         "steps": len(seconds), "busy_fraction": busy / duration if duration else 0.0,
         "energy_j": energy, "j_per_output_token": energy / total_out, "j_per_request": energy / n,
+        "mean_power_w": mean_power_w(energy, duration), "idle_energy_j": idle_j,
         "usd_per_1m_output_tokens": None, "usd_per_1m_output_tokens_energy": None,
     })
     if usd_per_hour is not None:
         out["usd_per_1m_output_tokens"] = usd_per_hour * duration / 3600 / total_out * 1e6
     if not energy_known:
-        out.update(energy_j=None, j_per_output_token=None, j_per_request=None)
+        out.update(energy_j=None, j_per_output_token=None, j_per_request=None,
+                   mean_power_w=None, idle_energy_j=None)
     elif usd_per_kwh is not None:
         out["usd_per_1m_output_tokens_energy"] = usd_per_kwh * energy / 3.6e6 / total_out * 1e6
     out["overloaded"] = flag is not None

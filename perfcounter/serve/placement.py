@@ -12,6 +12,10 @@ wqkv as simulate splits it, split_counts.py). A step on it costs, in the regime 
                or cudagraphs: its achievable rates and overheads) / tp
     + the transfers at the placement's boundaries
 
+Its joules: each device's share (its GPUs busy for its share's seconds, power.step_joules:
+static + its dynamic joules, capped at its limit under the power model) and its static power
+while the step runs elsewhere, + the transfers' joules.
+
 The first term is the step table (steps.py) split by device: each record group of a layer
 is priced, layer by layer, on the device that layer's module ran on, with that device's
 share of the repeats: at the roofline bound (pricing.PricedTable), as simulate prices ops,
@@ -47,6 +51,7 @@ import numpy as np
 
 from perfcounter.models.layer_paths import at_layer, layer_of
 from perfcounter.models.loading import fake_model
+from perfcounter.pricing.power import idle_joules, power_of, step_joules
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.memory import (
     MemoryPlan,
@@ -257,8 +262,8 @@ class PlacedTable:
                 part = (key, 1.0 / dev.tp, PredictedTable(priced, on, share))
             self.parts.append(part)
         self.has_energy = all(t.has_energy for _, _, t in self.parts)
-        self.static_w = sum(float(pricer.devices[k].spec.static_w or 0.0) * pricer.devices[k].tp
-                            for k in used)
+        self.power = {k: power_of(pricer.devices[k].spec) for k in used}
+        self.static_w = sum(self.power[k].static_w * pricer.devices[k].tp for k in used)
         pricer.static_w = self.static_w
 
     def device_seconds(self, f: np.ndarray) -> dict[str, float]:
@@ -269,9 +274,14 @@ class PlacedTable:
         return float(sum(self.device_seconds(f).values()) + self.transfer_s @ f)
 
     def energy_j(self, f: np.ndarray, seconds: float) -> float:
-        """Dynamic joules of every device's share and the transfers + static W x seconds."""
-        dynamic = sum(t.energy_j(f, 0.0) for _, _, t in self.parts)
-        return dynamic + float(self.transfer_j @ f) + self.static_w * seconds
+        """Joules of the step (module doc): each device's tp GPUs busy for its share's seconds
+        and idle the rest of `seconds`, + the transfers' joules."""
+        joules = float(self.transfer_j @ f)
+        for key, scale, t in self.parts:
+            tp, power, busy = self.pricer.devices[key].tp, self.power[key], scale * t.seconds(f)
+            joules += tp * (step_joules(t.dynamic_j(f) / tp, busy, power)
+                            + idle_joules(seconds - busy, power.static_w))
+        return joules
 
     def price(self, pieces) -> float:
         return self.seconds(self.counts.features(pieces))

@@ -27,6 +27,7 @@ import torch
 from perfcounter.models.args import ModelArgs
 from perfcounter.pricing.energy import record_energies
 from perfcounter.pricing.links import host_link, transfer
+from perfcounter.pricing.power import power_of
 from perfcounter.pricing.roofline import crosses_host_link, host_link_bytes
 from perfcounter.serve.steps import FEATURES, StepCounts, count_table
 from perfcounter.serve.table import StepTable
@@ -47,7 +48,7 @@ class RooflinePricer:
         self.spec = spec
         # its name and dtype, and every figure (two specs of one name may differ)
         self.key = f"{spec.name}:{spec.dtype}:{hash(repr(spec)):x}"
-        self.static_w = float(spec.static_w or 0.0)
+        self.static_w = power_of(spec).static_w  # W idle (pricing/power.py)
 
     def make_table(self, counts: StepCounts) -> StepTable:
         return StepTable(counts, self)

@@ -23,8 +23,10 @@ the last requests), stages idle: the pipeline's bubbles. A step's joules are tho
 rank it ran on: TP x PP x the stage's.
 
 `staged(dep)` is the one rule of a step on many ranks (its seconds through the stages and
-its joules and static power on every rank); `join(runs, total)` joins replicas' runs and
-`join_steps(runs)` any runs' steps (the disaggregated pools' too), in the order they started.
+its joules and static power on every rank: the step table's, pricing/power.py's model, each
+rank's step capped at its limit); `idle_power(dep)` what its GPUs draw between steps, as
+metrics.py charges it; `join(runs, total)` joins replicas' runs and `join_steps(runs)` any
+runs' steps (the disaggregated pools' too), in the order they started.
 
 Bounds: a deployment (TP x PP x DP) or a pool (instances x TP) holds at most MAX_GPUS GPUs
 (`check_gpus`, before any work). Replicas beyond the requests get none (each request goes to
@@ -138,6 +140,17 @@ def staged(dep):
     hop = hop_seconds(dep.spec, dep.args, dep.dtype.itemsize) \
         if parallel.pipeline_parallel_size > 1 else None
     return StagedTable(dep.table, parallel.pipeline_parallel_size, parallel.ranks, hop)
+
+
+def idle_power(dep) -> dict:
+    """metrics()'s idle figures for deployment `dep`: `streams`, DP x PP (each replica's PP
+    streams), and `static_w`, the W one stream's GPUs draw while it runs nothing: a
+    replica's TP x PP ranks' static W over its PP streams (a stream's step charges its
+    ranks' static power over seconds / PP, StagedTable.energy_j). A replica that gets no
+    request idles for the whole run."""
+    pp = dep.parallel.pipeline_parallel_size
+    return {"static_w": staged(dep).static_w / pp,
+            "streams": dep.parallel.data_parallel_size * pp}
 
 
 def simulate(workload, dep):

@@ -25,7 +25,9 @@ step's fused IO shared the same way. With every record on one device it is the
 single-device table.
 
 Energy (joules) is the roofline's dynamic energy of the same bytes and FLOPs (energy.py, fitted
-per step as the figures are) + static W x the step's priced seconds.
+per step as the figures are, `dynamic_j`) with the device's static power over the step's
+seconds, capped per step at its board's limit under the power model (pricing/power.py's
+step_joules: the one rule; `static_w` is the W the device draws idle, as metrics.py charges it).
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from perfcounter.generation.figures import Figures as RecordFigures
 from perfcounter.pricing.achievable import program_dtype
 from perfcounter.pricing.figures import Figures, figures_of, record_kind
 from perfcounter.pricing.op_classes import matmul_rows
+from perfcounter.pricing.power import power_of, step_joules
 from perfcounter.pricing.price import price
 from perfcounter.pricing.roofline import host_link_bytes
 from perfcounter.serve.steps import EXPERTS, StepCounts, StepModelError, fit, group_key
@@ -79,14 +82,16 @@ class StepTable:
     """A step's seconds and joules from the counts' figures (module doc)."""
 
     def __init__(self, counts: StepCounts, pricer, repeats=None):
-        """pricer: its spec, execution (pricing.price.REGIMES), label, static_w, and
-        record_energy_j / host_link (the roofline's energy and link: RooflinePricer).
+        """pricer: its spec, execution (pricing.price.REGIMES), label, and record_energy_j /
+        host_link (the roofline's energy and link: RooflinePricer); the spec's power model
+        (pricing/power.py) prices a step's joules.
         repeats(record): how many times a record of a one-layer trace stands in what this
         table prices (default counts.repeats: the whole model; a placement: a device's share)."""
         self.counts, self.pricer = counts, pricer
         self.spec, self.execution = pricer.spec, pricer.execution
         self.label = pricer.label
-        self.static_w = float(getattr(pricer, "static_w", 0.0) or 0.0)
+        self.power = power_of(self.spec)
+        self.static_w = self.power.static_w
         self.whole = repeats is None
         repeats = counts.repeats if repeats is None else repeats
         self.layers = counts.layers if self.whole else \
@@ -183,9 +188,14 @@ class StepTable:
                                                  cache=self._rates, detail=False).latency_s
         return seconds
 
+    def dynamic_j(self, f: np.ndarray) -> float:
+        """Dynamic joules of a step with features f (compute, memory, host link)."""
+        return float(self.joules @ f)
+
     def energy_j(self, f: np.ndarray, seconds: float) -> float:
-        """Joules of that step: dynamic (compute, memory, host link) + static W x seconds."""
-        return float(self.joules @ f) + self.static_w * seconds
+        """Joules of that step over `seconds`: dynamic + static W x seconds, capped at the
+        board's limit x seconds under the power model (power.step_joules)."""
+        return step_joules(float(self.joules @ f), seconds, self.power)
 
     def price(self, pieces) -> float:
         return self.seconds(self.counts.features(pieces))
