@@ -6,7 +6,8 @@ from perfcounter.plan.candidates import Candidate
 from perfcounter.serve.engines import engine_profile
 
 HEADER = ("#", "devices", "weights", "KV", "TP", "PP", "DP", "EP", "seqs", "GPUs",
-          "tok/s/GPU", "TPOT ms", "p99 TTFT ms", "goodput/GPU", "SLO met", "$/1M tok", "J/tok")
+          "tok/s/GPU", "TPOT ms", "p99 TTFT ms", "goodput/GPU", "SLO met", "$/1M tok", "J/tok",
+          "W/GPU")
 
 
 def _num(value, digits: int = 3) -> str:
@@ -28,7 +29,8 @@ def row(i: int, c: Candidate, f: dict) -> tuple:
             _num(f.get("output_throughput_per_gpu"), 4), _num(f.get("median_tpot_ms")),
             _num(f.get("p99_ttft_ms")), _num(f.get("goodput_per_gpu")),
             "-" if f.get("slo_met_fraction") is None else f"{f['slo_met_fraction']:.0%}",
-            _num(f.get("usd_per_1m_output_tokens")), _num(f.get("j_per_output_token")))
+            _num(f.get("usd_per_1m_output_tokens")), _num(f.get("j_per_output_token")),
+            _num(None if f.get("mean_power_w") is None else f["mean_power_w"] / c.num_gpus))
 
 
 def steps_text(result) -> str:

@@ -84,6 +84,7 @@ def result_text(result) -> str:
     row("Steps:", m["steps"])
     row("Energy per output token (J):", m["j_per_output_token"], 4)
     row("Energy per request (J):", m["j_per_request"])
+    row("Mean power, every GPU (W):", m.get("mean_power_w"), 1)
     cost = m["usd_per_1m_output_tokens"]
     rows.append(f"{'$ per 1M output tokens (device time):':<40}"
                 f"{_num(cost, 4) if cost is not None else 'n/a (give --usd_per_hour)':>10}")
@@ -99,7 +100,7 @@ SWEEP_COLUMNS = (("qps", "qps", 2), ("req/s", "request_throughput", 2),
                  ("p99 TTFT ms", "p99_ttft_ms", 1), ("mean TPOT ms", "mean_tpot_ms", 2),
                  ("p99 TPOT ms", "p99_tpot_ms", 2), ("goodput req/s", "request_goodput", 2),
                  ("batch", "mean_batch_size", 1), ("J/out tok", "j_per_output_token", 4),
-                 ("$/1M out", "usd_per_1m_output_tokens", 4))
+                 ("mean W", "mean_power_w", 0), ("$/1M out", "usd_per_1m_output_tokens", 4))
 
 
 def table(rows: list[dict], columns=SWEEP_COLUMNS, first: tuple | None = None) -> str:
