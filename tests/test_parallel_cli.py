@@ -144,7 +144,7 @@ def test_serve_plan_names_the_smallest_tensor_parallel_size(capsys):
     out = capsys.readouterr().out
     assert "does not fit" in out  # 141.11 GB of weights on 0.9 x 85.52 = 76.97 GB usable
     # TP 2: 2 x 35,277,512,704 params = 70.56 GB a rank (tests/test_parallel_serve.py)
-    assert "smallest fit: TP 2 in bfloat16 (70.56 GB of weights a rank)" in out
+    assert "smallest fit: --tensor_parallel_size 2 (bfloat16, 70.56 GB of weights a rank)" in out
     assert main(argv=[*argv, "--tp", "4"]) == 0
     assert "4 x h100-sxm (TP4)" in capsys.readouterr().out
 

@@ -58,7 +58,8 @@ def test_smallest_tensor_parallel_size_named():
                         quantizations=(None, "int4"))
     assert [(f.tensor_parallel_size, f.quantization) for f in fits] == [(2, None), (1, "int4")]
     assert fits_text(fits, "bfloat16").startswith(
-        "smallest fit: TP 2 in bfloat16 (70.56 GB of weights a rank); TP 1 in int4")
+        "smallest fit: --tensor_parallel_size 2 (bfloat16, 70.56 GB of weights a rank); "
+        "--tensor_parallel_size 1 --quantize int4 (")
 
 
 def test_tp1_deployment_is_the_single_device_one():

@@ -28,6 +28,7 @@ from perfcounter.parallel import check_links, fit_line, shard
 from perfcounter.pricing.op_bench import op_bench
 from perfcounter.quant import quantize as quantization
 from perfcounter.quant.gguf_types import FILE_TYPES, check_file_type, stored_bytes
+from perfcounter.report.html import HELP as HTML_HELP, check_html, count_page, write_page
 from perfcounter.report.plots import check_outputs, source_name, write_outputs
 from perfcounter.report.profile import ATTRS, format_profile, scope_filter
 from perfcounter.serve.memory import kv_bytes_per_token, weight_bytes
@@ -146,12 +147,13 @@ def _count(args) -> int:
     counter = count_from_flags(args)
     labels = [label for label in ("prefill", "decode") if label in counter.counts]
     log = (lambda *a: None) if args.json else print
-    if args.json:
-        print(json.dumps(counter.to_dict(), indent=2))
-    else:
-        print(counter.print_summary(labels=labels))
+    summary = counter.print_summary(labels=labels)
+    print(json.dumps(counter.to_dict(), indent=2) if args.json else summary)
     _save(args, counter, log)
     write_outputs(outputs, counter, log=log, name=source_name("count", args.model))
+    if args.html is not None:  # the summary, the roofline, per-layer figures (report/html.py)
+        write_page(args.html, count_page(counter, f"perfcounter count {args.model}", summary))
+        log(f"wrote {args.html}")
     return 0
 
 
@@ -252,6 +254,7 @@ def add_parsers(sub) -> None:
     add_output(p, "--plot", folder=True, help="write a roofline plot and time / energy by "
                "module kind (PNG and SVG; needs matplotlib)")
     add_output(p, "--trace", help="write a Chrome / Perfetto trace of the generation (JSON)")
+    add_output(p, "--html", needs=check_html, help=HTML_HELP)
     p.set_defaults(run=_count)
 
     p = sub.add_parser("profile", help="llm-profiler's query: FLOPS, ADD, MULT, ... of a scope",

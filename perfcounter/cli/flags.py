@@ -23,8 +23,8 @@ Shared flags and their defaults, the same in every command (`--help` shows them)
                       that run on a CPU, whose bfloat16 matmuls are slow: float32 there
                       (`precision_of`); bf16, fp16, fp32 and the long names are accepted
                       (--act_dtype is its old name).
-    --execution       eager: the program a prediction prices (eager, compiled, cudagraphs);
-                      --compile means compiled.
+    --execution       eager (serve: the engine's, cudagraphs on a GPU spec, eager elsewhere):
+                      the program a prediction prices; --compile means compiled.
     --device_spec     none: this machine's, the spec `perfcounter calibrate` wrote, else
                       the detected GPU or generic-cpu (devices.default_device_spec); a
                       generate.py run timed on a CPU without one measures this machine first
@@ -42,11 +42,11 @@ A flag a run cannot honour (graph's --max_new_tokens, profile --counts with --sa
 refused, never ignored: one line naming it and why, exit code 2, before any work (`refuse`,
 on the flags the Parser saw `given`, in any spelling, even at their default).
 
-Flags that write (`add_output`: --save_path, --csv, --markdown, --out, --trace, --plot,
+Flags that write (`add_output`: --save_path, --csv, --markdown, --out, --trace, --plot, --html,
 calibrate's --out) are checked as they are parsed, with _util.check_writable_target: a
 missing folder, a folder that cannot be written or a target that is no regular file is
-refused in one line, exit code 2, before any counting; no folder is made for a refused
-run (a --plot folder whose parent exists is made when the pictures are written).
+refused in one line, exit code 2, before any counting (so is --html without matplotlib); no
+folder is made for a refused run (a --plot folder is made when the pictures are written).
 """
 from __future__ import annotations
 
@@ -80,8 +80,7 @@ DEVICE_HELP = ("registry name or YAML path to price on", " (default: this machin
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """argparse's defaults formatter, leaving out defaults that say nothing (None, False)
-    and help that states its default itself."""
+    """argparse's defaults formatter, less defaults that say nothing (None, False) or stated."""
 
     def _get_help_string(self, action):
         text = action.help or ""
@@ -161,8 +160,7 @@ class Parser(argparse.ArgumentParser):
 
 
 class Args(argparse.Namespace):
-    """Parser.parse_args' result: the flags' values (vars() shows those alone) and the dests
-    of the flags given (`given`)."""
+    """Parser.parse_args' result: the flags' values (vars() shows those) and the flags given."""
 
     __slots__ = ("given_dests",)
 
@@ -273,36 +271,40 @@ def check_output(path, flag: str, folder: bool = False) -> Path:
 
 
 class _Output(argparse.Action):
-    """A flag that writes: checked as it is parsed (check_output)."""
+    """A flag that writes: checked as it is parsed (check_output, then `needs()`, if given)."""
 
-    def __init__(self, option_strings, dest, folder: bool = False, **kwargs):
-        self.folder = folder
+    def __init__(self, option_strings, dest, folder: bool = False, needs=None, **kwargs):
+        self.folder, self.needs = folder, needs
         super().__init__(option_strings, dest, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
         try:
             setattr(namespace, self.dest, check_output(values, option_string, self.folder))
+            if self.needs is not None:
+                self.needs()
         except ValueError as exc:
             parser.error(str(exc))
 
 
 def add_output(group, flag: str, *, folder: bool = False, **kwargs):
-    """A flag that writes a file (or, folder=True, fills a folder), checked while parsing."""
+    """A flag that writes a file (or, folder=True, fills a folder), checked while parsing
+    (needs=: a check of what else it needs, e.g. --html's matplotlib: report/html.py)."""
     kwargs.setdefault("metavar", "DIR" if folder else "FILE")
     return group.add_argument(flag, action=_Output, folder=folder, default=None, **kwargs)
 
 
 def add_model_flags(parser, *, lists: bool = False, lengths: str = "tokens",
                     device_list: bool = False, legacy_paths: bool = False,
-                    executions: tuple = EXECUTIONS, parallel: bool = False) -> None:
+                    executions: tuple = EXECUTIONS, parallel: bool = False,
+                    execution_default: str | None = None) -> None:
     """The shared group on `parser` (a Parser or a subcommand's). lists: --model,
     --batch_size, --prompt_length, --max_new_tokens, --device_spec, --quantize and --kv_dtype
     take comma-separated lists (sweep); lengths="distributions": the lengths may also be
     uniform:LO-HI or normal:MEAN,STD (serve); device_list: --device_spec alone takes a list
     (serve's deployments to compare). legacy_paths: --config and --checkpoint_path
     keep dests of their own (generate.py and simulate gave them meanings beside --model).
-    executions: the --execution values the command prices (the others are refused).
-    parallel: vLLM's parallel flags too (add_parallel_flags)."""
+    executions: the --execution values it prices (others are refused), execution_default the
+    default --help states (serve's: the engine's). parallel: add_parallel_flags too."""
     g = parser.add_argument_group("model and run (shared by every command)")
     many = " (comma-separated list)" if lists else ""
     number = str if lists or lengths != "tokens" else int
@@ -320,26 +322,23 @@ def add_model_flags(parser, *, lists: bool = False, lengths: str = "tokens",
                         "that run on a CPU")
     g.add_argument("--execution", default=DEFAULTS["execution"],
                    choices=tuple(dict.fromkeys((*EXECUTIONS, *executions))),
-                   action=_Execution, priced=executions,
-                   help="the program a prediction prices")
+                   action=_Execution, priced=executions, help="the program a prediction "
+                   "prices" + (f" (default: {execution_default})" if execution_default else ""))
     g.add_argument("--compile", dest="execution", action=_Execution, priced=executions, nargs=0,
-                   const="compiled",
-                   help="--execution compiled")
+                   const="compiled", help="--execution compiled")
     g.add_argument("--device_spec", default=DEFAULTS["device_spec"],
                    help=(many or " (comma-separated list)" * device_list).join(DEVICE_HELP))
     g.add_argument("--quantize", default=DEFAULTS["quantize"], help="weights of every linear "
                    "as int8, int4 or int4-G (G = 32, 64, 128, 256): bytes as stored, FLOPs at "
                    "--precision; or fp8 (W8A8: fp8 weights and activations, FLOPs at fp8)"
                    + many + " (default: none)")
-    g.add_argument("--weight_dtype", default=DEFAULTS["weight_dtype"],
-                   help="what-if weights: int8, int4 (with --group_size) or a float dtype "
-                        "(default: none)")
+    g.add_argument("--weight_dtype", default=DEFAULTS["weight_dtype"], help="what-if weights: "
+                   "int8, int4 (with --group_size) or a float dtype (default: none)")
     g.add_argument("--group_size", type=int, default=DEFAULTS["group_size"],
                    help="int4 group: 32, 64, 128, 256 (default: 128)")
     g.add_argument("--kv_dtype", default=DEFAULTS["kv_dtype"], help="KV cache int8 or fp8, a "
                    "scale per token and head" + many + " (default: --precision)")
-    add_output(g, "--save_path", help="write the results as JSON (default: none, printed "
-               "only)")
+    add_output(g, "--save_path", help="write the results as JSON (default: none, printed only)")
     add_deprecated(g, "--new_tokens", "--max_new_tokens", dest="max_new_tokens", type=number)
     g.add_argument("--act_dtype", dest="precision", action=_Precision, help=argparse.SUPPRESS)
     for old in ("--config", "--checkpoint_path"):

@@ -8,25 +8,30 @@ an SLO, with the most goodput per GPU (the deployment search, perfcounter/plan/)
 
 The workload flags are serve's (one rate); the candidates' storage, max_num_seqs and parallel
 degrees are enumerated (--quantize, --kv_dtype and --max_num_seqs take the lists to try).
-Prints the inputs, the Pareto front, the recommended deployment and the `perfcounter serve`
-command that reproduces it; --save_path writes every candidate as JSON. Bad input: one line
-on stderr, exit code 2, before any work.
+Prints the inputs, the Pareto front, the recommended deployment, the `perfcounter serve`
+command that reproduces it and the engine's own command that runs it (serve/launch.py);
+--save_path writes every candidate as JSON, --html a page of the front and the candidates
+(report/html_serving.py). Bad input: one line on stderr, exit code 2, before any work.
 """
 from __future__ import annotations
 
+import json
 import sys
 
+from perfcounter._util import atomic_write
 from perfcounter.cli.flags import add_output
 from perfcounter.cli.model_flag import ACCEPTED, config_of
 from perfcounter.plan.candidates import KV_CACHE_DTYPES, MAX_NUM_SEQS, QUANTIZATIONS
 from perfcounter.plan.pool import PlanError
-from perfcounter.plan.render import plan_text
+from perfcounter.plan.render import HEADER, plan_dict, plan_text, row
 from perfcounter.plan.search import plan
 from perfcounter.pricing.price import REGIMES
+from perfcounter.report.html import HELP as HTML_HELP, check_html, write_page
+from perfcounter.report.html_serving import plan_page
 from perfcounter.serve.api import PRECISIONS
 from perfcounter.serve.engines import ENGINES
 from perfcounter.serve.errors import ServeError
-from perfcounter.serve.metrics import check_attainment
+from perfcounter.serve.metrics import check_attainment, parse_slo
 
 
 def _names(values) -> str:
@@ -47,7 +52,9 @@ def add_parser(sub) -> None:
     g.add_argument("--precision", default="bfloat16", choices=tuple(PRECISIONS),
                    help="the activations' dtype")
     g.add_argument("--execution", default="cudagraphs", choices=REGIMES,
-                   help="the regime steps are priced in (bound: the roofline)")
+                   help="the regime steps are priced in (bound: the roofline) (default: "
+                        "cudagraphs; on a kind that replays no CUDA graphs, a CPU or a PIM "
+                        "part, the engine's eager)")
     g.add_argument("--engine", default="vllm", choices=ENGINES,
                    help="the serving engine whose defaults run (serve's --engine; --execution "
                         "and the limits here override them)")
@@ -89,6 +96,7 @@ def add_parser(sub) -> None:
     g.add_argument("--workers", type=int, help="processes (default: this machine's cores; "
                                                "1: this process)")
     add_output(g, "--save_path", help="every candidate and its figures as JSON")
+    add_output(g, "--html", needs=check_html, help=HTML_HELP)
     p.set_defaults(run=run)
 
 
@@ -130,9 +138,16 @@ def _main(args) -> int:
                   disaggregated=not args.aggregated_only,
                   slo_attainment=args.slo_attainment, backend=backend, workers=args.workers,
                   address=args.ray or None)
-    print(plan_text(result))
+    text = plan_text(result)
+    print(text)
     if args.save_path is not None:
-        result.save(args.save_path)
+        atomic_write(args.save_path, json.dumps(plan_dict(result), indent=1, allow_nan=False)
+                     + "\n")
+    if args.html is not None:
+        rows = [(i, row(i, c, f)) for i, (c, f, ok) in enumerate(
+            zip(result.candidates, result.figures, result.fits)) if ok and f and "error" not in f]
+        write_page(args.html, plan_page(result, f"perfcounter plan {args.model}", text, HEADER,
+                                        rows, parse_slo(result.job.slo)))
     return 0
 
 

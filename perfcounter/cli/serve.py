@@ -19,28 +19,32 @@ checked before any table is counted; bad input: one line on stderr, exit code 2.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
 
 from perfcounter.cli.flags import (add_deprecated, add_model_flags, add_output, add_parallel_flags,
-                                   config_of, given)
+                                   config_of, given, refuse)
 from perfcounter.devices import default_device_spec
 from perfcounter.parallel import PARALLEL_SIZES, fits_text, smallest_fit
 from perfcounter.serve.disaggregated import Pool
 from perfcounter.pricing.price import REGIMES
 from perfcounter.quant.gguf_types import FILE_TYPES
 from perfcounter.quant.quantize import resolve_scheme
+from perfcounter.report.html import HELP as HTML_HELP, check_html
+from perfcounter.report.html_serving import serve_page
 from perfcounter.serve.api import (deployment, disaggregated, find_max_qps, qps_values,
                                    resolve_model, resolve_precision, resolve_quantization,
                                    resolve_spec, serve)
 from perfcounter.serve.engines import ENGINES, engine_profile
 from perfcounter.serve.errors import ServeError
+from perfcounter.serve.launch import for_deployment
 from perfcounter.serve.memory import memory_plan
 from perfcounter.serve.metrics import check_attainment, check_prices, parse_slo
 from perfcounter.serve.outputs import check_plotting, csv_text, trace_text, write_all, write_plots
 from perfcounter.serve.placement import PlacementPricer
-from perfcounter.serve.render import SWEEP_COLUMNS, plan_text, result_text, table
+from perfcounter.serve.render import SWEEP_COLUMNS, launch_text, plan_text, result_text, table
 from perfcounter.serve.replicas import check_sizes
 from perfcounter.serve.search import PROBE_REQUESTS, scaled_trace
 from perfcounter.serve.workload import (check_burstiness, check_count, check_fits_model,
@@ -53,7 +57,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="a model served to a workload: TTFT / TPOT percentiles, "
                        "memory fit, J and $ per token",
                        description=__doc__.split("\n\n")[0])
-    add_model_flags(p, lengths="distributions", device_list=True, executions=REGIMES)
+    add_model_flags(p, lengths="distributions", device_list=True, executions=REGIMES,
+                    execution_default="the engine's: cudagraphs on a GPU spec, eager elsewhere")
     add_parallel_flags(p)  # one rank's step table and memory, the price of every GPU
     add_arguments(p)
     g = p.add_argument_group("output")
@@ -61,6 +66,7 @@ def add_parser(sub) -> None:
     add_output(g, "--trace", help="Perfetto trace of the steps (the first result)")
     add_output(g, "--plot", folder=True,
                help="latency CDF and throughput-latency plots (PNG and SVG; needs matplotlib)")
+    add_output(g, "--html", needs=check_html, help=HTML_HELP)
     p.set_defaults(run=run)
 
 
@@ -118,11 +124,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--plan_batch", type=int, help="--plan: the longest context at this batch")
 
 
-def _refuse(args, flags: dict) -> None:
-    """{flag: why}: a flag given (in any spelling) that this run would ignore: refused."""
-    for flag, why in flags.items():
-        if flag.removeprefix("--") in given(args):
-            raise ServeError(f"{flag}: {why}")
+_refuse = functools.partial(refuse, error=ServeError)  # a flag given that this run would ignore
 
 
 def _check(args) -> object:
@@ -134,8 +136,8 @@ def _check(args) -> object:
     if str(getattr(args, "batch_size", "1")) != "1":
         raise ServeError("--batch_size: serve's scheduler forms the batches (--max_num_seqs)")
     if args.plan:
-        _refuse(args, {f"--{k}": "--plan prints the memory fit and simulates nothing, so "
-                       "writes no such file" for k in ("csv", "trace", "plot", "save_path")})
+        _refuse(args, {f"--{k}": "--plan prints the memory fit and simulates nothing, so writes "
+                       "no such file" for k in ("csv", "trace", "plot", "html", "save_path")})
         _refuse(args, {f"--{k}": "--plan simulates no workload" for k in (
             "qps", "concurrency", "trace_file", "find_max_qps", "slo")})
     else:
@@ -203,10 +205,6 @@ def _quantization(args) -> tuple:
     return resolve_quantization(scheme, getattr(args, "kv_dtype", None))
 
 
-def _ms(value):
-    return None if value is None else value * 1e-3
-
-
 def _keywords(args) -> dict:
     """deployment()'s keywords from the flags: one deployment's, each pool's alike."""
     if args.precision == "auto":  # no weights run: bfloat16 (cli/flags.py)
@@ -215,8 +213,9 @@ def _keywords(args) -> dict:
     return {"precision": args.precision, "quantize": weights, "kv_dtype": kv,
             "gpu_memory_utilization": args.gpu_memory_utilization,
             "block_size": args.block_size, "max_num_batched_tokens": args.max_num_batched_tokens,
-            "max_num_seqs": args.max_num_seqs, "step_overhead_s": _ms(args.step_overhead_ms),
-            "request_overhead_s": _ms(args.request_overhead_ms),
+            "max_num_seqs": args.max_num_seqs,  # the overheads: ms -> s, None stays None
+            "step_overhead_s": args.step_overhead_ms and args.step_overhead_ms * 1e-3,
+            "request_overhead_s": args.request_overhead_ms and args.request_overhead_ms * 1e-3,
             "usd_per_hour": args.usd_per_hour, "expert_load": getattr(args, "expert_load", None),
             "gguf_type": getattr(args, "gguf_type", None), "engine": args.engine,
             "execution": args.execution if "execution" in given(args) else None}
@@ -311,23 +310,20 @@ def _main(args) -> int:
             chosen = [r for (q, ok), r in zip(found.probes, found.results) if q == best] \
                 or found.results[-1:]
             results.append(chosen[0])
-            rows.append({**chosen[0].to_dict(), "qps": best})
+            rows.append({**chosen[0].to_dict(), "qps": best, **for_deployment(dep).to_dict()})
             continue
         rates = qps_values(args.qps) if args.qps is not None else [None]
         for qps in rates:
             result = serve(dep, make(qps), slo=args.slo, usd_per_kwh=args.usd_per_kwh)
             results.append(result)
-            rows.append({**result.to_dict(), "qps": qps})
-    if len(rows) == 1 and not args.find_max_qps:
-        print(result_text(results[0]))
-    else:
-        for line in dict.fromkeys(d.engine_line for d in deps):
-            print(line)
-        print(f"step costs: {'; '.join(dict.fromkeys(d.table.label for d in deps))}")
-        print(table(rows, first=("deployment", "deployment", 0)))
-        for line in notes:
-            print(line)
-    _write(args, results, rows)
+            rows.append({**result.to_dict(), "qps": qps, **for_deployment(dep).to_dict()})
+    text = result_text(results[0]) if len(rows) == 1 and not args.find_max_qps else "\n".join([
+        *dict.fromkeys(d.engine_line for d in deps),
+        f"step costs: {'; '.join(dict.fromkeys(d.table.label for d in deps))}",
+        table(rows, first=("deployment", "deployment", 0)), *notes,
+        *dict.fromkeys(launch_text(d) for d in deps)])
+    print(text)
+    _write(args, results, rows, text)
     return 0
 
 
@@ -339,7 +335,7 @@ def _pools(args, make) -> int:
     _refuse(args, {f"--{k}": "a disaggregated run prices its pools (DEVICE,instances=N,tp=T) "
                    "at one rate and writes JSON alone" for k in (
                        "device_spec", "mapping", "host", "allow_unmatched", *PARALLEL_SIZES,
-                       "plan", "find_max_qps", "csv", "trace", "plot")})
+                       "plan", "find_max_qps", "csv", "trace", "plot", "html")})
     rates = qps_values(args.qps) if args.qps is not None else [None]
     if len(rates) > 1:
         raise ServeError("--qps: a disaggregated run serves one rate; give one")
@@ -368,8 +364,8 @@ def _pools(args, make) -> int:
     return 0
 
 
-def _write(args, results, rows) -> None:
-    """--save_path, --csv and --trace replaced together (all new or all old); then plots."""
+def _write(args, results, rows, text: str) -> None:
+    """--save_path, --csv, --trace and --html replaced together (all new or all old); then plots."""
     files = {}
     if args.save_path is not None:
         files[args.save_path] = json.dumps(rows if len(rows) > 1 else rows[0], indent=2,
@@ -378,11 +374,14 @@ def _write(args, results, rows) -> None:
         files[args.csv] = csv_text(results[0])
     if args.trace is not None:
         files[args.trace] = trace_text(results[0])
+    labels = [f"{r['deployment']} qps {r['qps']}" for r in rows]
+    if args.html is not None:  # the text printed, then the charts (report/html_serving.py)
+        files[args.html] = serve_page(results, labels, f"perfcounter serve {args.model}", text)
     write_all(files)
     if args.plot is not None:
         stem = "_".join(["serve", Path(str(args.model)).stem if str(args.model).endswith(".json")
                          else str(args.model), *dict.fromkeys(r["deployment"] for r in rows)])
-        write_plots(args.plot, results, [f"{r['deployment']} qps {r['qps']}" for r in rows],
+        write_plots(args.plot, results, labels,
                     sweep=rows if len(rows) > 1 else None,
                     stem="".join(c if c.isalnum() or c in "-_." else "_" for c in stem)[:120])
 

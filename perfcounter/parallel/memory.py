@@ -56,14 +56,16 @@ def smallest_fit(args: ModelArgs, plan_of, quantizations=(None,),
 
 
 def fits_text(fits: list, precision: str) -> str:
-    """'smallest fit: TP 2 in bfloat16 (70.56 GB of weights a rank); int8: TP 1; int4: TP 1'."""
+    """'smallest fit: --tensor_parallel_size 2 (bfloat16, 70.56 GB of weights a rank);
+    --tensor_parallel_size 1 --quantize int8 (...)': each fit as the flags that run it."""
     parts = []
     for f in fits:
         if f is None:
             continue
-        what = f.quantization or precision
-        parts.append(f"TP {f.tensor_parallel_size} in {what} "
-                     f"({f.plan.weight_bytes / 1e9:.2f} GB of weights a rank)")
+        flags = f"--tensor_parallel_size {f.tensor_parallel_size}" + (
+            f" --quantize {f.quantization}" if f.quantization else "")
+        what = "" if f.quantization else f"{precision}, "
+        parts.append(f"{flags} ({what}{f.plan.weight_bytes / 1e9:.2f} GB of weights a rank)")
     if not parts:
         return "smallest fit: none (no tensor-parallel size up to the heads fits)"
     return "smallest fit: " + "; ".join(parts)

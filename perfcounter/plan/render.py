@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 from perfcounter.format import format_table
+from perfcounter.plan import evaluate as ev
 from perfcounter.plan.candidates import Candidate
 from perfcounter.serve.engines import engine_profile
+from perfcounter.serve.launch import for_candidate
 
 HEADER = ("#", "devices", "weights", "KV", "TP", "PP", "DP", "EP", "seqs", "GPUs",
           "tok/s/GPU", "TPOT ms", "p99 TTFT ms", "goodput/GPU", "SLO met", "$/1M tok", "J/tok",
@@ -97,4 +99,26 @@ def plan_text(result) -> str:
                                   rule=True))
         lines.append("reproduce it:")
         lines.append(f"  {result.commands[i]}")
+        launch = launch_of(result, i)
+        lines.append(f"run it ({launch.version}'s flags):" if launch.argv else "run it: none")
+        lines += [f"  {launch.text}"] * bool(launch.argv) + [f"  note: {n}" for n in launch.notes]
     return "\n".join(lines)
+
+
+def launch_of(result, i: int):
+    """Candidate i's engine command (serve/launch.py), in the regime it was priced in."""
+    c = result.candidates[i]
+    return for_candidate(c, result.job, ev.execution(c, result.job))
+
+
+def plan_dict(result) -> dict:
+    """--save_path's JSON: the search's (PlanResult.to_dict) with each simulated candidate's
+    engine command and notes, and the recommended one's at the top (`launch_command`)."""
+    out = result.to_dict()
+    for row in out["candidates"]:
+        if row["serve_command"] is not None:
+            row.update(launch_of(result, row["index"]).to_dict())
+    best = result.recommended
+    out.update(launch_of(result, best).to_dict() if best is not None else
+               {"launch_command": None, "launch_engine": None, "launch_notes": []})
+    return out

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from perfcounter.format import format_table
+from perfcounter.serve.launch import for_deployment
 
 GB = 1e9
 
@@ -12,6 +13,13 @@ def _num(v, digits: int = 2) -> str:
     if isinstance(v, int):
         return f"{v:,}"
     return f"{v:,.{digits}f}"
+
+
+def launch_text(dep) -> str:
+    """The engine's command that runs `dep` (serve/launch.py), and what it cannot say."""
+    launch = for_deployment(dep)
+    head = f"run it ({launch.version}'s flags): {launch.text}" if launch.argv else "run it: none"
+    return "\n".join([head, *(f"  note: {n}" for n in launch.notes)])
 
 
 def plan_text(dep, context: int | None = None, batch: int | None = None) -> str:
@@ -38,6 +46,7 @@ def plan_text(dep, context: int | None = None, batch: int | None = None) -> str:
     if batch:
         lines.append(f"  longest context at batch {batch:,}: {p.max_context(batch):,} tokens "
                      f"(the model's limit: {p.max_model_len:,})")
+    lines.append(launch_text(dep))
     return "\n".join(lines)
 
 
@@ -92,6 +101,7 @@ def result_text(result) -> str:
     if energy_cost is not None:
         row("$ per 1M output tokens (energy):", energy_cost, 4)
     rows.append("=" * 50)
+    rows.append(launch_text(dep))
     return "\n".join(rows)
 
 
