@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import html
 import io
+import re
 
 from perfcounter._util import atomic_write
 from perfcounter.models.layer_paths import is_layer
@@ -61,14 +62,17 @@ def figure(width: float = 7.0, height: float = 4.0, panels: int = 1):
 
 
 def svg(fig, chart_id: str) -> str:
-    """`fig` as an inline <svg id=chart_id> (its internal ids salted with chart_id, so that
-    two charts of a page never share one)."""
+    """`fig` as an inline <svg id=chart_id>; matplotlib's own ids (glyphs, markers, clips,
+    groups) and the references to them prefixed with chart_id, so that no two charts of a
+    page share an id; the gids given (CHART-...) kept as they are."""
     import matplotlib  # deferred: optional (the plot extra)
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.hashsalt": chart_id, "svg.fonttype": "path"}):
         fig.savefig(buf, format="svg", metadata={"Date": None})
     text = buf.getvalue()
-    text = text[text.index("<svg"):]
+    text = re.sub(r'(\bid="|xlink:href="#|url\(#)([^")]+)', lambda m: m.group(1) + (
+        m.group(2) if m.group(2).startswith(f"{chart_id}-") else f"{chart_id}_{m.group(2)}"),
+        text[text.index("<svg"):])
     return f'<svg id="{html.escape(chart_id)}" ' + text[len("<svg "):]
 
 
@@ -182,7 +186,7 @@ def count_page(counter, title: str, summary: str) -> str:
 
 def sweep_page(rows: list[dict], title: str, headers, cells) -> str:
     """`perfcounter sweep`'s page: predicted latency and J/token of each combination by
-    device and phase (gid sweep-latency-DEVICE-PHASE, sweep-energy-...), and the table."""
+    device and phase (gid sweep-chart-latency-DEVICE-PHASE, ...-energy-...), and the table."""
     def combo(r):
         return r["model"], r["batch"], r["prompt"], r["new"], r.get("weights"), r.get("kv_dtype")
 
@@ -195,7 +199,7 @@ def sweep_page(rows: list[dict], title: str, headers, cells) -> str:
                               (axes[1], "energy", "j_per_token")):
             xy = [(i, mine[c][key]) for i, c in enumerate(combos)
                   if c in mine and mine[c][key] is not None]
-            points(ax, [x for x, _ in xy], [y for _, y in xy], f"sweep-{what}-{device}-{phase}",
+            points(ax, [x for x, _ in xy], [y for _, y in xy], f"sweep-chart-{what}-{device}-{phase}",
                    color=COLORS[n % len(COLORS)], ls="none" if len(combos) == 1 else "-",
                    label=f"{device} {phase}")
     for ax, unit in zip(axes, ("predicted latency (s)", "J / token")):
