@@ -177,6 +177,7 @@ POOLS_REFUSE = {  # what a run on pools cannot honour: refused in one line
     "--allow_unmatched": [], "--tensor_parallel_size": ["2"], "--pipeline_parallel_size": ["2"],
     "--data_parallel_size": ["2"], "--enable_expert_parallel": [], "--plan": [],
     "--find_max_qps": [], "--csv": ["out.csv"], "--trace": ["out.json"], "--plot": ["plots"],
+    "--html": ["out.html"],
     "--plan_context": ["8"], "--plan_batch": ["2"], "--slo_attainment": ["0.5"],
 }
 NOT_FIGURES = {"-h", "--model", "--config", "--checkpoint_path", "--save_path",
