@@ -30,7 +30,8 @@ says, and:
   spec's, as --tensor_parallel_size N prices it), else through the host;
 - time is the sum of ops and transfers (with overlap=True a transfer and the
   compute after it take the longer of the two); energy is compute + memory +
-  host link + device link + static W x phase time per device used.
+  host link + device link + static W x phase time per device used (pricing/power.py's
+  static power: a GPU's idle_W, else the entry's static_W; no cap per step here).
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from perfcounter._util import PerfcounterWarning
 from perfcounter.pricing.collectives import all_reduce_s, sent_bytes
 from perfcounter.pricing.links import LinkError, host_link, joules, transfer
 from perfcounter.pricing.per_record import per_step_overhead_s
+from perfcounter.pricing.power import power_of
 from perfcounter.pricing.predict import phase_program, phase_regime
 from perfcounter.pricing.regimes import check_regime
 from perfcounter.simulation.hf_names import split_qkv
@@ -262,8 +264,8 @@ class _Replay:
         self.transfer(cur, plan.host, prep.output_bytes, "(output)", False)
         self._window(0.0)
         for key, a in self.acc.items():
-            static_w = getattr(plan.devices[key].spec, "static_w", None)
-            a.energy_by_component_j["static"] += (static_w or 0.0) * a.tp * self.clock
+            static_w = power_of(plan.devices[key].spec).static_w  # a GPU's idle W (power.py)
+            a.energy_by_component_j["static"] += static_w * a.tp * self.clock
         return PhaseResult(label, num_tokens, prep.trace.steps, self.clock, self.acc,
                            list(self.mods.values()), list(self.funcs.values()), self.log,
                            record_devices=tuple(ran))
@@ -298,7 +300,8 @@ def _device_figures(dev: Device) -> dict:
             "peak_fraction": dev.fraction, "bandwidth": s.bandwidth, "flops_per_s": s.flops_per_s,
             **{f: getattr(s, f, None) for f in (
                 "mem_pj_per_bit", "host_to_device_bw", "device_to_host_bw",
-                "host_to_device_pj_per_bit", "device_to_host_pj_per_bit", "static_w")}}
+                "host_to_device_pj_per_bit", "device_to_host_pj_per_bit", "static_w",
+                "idle_w", "tdp_w")}}
 
 
 def _link(value, name: str) -> Link | None:
