@@ -17,6 +17,7 @@ from perfcounter.devices.dtypes import DeviceSpecError
 from perfcounter.models.args import ModelArgs
 from perfcounter.pricing.power import (DYNAMIC, POWER, Power, idle_joules, mean_power_w,
                                        model_of, power_of, step_joules)
+from perfcounter.report.phase import _power_line
 from perfcounter.serve import deployment, serve, synthetic
 from perfcounter.serve.metrics import metrics
 from perfcounter.serve.scheduler import EngineConfig, simulate_engine
@@ -162,6 +163,8 @@ def test_count_charges_idle_power_over_the_predicted_time():
     assert e.mean_power_w == pytest.approx(e.total_j / t)
     d = e.to_dict()
     assert d["energy_model"] == "power" and d["cap_w"] == 700.0 and d["seconds"] == t
+    line = _power_line(e)  # count's report: "Mean power: 1.5 kW over the predicted ..."
+    assert line.strip().startswith("Mean power: ") and "over the predicted" in line
     # capped at its idle power: 100 W x t, whatever the work
     capped = PerformanceStats("decode", 1, None, decode_trace(), toy_gpu(tdp_w=100.0))
     assert capped.energy_j == pytest.approx(100.0 * capped.predicted_latency)
