@@ -117,6 +117,7 @@ def pages(tmp_path_factory):
     return folder, build_pages(folder)
 
 
+@pytest.mark.slow  # the pages: four commands run (~20 s)
 def test_each_page_holds_its_charts_and_every_point(pages):
     folder, paths = pages
     expected = expected_points(folder)
@@ -130,6 +131,7 @@ def test_each_page_holds_its_charts_and_every_point(pages):
     assert serve["steps"] > 8 and serve["j_per_output_token"] is not None  # power is drawn
 
 
+@pytest.mark.slow  # the pages: four commands run (~20 s)
 def test_a_page_needs_no_network_and_runs_no_script(pages):
     _, paths = pages
     for path in paths.values():
@@ -142,6 +144,7 @@ def test_a_page_needs_no_network_and_runs_no_script(pages):
         assert len(set(ids)) == len(ids)  # no two charts share an id (glyphs, markers, clips)
 
 
+@pytest.mark.slow  # the pages: four commands run (~20 s)
 def test_plan_marks_the_pick_and_draws_the_slo(pages):
     folder, paths = pages
     plan = json.loads((folder / "plan.json").read_text())

@@ -151,6 +151,7 @@ def test_trtllm_has_no_pinned_command():
     assert "no TensorRT-LLM 1.0 command" in launch.notes[0]
 
 
+@pytest.mark.slow
 def test_serve_prints_and_saves_the_deployments_command(tmp_path, capsys):
     out = tmp_path / "serve.json"
     argv = ["serve", "--model", "smollm2-135m", "--device_spec", "h100-sxm", "--tp", "3",
@@ -172,6 +173,7 @@ def test_serve_prints_and_saves_the_deployments_command(tmp_path, capsys):
     assert got["--enforce-eager"] is True and d["execution"] == "eager"  # asked, on a GPU
 
 
+@pytest.mark.slow
 def test_plan_prints_and_saves_the_recommended_command(tmp_path, capsys, tiny):
     out = tmp_path / "plan.json"
     code = main(argv=["plan", "--model", tiny, "--devices", "h100-sxm:1", "--qps", "50",
@@ -197,6 +199,7 @@ def test_plan_prints_and_saves_the_recommended_command(tmp_path, capsys, tiny):
     assert serve.max_num_seqs == 4 and serve.engine == "sglang"
 
 
+@pytest.mark.slow
 def test_serve_plan_names_the_smallest_fit_as_flags(capsys):
     argv = ["serve", "--model", "llama-3.1-70b", "--device_spec", "h100-sxm", "--plan"]
     assert main(argv=argv) == 0
