@@ -198,9 +198,25 @@ def test_features_by_hand():
     # pieces (3 new after 5) and (1 new after 9): T = 4, B = 2, K = 8 + 10 = 18,
     # dense = 3 x 8 + 1 x 10 = 34, causal = (3 x 5 + 3 x 4 / 2) + 10 = 21 + 10 = 31
     # and no experts: 0 (with 8 experts, 2 a token: 8 x (1 - 0.75^4) = 5.46875)
-    assert list(features([(3, 5), (1, 9)])) == [1, 4, 2, 18, 34, 31, 0]
+    # a transformers model's features (steps_hf.py) are 0 for perfcounter's model
+    assert list(features([(3, 5), (1, 9)])) == [1, 4, 2, 18, 34, 31, 0] + [0] * 8
     assert features([(3, 5), (1, 9)], experts=(8, 2))[6] == 5.46875
-    assert np.all(features([]) == [1, 0, 0, 0, 0, 0, 0])
+    assert np.all(features([]) == [1, 0, 0, 0, 0, 0, 0] + [0] * 8)
+
+
+def test_windowed_and_mla_features_by_hand():
+    # sliding window w = 4: (3 new after 5) holds and reads min(8, 4 - 1 + 3) = 6 keys,
+    # (1 after 9) min(10, 3 + 1) = 4: local_kv 10; local_dense 3 x 6 + 1 x 4 = 22; pairs:
+    # each query sees at most 4 keys: 4 + 4 + 4 (the 3 queries) + 4 = 16
+    f = features([(3, 5), (1, 9)], local=("sliding", 4))
+    assert list(f[7:11]) == [10, 22, 16, 0]
+    # a chunk of C = 8: (3 after 5) reads from position 0, 8 keys; (1 after 9) from 8, 2 keys
+    # (positions 8, 9): local_kv 10, dense 3 x 8 + 2 = 26, causal 21 + 2 = 23
+    assert list(features([(3, 5), (1, 9)], local=("chunked", 8))[7:10]) == [10, 26, 23]
+    # MLA: one decode piece (1 after 9): decodes 1, its keys 10, a decode and a prefill ran;
+    # one token alone in a step is its own indicator (the 4th extra feature)
+    assert list(features([(3, 5), (1, 9)], mla=True)[10:]) == [0, 1, 10, 1, 1]
+    assert list(features([(1, 9)], mla=True)[10:]) == [1, 1, 10, 1, 0]
 
 
 def test_mixture_of_experts_serves_one_request_at_a_time():

@@ -20,6 +20,7 @@ from perfcounter.quant.gguf_types import GgufFile
 from perfcounter.quant.quantize import WeightScheme
 from perfcounter.serve.engines import EngineProfile, check_given, engine_profile, engine_settings
 from perfcounter.serve.errors import ServeError
+from perfcounter.serve.hf_model import HfArgs, shard_hf
 from perfcounter.serve.memory import MemoryPlan, memory_plan
 from perfcounter.serve.metrics import check_prices
 from perfcounter.serve.options import CacheOptions, DeploymentOptions
@@ -192,6 +193,9 @@ def _resolve(model, options: DeploymentOptions) -> _Rank:
         weights = gguf_file(model, args, m.gguf_type, weights, mapping)
     load = resolve_expert_load(m.expert_load, args)
     p = options.parallel
+    if isinstance(args, HfArgs):
+        parallel, args = shard_hf(args, str(model), p, mapping is not None)
+        return _Rank(args, dtype, weights, kv, load, parallel)
     parallel, args = shard(
         args, str(model), tensor_parallel_size=p.tensor_parallel_size,
         pipeline_parallel_size=p.pipeline_parallel_size, data_parallel_size=p.data_parallel_size,

@@ -124,9 +124,13 @@ def memory_plan(args: ModelArgs, dtype: torch.dtype, spec, *, gpu_memory_utiliza
     if not 0 < gpu_memory_utilization <= 1:
         raise ServeError(f"--gpu_memory_utilization {gpu_memory_utilization}: expected a "
                          "fraction in (0, 1]")
-    stored = weight_bytes(args, dtype, weights)
+    if isinstance(args, ModelArgs):
+        stored = weight_bytes(args, dtype, weights)
+        per_token = kv_bytes_per_token(args, dtype, kv, kv_scales)
+    else:  # a transformers model (serve/hf_model.py): as its checkpoint stores it
+        stored = args.weight_bytes(dtype)
+        per_token = args.kv_elements_per_token() * element_bytes(dtype)
     work = workspace_bytes(args, dtype, max_num_batched_tokens, max_num_seqs)
-    per_token = kv_bytes_per_token(args, dtype, kv, kv_scales)
     capacity = float(total) * gpu_memory_utilization - stored - work
     blocks = max(0, math.floor(capacity / (block_size * per_token)))
     return MemoryPlan(float(total), gpu_memory_utilization, stored, work, per_token, block_size,

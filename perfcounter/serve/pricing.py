@@ -30,6 +30,7 @@ from perfcounter.pricing.links import host_link, transfer
 from perfcounter.pricing.power import power_of
 from perfcounter.pricing.roofline import crosses_host_link, host_link_bytes
 from perfcounter.serve.steps import FEATURES, StepCounts, count_table
+from perfcounter.serve.steps_hf import count_hf_table
 from perfcounter.serve.table import StepTable
 from perfcounter.trace import Trace
 
@@ -122,7 +123,8 @@ def step_table(args: ModelArgs, dtype: torch.dtype, pricer, *, weights=None,
     and the regime), counted once per (model, dtype, weights, kv) and priced once per
     pricer and routing. weights: a quantize.WeightScheme (None: float); kv: "int8", "fp8" or
     None; load: a mixture of experts' ExpertLoad its steps are priced at (None: balanced)."""
-    ckey = CountsKey(repr(args) + repr(sorted(vars(args).items())), str(dtype),
+    fields = repr(sorted(vars(args).items())) if isinstance(args, ModelArgs) else args.config_json
+    ckey = CountsKey(repr(args) + fields, str(dtype),
                      getattr(weights, "name", weights), kv)
     key = TableKey(ckey, pricer.key, pricer.execution, str(load or "balanced"))
     table = _TABLES.get(key)
@@ -132,7 +134,8 @@ def step_table(args: ModelArgs, dtype: torch.dtype, pricer, *, weights=None,
     _STATS["misses"] += 1
     counts = _COUNTS.get(ckey)
     if counts is None:
-        counts = _COUNTS[ckey] = count_table(args, dtype, weights=weights, kv=kv)
+        count = count_table if isinstance(args, ModelArgs) else count_hf_table  # HfArgs
+        counts = _COUNTS[ckey] = count(args, dtype, weights=weights, kv=kv)
     if load is not None and load.shares is not None:
         counts = dataclasses.replace(counts, load=load)
     table = _TABLES[key] = pricer.make_table(counts)

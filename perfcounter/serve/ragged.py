@@ -18,7 +18,7 @@ as vLLM v1 does (it discards those of unfinished prefill chunks). One rank of a 
 model (parallel/sharding.py) runs its collectives here as its own forward calls them.
 
 Two things stand in here for what a varlen kernel takes as plain offsets, and
-are not charged (`_strip`): the per-piece mask that carries the causal
+are not charged (`strip_offsets`): the per-piece mask that carries the causal
 structure (its bytes, role "input", leave the attention record) and the copy
 joining the pieces' attention outputs (aten.cat in the attention module), laid
 out [1, T, H, D] as a varlen kernel writes it, so that the model's transpose
@@ -148,14 +148,19 @@ def _ragged_forward(self, idx, input_pos, freqs_cis, last):
     return self.logits(self.norm(self.to_next_stage(x))[:, last])  # [1, B, vocab]
 
 
-def _strip(trace: Trace, mask_storage: int) -> Trace:
+def _is_join(r) -> bool:
+    return r.op == "aten.cat.default" and r.module.endswith("attention")
+
+
+def strip_offsets(trace: Trace, mask_storage: int, is_join=_is_join) -> Trace:
     """The step without what stands in for a varlen kernel's offsets (see the module doc).
-    mask_storage: bytes of the one element every mask expands (compulsory IO reads it once)."""
+    mask_storage: bytes of the one element every mask expands (compulsory IO reads it once);
+    is_join(record): whether a record is the join of the pieces' attention outputs."""
     records = []
     masks = 0
     fused_read, fused_written = list(trace.fused_read), list(trace.fused_written)
     for r in trace.records:
-        if r.op == "aten.cat.default" and r.module.endswith("attention"):
+        if is_join(r):
             # alone in its fused kernel: it reads the attention outputs and writes what wo reads
             fused_read = [max(0, a - b) for a, b in zip(fused_read, r.read)]
             fused_written = [max(0, a - b) for a, b in zip(fused_written, r.written)]
@@ -170,6 +175,17 @@ def _strip(trace: Trace, mask_storage: int) -> Trace:
         comp[_INPUT] -= mask_storage
     return replace(trace, records=records, compulsory_read=comp, fused_read=fused_read,
                    fused_written=fused_written)
+
+
+def prime_caches(counter, caches) -> None:
+    """Every position of each cache valid before the step (earlier steps wrote them): a
+    counted block of its own ("prime", not the step's) writes each whole, so that the step's
+    attention counts the pairs of every cached position (the counter takes a cache written
+    in part as valid as far as it was written: a static cache, mode.kv_positions)."""
+    with counter.count("prime", num_tokens=1):
+        for t in caches:
+            if t is not None:
+                t.copy_(torch.zeros_like(t))
 
 
 def count_step(args: ModelArgs, pieces, dtype=torch.bfloat16, depth: int = 10, *,
@@ -197,6 +213,7 @@ def count_step(args: ModelArgs, pieces, dtype=torch.bfloat16, depth: int = 10, *
         one = torch.zeros(1, 1, 1, 1, dtype=dtype)
         masks = [one.expand(1, 1, p.new_tokens, p.kv_positions) for p in pieces]
         slots = [torch.arange(p.context, p.kv_positions) for p in pieces]
+        kvs = []
         for layer in model.layers:
             experts = getattr(layer.feed_forward, "cond_ffn", None)
             if experts is not None:
@@ -205,6 +222,9 @@ def count_step(args: ModelArgs, pieces, dtype=torch.bfloat16, depth: int = 10, *
                 layer.feed_forward.forward = types.MethodType(_moe_forward, layer.feed_forward)
             layer.attention.kv_cache = _RaggedKV(pieces, args.n_local_heads, args.head_dim,
                                                  dtype, masks, slots, kv)
+            kvs.append(layer.attention.kv_cache)
+        prime_caches(counter, [t for c in kvs for t in (*c.k, *c.v, *(c.k_scales or ()),
+                                                        *(c.v_scales or ()))])
         with counter.count("step", num_tokens=total):
             model(idx, input_pos, freqs, ends)
-    return _strip(counter.counts["step"].trace, one.element_size())
+    return strip_offsets(counter.counts["step"].trace, one.element_size())

@@ -18,18 +18,22 @@ from perfcounter.models.loading import CheckpointError
 from perfcounter.quant.gguf_types import GgufFile, check_gguf_type
 from perfcounter.quant.quantize import WeightScheme, parse_kv_dtype, parse_scheme
 from perfcounter.serve.errors import ServeError
+from perfcounter.serve.hf_model import OURS, HfArgs
 from perfcounter.serve.memory import weight_bytes
 
 
-def resolve_model(model) -> ModelArgs:
-    """ModelArgs from a preset name, ModelArgs, a config.json (ours or a Llama-like HF one) or
-    a .gguf file's metadata."""
+def resolve_model(model) -> ModelArgs | HfArgs:
+    """ModelArgs from a preset name, ModelArgs, a config.json (ours or one of an architecture
+    perfcounter's model holds: hf_model.OURS) or a .gguf file's metadata; any other
+    transformers causal LM (a preset, a config.json, a model folder) as an HfArgs."""
     try:
         resolved = gguf_config(model) if is_gguf(model) else resolve_config(model)
     except (KeyError, ValueError, OSError, CheckpointError) as e:
         raise ServeError(str(e).strip("'\"")) from None
     if isinstance(resolved, ModelArgs):
         return resolved
+    if resolved.model_type not in OURS and not is_gguf(model):
+        return HfArgs.of(resolved, str(model))
     try:
         return model_args_from_hf(resolved.to_dict(), str(model))
     except (KeyError, ValueError) as e:
@@ -50,6 +54,11 @@ def resolve_quantization(quantize=None, kv_dtype=None, args: ModelArgs | None = 
     """(WeightScheme or None, "int8" / "fp8" or None) from a scheme (or its name, as
     --quantize takes it) and a KV dtype name; with `args`, the scheme is also held to the
     model (int4's group size must divide every linear's in_features). ServeError else."""
+    if isinstance(args, HfArgs) and (quantize is not None or kv_dtype is not None):
+        given = "--quantize" if quantize is not None else "--kv_dtype"
+        raise ServeError(f"{given}: {args.name} ({args.model_type}) is priced as its checkpoint "
+                         "stores it; --quantize and --kv_dtype price perfcounter's own "
+                         "architectures (llama, mistral, qwen2, mixtral)")
     try:
         scheme = quantize if isinstance(quantize, WeightScheme) else parse_scheme(quantize)
         kv = parse_kv_dtype(kv_dtype)

@@ -43,7 +43,7 @@ import numpy as np
 
 from perfcounter.costs.attention import window_pairs
 from perfcounter.serve.errors import ServeError
-from perfcounter.serve.steps import EXPERTS, FEATURES
+from perfcounter.serve.steps import BASE, EXPERTS, FEATURES, extra_features
 from perfcounter.serve.workload import Workload
 
 ADMISSIONS = ("recompute", "no_evict")
@@ -203,9 +203,12 @@ class _Engine:
             self.reserved -= (r.prompt + r.output + self.cfg.block_size - 1) // self.cfg.block_size
 
 
-def _compose(sched: list, f: np.ndarray, window, touched) -> tuple[int, int, int]:
+def _compose(sched: list, f: np.ndarray, window, touched,
+             extra: tuple | None = None) -> tuple[int, int, int]:
     """Step part 4a: the step's features into `f` (steps.FEATURES); (tokens, prefill
-    tokens, decodes)."""
+    tokens, decodes); extra: a transformers model's (local, mla) features (steps_hf.py)."""
+    if extra is not None:
+        f[BASE:] = 0.0
     tokens = kv = dense = causal = 0
     prefill = decodes = 0
     for r, m in sched:
@@ -221,7 +224,11 @@ def _compose(sched: list, f: np.ndarray, window, touched) -> tuple[int, int, int
             decodes += 1
         else:
             prefill += m
+        if extra is not None:
+            extra_features(f, m, c, *extra)
     f[1], f[2], f[3], f[4], f[5] = tokens, len(sched), kv, dense, causal
+    if extra is not None:
+        f[BASE + 3] = float(tokens == 1)
     if touched is not None:
         f[EXPERTS] = touched(tokens)
     return tokens, prefill, decodes
@@ -271,6 +278,9 @@ def simulate_engine(w: Workload, table, cfg: EngineConfig) -> Run:
     f = np.zeros(len(FEATURES))
     f[0] = 1.0
     touched = table.counts.experts_touched if table.counts.experts else None
+    counts = table.counts
+    extra = (counts.local, counts.mla) if getattr(counts, "local", None) is not None \
+        or getattr(counts, "mla", False) else None
     itl = array("d")
     log = Steps()
     engine = _Engine(cfg)
@@ -290,7 +300,7 @@ def simulate_engine(w: Workload, table, cfg: EngineConfig) -> Run:
         if not sched:
             raise ServeError("the scheduler could not run any request: a request needs more "
                              "KV blocks than the device holds")
-        tokens, prefill, decodes = _compose(sched, f, window, touched)
+        tokens, prefill, decodes = _compose(sched, f, window, touched, extra)
         dt = seconds(f) + overhead
         end = t + dt
         log.start.append(t)

@@ -11,6 +11,9 @@ Its figures are affine, record group by record group, in seven features:
     causal_pairs = Σ window_pairs(n_i, c_i + n_i)  (what a causal kernel computes)
     experts = distinct experts a layer's tokens touch (0 without experts)
 
+(and, for a transformers model only, steps_hf.py: its windowed layers' keys and pairs, a step
+of one token, MLA's decode pieces; 0 for perfcounter's model, left out of its fits)
+
 A mixture of experts routes by data, so its step reads the weights of the experts its
 tokens touch, which no affine figure of the tokens gives. Routed uniformly (counting's
 balanced `expert_load`), the T tokens each choosing k distinct experts of E independently,
@@ -69,8 +72,15 @@ from perfcounter.serve.ragged import Piece, count_step
 from perfcounter.trace import OpRecord, Trace
 from perfcounter.trace_args import pattern
 
-FEATURES = ("step", "tokens", "seqs", "kv_positions", "dense_pairs", "causal_pairs", "experts")
+FEATURES = ("step", "tokens", "seqs", "kv_positions", "dense_pairs", "causal_pairs", "experts",
+            # a transformers model's (steps_hf.py): its windowed or chunked layers' keys, dense
+            # and causal pairs; a step of one token (whose layout some models' code copies
+            # otherwise); MLA's decode pieces (one new token), their keys, whether any decodes
+            # and whether any prefills (each path's weights are read once a step it runs)
+            "local_kv", "local_dense", "local_pairs", "one_token", "decodes", "decode_kv",
+            "any_decode", "any_prefill")
 EXPERTS = FEATURES.index("experts")
+BASE = EXPERTS + 1  # perfcounter's model's features end here; the others are 0 for it
 FIT = ([(1, 0)], [(1, 127)], [(8, 0)], [(8, 56)], [(32, 0)], [(24, 40)],
        [(1, 30), (1, 90)], [(16, 0), (1, 47), (4, 12)], [(1, 5), (1, 9), (1, 200)])
 _NFIG = len(Figures().values())  # a record's figures, in Figures' order
@@ -93,10 +103,12 @@ def expected_experts(tokens: float, experts: int, top_k: int,
 
 
 def features(pieces, window: int | None = None, experts: tuple | None = None,
-             load: ExpertLoad | None = None) -> np.ndarray:
-    """The seven features of a step of `pieces` (Piece or (new_tokens, context));
-    experts: (E, k) of a mixture of experts (the expectation of the module doc, under `load`
-    when skewed), None: 0."""
+             load: ExpertLoad | None = None, local: tuple | None = None,
+             mla: bool = False) -> np.ndarray:
+    """The features of a step of `pieces` (Piece or (new_tokens, context)); experts: (E, k)
+    of a mixture of experts (the expectation of the module doc, under `load` when skewed),
+    None: 0; local: a transformers model's windowed layers, ("sliding", w) or ("chunked", C),
+    and mla: its decode pieces (steps_hf.py), else 0."""
     f = np.zeros(len(FEATURES))
     f[0] = 1.0
     for p in pieces:
@@ -106,16 +118,48 @@ def features(pieces, window: int | None = None, experts: tuple | None = None,
         f[3] += c + n
         f[4] += n * (c + n)
         f[5] += window_pairs(n, c + n, window)
+        if local is not None or mla:
+            extra_features(f, n, c, local, mla)
+    if local is not None or mla:
+        f[BASE + 3] = float(f[1] == 1)
     if experts:
         f[EXPERTS] = expected_experts(f[1], *experts, load)
     return f
 
 
+def extra_features(f: np.ndarray, n: int, c: int, local: tuple | None, mla: bool) -> None:
+    """A piece's share of a transformers model's features, added to f: its windowed layers'
+    keys (local_keys) and pairs; MLA's decode piece (n == 1), its keys, the indicators."""
+    if local is not None:
+        keys = local_keys(n, c, local)
+        f[BASE] += keys
+        f[BASE + 1] += n * keys
+        f[BASE + 2] += window_pairs(n, keys, local[1] if local[0] == "sliding" else None)
+    if mla:
+        if n == 1:
+            f[BASE + 4] += 1
+            f[BASE + 5] += c + 1
+            f[BASE + 6] = 1.0
+        else:
+            f[BASE + 7] = 1.0
+
+
+def local_keys(n: int, c: int, local: tuple) -> int:
+    """Keys a windowed layer holds and reads for n new tokens after c: a sliding window w,
+    min(c + n, w - 1 + n); a chunk of C, the tokens since the first query's chunk began,
+    c + n - C floor(c / C) (ragged_hf.piece_keys counts the same)."""
+    kind, size = local
+    if kind == "sliding":
+        return min(c + n, size - 1 + n)
+    return c + n - size * (c // size)
+
+
 def counted_features(pieces, window: int | None = None, experts: tuple | None = None,
-                     load: ExpertLoad | None = None) -> np.ndarray:
+                     load: ExpertLoad | None = None, local: tuple | None = None,
+                     mla: bool = False) -> np.ndarray:
     """The features of a step as counting without data sees it: the experts touched are
     those the counter's `load` (balanced: min(T k, E)) gives rows to."""
-    f = features(pieces, window)
+    f = features(pieces, window, local=local, mla=mla)
     if experts:
         f[EXPERTS] = (load or ExpertLoad()).experts_hit(int(f[1]) * experts[1], experts[0])
     return f
@@ -157,6 +201,8 @@ class StepCounts:
     # the whole model's layers by kind, the counted model's layer j standing for kinds[j]
     # (a llama.cpp file whose layers store different types); None: one kind, every layer
     kinds: tuple | None = None
+    local: tuple | None = None  # a transformers model's windowed layers: ("sliding", w), ...
+    mla: bool = False  # a transformers model's MLA decode path (steps_hf.py)
 
     @property
     def experts(self) -> tuple | None:
@@ -166,7 +212,7 @@ class StepCounts:
 
     def features(self, pieces) -> np.ndarray:
         """A step's features as the table prices it (experts: the expectation)."""
-        return features(pieces, self.window, self.experts, self.load)
+        return features(pieces, self.window, self.experts, self.load, self.local, self.mla)
 
     def experts_touched(self, tokens: int) -> float:
         """The experts feature of a step of `tokens` tokens (0 for a dense model)."""
@@ -208,7 +254,7 @@ class StepCounts:
         return Trace(records=records, modules=[])
 
 
-def _group_figures(trace: Trace, keys: dict) -> np.ndarray:
+def group_figures(trace: Trace, keys: dict) -> np.ndarray:
     out = np.zeros((len(keys), _NFIG))
     for r in trace.records:
         if not (r.bytes or r.flops or r.executed_flops):
@@ -224,7 +270,16 @@ def fit(xs: np.ndarray, ys: np.ndarray, what: str, tolerance: float = 1e-6) -> n
     """Least-squares coefficients [outputs, features] of ys [shapes, outputs] over
     xs [shapes, features]; StepModelError when a counted shape is not reproduced within
     `tolerance` (relative)."""
-    coef, *_ = np.linalg.lstsq(xs, ys, rcond=None)
+    used = np.ones(xs.shape[1], dtype=bool)
+    used[BASE:] = np.abs(xs[:, BASE:]).sum(axis=0) > 0  # a transformers model's, where it has them
+    coef = np.zeros((xs.shape[1], ys.shape[1]))
+    if used[BASE:].any():  # features of many magnitudes: each column scaled to norm 1
+        norm = np.linalg.norm(xs[:, used], axis=0)
+        norm[norm == 0] = 1.0  # a feature 0 in every counted step (experts of a dense model)
+        scaled, *_ = np.linalg.lstsq(xs[:, used] / norm, ys, rcond=None)
+        coef[used] = scaled / norm[:, None]
+    else:
+        coef[used], *_ = np.linalg.lstsq(xs[:, used], ys, rcond=None)
     err = np.abs(xs @ coef - ys)
     scale = np.maximum(np.abs(ys), 1e-9 * np.abs(ys).max(axis=0, keepdims=True) + 1e-300)
     worst = float((err / scale).max()) if ys.size else 0.0
@@ -242,7 +297,8 @@ def count_table(args: ModelArgs, dtype=torch.bfloat16, *, weights=None, kv=None)
     gguf_types.GgufFile (a llama.cpp file, whose layers may store different types): one layer
     of each kind of layer is counted (the counted model's layer j standing for kinds[j]),
     each group repeated as often as its kind; the whole model's compulsory bytes add each
-    kind's weight bytes beyond the first kind's (its layers differ in their weights alone)."""
+    kind's weight bytes beyond the first kind's (its layers differ in their weights alone).
+    A transformers model (hf_model.HfArgs) is steps_hf.count_hf_table's."""
     gguf = weights if isinstance(weights, GgufFile) else None
     kinds = gguf.kinds() if gguf is not None else None
     reps = [k[0] for k in kinds] if kinds is not None else [0]  # a layer of each kind
@@ -268,7 +324,7 @@ def count_table(args: ModelArgs, dtype=torch.bfloat16, *, weights=None, kv=None)
                             for i, (a, b) in enumerate((
                                 (trace.compulsory_bytes, second.compulsory_bytes),
                                 (trace.fused_bytes, second.fused_bytes)))])
-        rows.append(_group_figures(trace, keys))
+        rows.append(group_figures(trace, keys))
         for r in trace.records:
             sample.setdefault(group_key(r), r)
     g = len(keys)

@@ -1,0 +1,183 @@
+"""serve on transformers' own modeling code (serve/hf_model.py, ragged_hf.py, steps_hf.py):
+tiny configs of each new model_type, the step table held to counting the same step on the
+whole model, tensor parallelism by the config's plan, the KV cache as the engines store it,
+and bad input refused in one line."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from perfcounter.generation.config_only import fake_hf_model
+from perfcounter.models.args import ModelArgs
+from perfcounter.serve import deployment
+from perfcounter.serve.errors import ServeError
+from perfcounter.serve.hf_model import HfArgs, rank_model_kinds, tp_rules
+from perfcounter.serve.ragged import Piece
+from perfcounter.serve.ragged_hf import count_hf_step
+from perfcounter.serve.resolve import resolve_model
+from perfcounter.serve.steps import counted_features
+from perfcounter.serve.steps_hf import count_hf_table as count_table
+
+
+def tiny(model_type: str, **fields):
+    import transformers
+    return transformers.AutoConfig.for_model(model_type, **{
+        "vocab_size": 64, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 1024, **fields})
+
+
+TINY = {  # two layers of each kind at least; windows of 32, past LOCAL_COUNTED (16)
+    "qwen3": dict(num_hidden_layers=2, intermediate_size=48, head_dim=8),
+    "qwen3_moe": dict(num_hidden_layers=3, mlp_only_layers=[0], decoder_sparse_step=1,
+                      intermediate_size=48, moe_intermediate_size=16, num_experts=16,
+                      num_experts_per_tok=2, head_dim=8),
+    "deepseek_v3": dict(num_hidden_layers=3, first_k_dense_replace=1, intermediate_size=48,
+                        num_key_value_heads=4, moe_intermediate_size=16, n_routed_experts=16,
+                        num_experts_per_tok=2, n_group=1, topk_group=1, n_shared_experts=1,
+                        kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+                        qk_nope_head_dim=8, v_head_dim=8),
+    "gpt_oss": dict(num_hidden_layers=4, intermediate_size=16, num_local_experts=16,
+                    num_experts_per_tok=2, head_dim=8, sliding_window=32,
+                    layer_types=["sliding_attention", "full_attention"] * 2),
+    "gemma3_text": dict(num_hidden_layers=4, intermediate_size=48, head_dim=8, sliding_window=32,
+                        layer_types=["sliding_attention", "full_attention"] * 2),
+    "llama4_text": dict(num_hidden_layers=4, intermediate_size=48, intermediate_size_mlp=64,
+                        num_local_experts=16, num_experts_per_tok=1, head_dim=8,
+                        moe_layers=[1, 3], no_rope_layers=[1, 1, 1, 0], attention_chunk_size=32),
+}
+HELD_OUT = [(5, 37), (1, 120), (1, 11), (3, 0)]  # a step no fit counted: prefill, decodes
+
+
+def _figures(trace):
+    flops = sum(r.flops for r in trace.records)
+    executed = sum(r.executed_flops for r in trace.records)
+    return flops, executed, sum(r.bytes for r in trace.records)
+
+
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
+@pytest.mark.parametrize("model_type", list(TINY))
+def test_step_table_equals_counting_the_whole_model(model_type):
+    # the table counts one layer of each kind (windows shrunk to 16) and derives the rest;
+    # counting the held-out step on the whole model (windows of 32) gives the same figures
+    args = HfArgs.of(tiny(model_type, **TINY[model_type]), model_type)
+    counts = count_table(args, torch.bfloat16)
+    model, mode = fake_hf_model(args.config, dtype=torch.bfloat16)
+    direct = _figures(count_hf_step(model, mode, [Piece(*p) for p in HELD_OUT]))
+    # the experts as counting without data spreads them (min(T k, E) touched); the table
+    # prices a step at the expectation of uniform routing (steps.py's module doc)
+    table = counts.totals(counted_features(HELD_OUT, None, counts.experts, local=counts.local,
+                                           mla=counts.mla))
+    assert (round(table["flops"]), round(table["executed_flops"]),
+            round(table["bytes"])) == direct
+
+
+def _linears(trace) -> dict:
+    """{linear's path without its layer index: (FLOPs, weight bytes read)} of a trace."""
+    out: dict = {}
+    for r in trace.records:
+        if r.op in ("aten.mm.default", "aten.addmm.default") and ".layers." in r.module:
+            key = r.module.split(".layers.", 1)[1].split(".", 1)[1]
+            f, w = out.get(key, (0, 0))
+            out[key] = (f + r.flops, w + r.read[0])
+    return out
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "gemma3_text"])
+def test_tensor_parallel_halves_each_sharded_linear(model_type):
+    # TP 2: q, k, v, gate, up column-parallel (out / 2), o and down row-parallel (in / 2): each
+    # linear's FLOPs 2 M N K and weight bytes N K x 2 halve exactly (4 heads -> 2, 2 KV heads
+    # -> 1, intermediate 48 -> 24); every layer's attention and feed-forward all-reduce
+    args = HfArgs.of(tiny(model_type, **TINY[model_type]), model_type)
+    steps = [Piece(4, 6), Piece(1, 9)]
+    reps = rank_model_kinds(args)
+    full_model, full_mode = fake_hf_model(args.rank_config(reps))
+    rank = args.sharded(2)
+    rank_model, rank_mode = fake_hf_model(rank.rank_config(reps))
+    whole = _linears(count_hf_step(full_model, full_mode, steps))
+    trace = count_hf_step(rank_model, rank_mode, steps, tp=2)
+    half = _linears(trace)
+    assert whole and set(half) == set(whole)
+    for key, (flops, weight) in whole.items():
+        assert half[key] == (flops // 2, weight // 2), key
+    reduces = [r for r in trace.records if r.op == "perfcounter.all_reduce.default"]
+    # per layer attention + feed-forward, and the vocabulary-parallel embedding
+    assert len(reduces) == 2 * len(reps) + 1
+    rules = tp_rules(full_model, rank_model, 2)
+    assert rules["model.layers.*.self_attn.q_proj"] == "colwise"
+    assert rules["model.layers.*.self_attn.o_proj"] == "rowwise"
+    assert rules["model.layers.*.mlp.down_proj"] == "rowwise"
+
+
+def test_kv_bytes_per_token_as_the_engines_store_it():
+    # DeepSeek-V3: the latent and the rope key, (512 + 64) x 61 layers x 2 B = 70,272 B
+    deepseek = resolve_model("deepseek-v3")
+    assert isinstance(deepseek, HfArgs)
+    assert deepseek.kv_elements_per_token() * 2 == (512 + 64) * 61 * 2 == 70_272
+    # Qwen3-8B: K and V, 8 KV heads x 128 x 36 layers x 2 B = 147,456 B; at TP 4 each rank
+    # holds 2 KV heads: a quarter, 36,864 B
+    qwen = resolve_model("qwen3-8b")
+    assert qwen.kv_elements_per_token() * 2 == 2 * 8 * 128 * 36 * 2 == 147_456
+    assert qwen.sharded(4).kv_elements_per_token() * 2 == 36_864
+
+
+def test_weights_of_a_preset_are_its_published_parameters():
+    # huggingface.co/Qwen/Qwen3-8B: "Number of Parameters: 8.2B" (a rank of TP 2 holds half
+    # of every sharded weight, the norms whole)
+    qwen = resolve_model("qwen3-8b")
+    assert qwen.weight_params() == pytest.approx(8.2e9, rel=0.005)
+    assert qwen.sharded(2).weight_params() == pytest.approx(qwen.weight_params() / 2, rel=0.001)
+
+
+def test_our_architectures_stay_on_our_model():
+    assert isinstance(resolve_model("llama-3-8b"), ModelArgs)
+    assert isinstance(resolve_model("mixtral-8x7b"), ModelArgs)
+    assert isinstance(resolve_model("qwen3-30b-a3b"), HfArgs)
+
+
+def test_a_preset_serves_and_fits_its_memory_plan():
+    dep = deployment("qwen3-8b", "h100-sxm", execution="bound")
+    # 8.19e9 parameters x 2 B = 16.4 GB of 80 GB x 0.9: fits, its KV cache 147,456 B a token
+    assert dep.plan.fits and dep.plan.kv_bytes_per_token == 147_456
+    assert dep.plan.weight_bytes == pytest.approx(16.4e9, rel=0.005)
+    assert dep.table.price([(1, 1000)]) > 0
+
+
+@pytest.mark.parametrize("options, line", [
+    (dict(enable_expert_parallel=True), "has no experts"),
+    (dict(tensor_parallel_size=3), "does not divide num_attention_heads 32"),
+    (dict(pipeline_parallel_size=2), "--pipeline_parallel_size 2"),
+    (dict(quantize="int8"), "--quantize"),
+])
+def test_bad_parallel_input_is_one_line(options, line):
+    with pytest.raises(ServeError, match=line):
+        deployment("qwen3-8b", "h100-sxm", **options)
+
+
+def test_cli_refuses_before_any_counting(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"model_type": "no_such_model", "hidden_size": 8}')
+    for flags, line in ((["--model", str(path)], "'no_such_model' is not a transformers"),
+                        (["--model", "qwen3-8b", "--enable_expert_parallel"], "has no experts")):
+        done = subprocess.run([sys.executable, "-m", "perfcounter.cli", "serve", *flags,
+                               "--device_spec", "h100-sxm", "--num_requests", "2", "--qps", "1"],
+                              capture_output=True, text=True)
+        assert done.returncode == 2
+        last = [x for x in done.stderr.splitlines() if x.strip()][-1]
+        assert line in last and "Traceback" not in done.stderr
+
+
+def test_decode_attention_counts_every_cached_position():
+    # a decode after 127 cached tokens computes 128 query-key pairs a head (the cache primed
+    # as written by earlier steps, ragged.prime_caches), not 1
+    args = HfArgs.of(tiny("qwen3", **TINY["qwen3"]), "qwen3")
+    model, mode = fake_hf_model(args.config)
+    trace = count_hf_step(model, mode, [Piece(1, 127)])
+    attention = [r for r in trace.records if "flash_attention" in r.op]
+    one = attention[0]
+    # q·k and p·v: 2 x 8 MACs each = 32 FLOPs a pair, 4 heads, 128 pairs, + softmax's own
+    assert one.executed_flops >= 4 * 128 * 32
+    assert np.isclose(one.executed_flops, one.flops)  # one query: dense is causal
