@@ -181,3 +181,37 @@ def test_decode_attention_counts_every_cached_position():
     # q·k and p·v: 2 x 8 MACs each = 32 FLOPs a pair, 4 heads, 128 pairs, + softmax's own
     assert one.executed_flops >= 4 * 128 * 32
     assert np.isclose(one.executed_flops, one.flops)  # one query: dense is causal
+
+
+def test_stored_formats_by_hand():
+    from perfcounter.serve.hf_stored import StoredFormat
+    fp8 = StoredFormat("fp8", (128, 128))
+    # a [7168, 1536] weight (DeepSeek-V3's q_b_proj is [24576, 1536]): 1 B an element and a
+    # float32 scale per 128 x 128 block: 7168 x 1536 + 56 x 12 x 4 = 11,010,048 + 2,688
+    w = torch.empty(7168, 1536, device="meta")
+    assert fp8.nbytes("model.layers.3.self_attn.q_b_proj.weight", w) == 11_010_048 + 2_688
+    # stacked experts [256, 4096, 7168]: per expert 4096 x 7168 + 32 x 56 x 4
+    e = torch.empty(256, 4096, 7168, device="meta")
+    assert fp8.nbytes("model.layers.3.mlp.experts.gate_up_proj", e) == \
+        256 * 4096 * 7168 + 256 * 32 * 56 * 4
+    # never converted: the router, the embedding, the head, norms
+    for name in ("model.layers.3.mlp.gate.weight", "model.embed_tokens.weight", "lm_head.weight",
+                 "model.layers.3.input_layernorm.weight"):
+        assert fp8.nbytes(name, w) is None
+    # mxfp4 (gpt-oss): experts only, 4 bits + an 8-bit scale per 32: [32, 5760, 2880] ->
+    # 530,841,600 elements x 17 / 32 = 282,009,600 B; attention stays float
+    mx = StoredFormat("mxfp4", skip=("model.layers.*.self_attn",))
+    x = torch.empty(32, 5760, 2880, device="meta")
+    assert mx.nbytes("model.layers.0.mlp.experts.gate_up_proj", x) == 282_009_600
+    assert mx.nbytes("model.layers.0.self_attn.q_proj.weight", w) is None
+
+
+def test_presets_priced_as_their_checkpoints_ship():
+    # gpt-oss-120b: 116.8e9 parameters, its experts in MXFP4: the checkpoint's ~65 GB (the
+    # model card, arxiv.org/abs/2508.10925: "fits on a single 80GB GPU")
+    oss = resolve_model("gpt-oss-120b")
+    assert oss.stored.method == "mxfp4"
+    assert 60e9 < oss.weight_bytes(torch.bfloat16) < 67e9
+    # DeepSeek-V3: 671e9 parameters, nearly all FP8: 1 B each + bf16 embedding and head
+    ds = resolve_model("deepseek-v3")
+    assert ds.weight_bytes(torch.bfloat16) == pytest.approx(671e9, rel=0.01)

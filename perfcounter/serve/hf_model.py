@@ -45,6 +45,7 @@ from perfcounter.models import kv_layout
 from perfcounter.models.layer_paths import layer_of
 from perfcounter.parallel.sharding import ParallelConfig
 from perfcounter.serve.errors import ServeError
+from perfcounter.serve.hf_stored import StoredFormat
 
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
 # the feed-forward widths a rank of tensor parallelism holds a TP-th of, by config field
@@ -170,8 +171,14 @@ class HfArgs:
         return _weight_params(self)
 
     def weight_bytes(self, dtype: torch.dtype) -> int:
-        """Bytes of one rank's weights at `dtype`."""
-        return self.weight_params() * torch.empty((), dtype=dtype).element_size()
+        """Bytes of one rank's weights: as the checkpoint stores them (hf_stored.py: fp8
+        blocks, mxfp4 experts), the others at `dtype`."""
+        return _weight_bytes(self, dtype)
+
+    @property
+    def stored(self) -> StoredFormat | None:
+        """The checkpoint's stored format (its quantization_config), None: float."""
+        return StoredFormat.of(self.config)
 
     def kv_elements_per_token(self) -> int:
         """K and V elements a token adds to one rank's cache over every layer, as vLLM
@@ -198,6 +205,20 @@ def _weight_params(args: HfArgs) -> int:
     for name, p in model.named_parameters():  # a tied weight once
         layer = layer_of(name)
         total += p.numel() * (count[reps[layer]] if layer >= 0 else 1)
+    return total
+
+
+@functools.lru_cache(maxsize=32)
+def _weight_bytes(args: HfArgs, dtype: torch.dtype) -> int:
+    reps = rank_model_kinds(args)
+    model, _ = fake_hf_model(args.rank_config(reps), dtype=dtype)
+    count = {kind: args.kinds.count(kind) for kind in reps}
+    stored, total = args.stored, 0
+    for name, p in model.named_parameters():  # a tied weight once
+        layer = layer_of(name)
+        nbytes = stored.nbytes(name, p) if stored is not None else None
+        total += (p.numel() * p.element_size() if nbytes is None else nbytes) * \
+            (count[reps[layer]] if layer >= 0 else 1)
     return total
 
 

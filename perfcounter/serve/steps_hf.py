@@ -23,6 +23,7 @@ per-kind model takes seconds (benchmarks/bench_hf_presets.py prints them).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -34,6 +35,7 @@ from perfcounter.models.layer_paths import in_layer, layer_of
 from perfcounter.serve.hf_model import HfArgs, rank_model_kinds
 from perfcounter.serve.ragged import Piece
 from perfcounter.serve.ragged_hf import attention_modules, count_hf_step, is_mla
+from perfcounter.trace import Trace
 from perfcounter.serve.steps import (FIT, StepCounts, StepModelError, group_figures,
                                      counted_features, fit, group_key)
 
@@ -63,6 +65,28 @@ def _counted(config):
     return config
 
 
+def as_stored(trace: Trace, ratios: dict, runs_in: str | None) -> Trace:
+    """`trace` with each record of a module holding converted weights reading them as stored
+    (its weight bytes x the module's ratio, hf_stored.py) and, for fp8, computing in FP8; the
+    compulsory weight bytes less what the records no longer read."""
+    if not ratios:
+        return trace
+    records, saved = [], 0
+    for r in trace.records:
+        ratio = ratios.get(r.module)
+        if ratio is not None and r.read[0]:
+            r = r.copy()
+            stored = round(r.read[0] * ratio)
+            saved += r.read[0] - stored
+            r.read[0] = stored
+            if runs_in is not None and (r.flops or r.executed_flops):
+                r.dtype = runs_in
+        records.append(r)
+    compulsory = list(trace.compulsory_read)
+    compulsory[0] = max(0, compulsory[0] - saved)
+    return dataclasses.replace(trace, records=records, compulsory_read=compulsory)
+
+
 def _whole_model(traces, plus, kinds, reps):
     """[shapes, 2] the whole model's compulsory and fused bytes: the counted model's, plus per
     kind that repeats (plus[kind]: its traces with one more layer of it) the difference times
@@ -90,16 +114,20 @@ def count_hf_table(args: HfArgs, dtype=torch.bfloat16, *, weights=None, kv=None)
     local = local_attention(config)
     model, fake_mode = fake_hf_model(config, dtype=dtype)
     mla = any(is_mla(m) for m in attention_modules(model).values())
-    tp = args.tensor_parallel_size
-    traces = [count_hf_step(model, fake_mode, [Piece(*p) for p in shape], dtype, tp=tp)
-              for shape in FIT_HF]
+    tp, stored = args.tensor_parallel_size, args.stored
+    precision = str(dtype).replace("torch.", "")
+    runs_in = stored.runs_in(precision) if stored is not None else None
+
+    def count(built, shape):
+        trace = count_hf_step(built[0], built[1], [Piece(*p) for p in shape], dtype, tp=tp)
+        ratios = stored.module_ratios(built[0]) if stored is not None else {}
+        return as_stored(trace, ratios, runs_in if runs_in != precision else None)
+    traces = [count((model, fake_mode), shape) for shape in FIT_HF]
     plus = {}
     for kind in reps:
         if kinds.count(kind) > 1:
-            more_model, more_mode = fake_hf_model(_counted(args.rank_config(reps + [kind])),
-                                                  dtype=dtype)
-            plus[kind] = [count_hf_step(more_model, more_mode, [Piece(*p) for p in shape],
-                                        dtype, tp=tp) for shape in FIT_HF]
+            more = fake_hf_model(_counted(args.rank_config(reps + [kind])), dtype=dtype)
+            plus[kind] = [count(more, shape) for shape in FIT_HF]
     keys: dict = {}
     rows, sample = [], {}
     for trace in traces:
