@@ -215,3 +215,18 @@ def test_presets_priced_as_their_checkpoints_ship():
     # DeepSeek-V3: 671e9 parameters, nearly all FP8: 1 B each + bf16 embedding and head
     ds = resolve_model("deepseek-v3")
     assert ds.weight_bytes(torch.bfloat16) == pytest.approx(671e9, rel=0.01)
+
+
+def test_plan_searches_a_transformers_model(tmp_path):
+    from perfcounter.plan.search import plan
+    path = tmp_path / "config.json"
+    tiny("qwen3", **TINY["qwen3"]).to_json_file(str(path))
+    result = plan(str(path), "h100-sxm:2", slo="ttft=2s,tpot=100ms", qps=2.0, num_requests=8,
+                  prompt_length="64", max_new_tokens="8", max_num_seqs=(8,))
+    # bfloat16 as stored, its cache at the precision; TP 1 and 2 (4 heads, 2 KV heads), DP
+    # up to the pool; no pipeline stages or expert parallelism for a transformers model
+    sizes = {(c.tensor_parallel_size, c.pipeline_parallel_size, c.data_parallel_size)
+             for c in result.candidates}
+    assert sizes == {(1, 1, 1), (1, 1, 2), (2, 1, 1)}
+    assert {(c.quantization, c.kv_cache_dtype) for c in result.candidates} == {(None, None)}
+    assert result.recommended is not None

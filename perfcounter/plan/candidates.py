@@ -38,6 +38,8 @@ import torch
 
 from perfcounter.models.args import ModelArgs
 from perfcounter.parallel.sharding import ParallelConfig, rank_args, valid_tensor_parallel_sizes
+from perfcounter.serve import hf_model
+from perfcounter.serve.hf_model import HfArgs
 from perfcounter.plan.pool import DeviceKind, PlanError
 from perfcounter.pricing.collectives import LinkError, check_link
 from perfcounter.pricing.links import GPUS_PER_NODE
@@ -110,6 +112,8 @@ class Space:
 def default_quantizations(args: ModelArgs, dtype: torch.dtype) -> tuple:
     """QUANTIZATIONS, int4 at the largest of INT4_GROUPS whose group divides every linear's
     in_features (none of them: no int4)."""
+    if isinstance(args, HfArgs):  # priced as its checkpoint stores it (serve/hf_stored.py)
+        return (None,)
     for group in INT4_GROUPS:
         try:
             resolve_quantization(f"int4-{group}", None, args, dtype)
@@ -152,13 +156,22 @@ def shards(args: ModelArgs, gpus: int, parallel: bool,
     if not parallel:
         return [(1, 1)] if 1 in (space.tensor_parallel_sizes or (1,)) \
             and 1 in (space.pipeline_parallel_sizes or (1,)) else []
-    valid = set(valid_tensor_parallel_sizes(args))
+    valid = set(tensor_parallel_sizes(args))
     tps, pps = space.tensor_parallel_sizes, space.pipeline_parallel_sizes
+    if isinstance(args, HfArgs):  # tensor and data parallelism (serve/hf_model.shard_hf)
+        pps = (1,)
     nodes = max(1, gpus // GPUS_PER_NODE)
     return [(tp, pp) for tp in _sizes(tps, gpus if tps else min(gpus, GPUS_PER_NODE))
             if tp in valid
             for pp in _sizes(pps, min(gpus // tp if pps else nodes, args.n_layer))
             if tp * pp <= gpus]
+
+
+def tensor_parallel_sizes(args) -> list[int]:
+    """The TP sizes that shard `args` (perfcounter's model or a transformers one)."""
+    if isinstance(args, HfArgs):
+        return hf_model.valid_tensor_parallel_sizes(args)
+    return valid_tensor_parallel_sizes(args)
 
 
 def enumerate_candidates(args: ModelArgs, kinds: list[DeviceKind], dtype: str,
@@ -184,7 +197,7 @@ def _replicas(limit: int, space: Space) -> int:
 
 
 def _candidates(args: ModelArgs, kinds: list[DeviceKind], dtype: str, space: Space):
-    moe = bool(args.num_experts)
+    moe = bool(args.num_experts) and not isinstance(args, HfArgs)  # EP: our mixtral's
     for kind in kinds:
         quants = [q for q in space.quantizations if q != "fp8" or has_fp8(kind.spec)]
         parallel = space.parallel and linked(kind.spec)
@@ -259,8 +272,9 @@ def memory_fit(args: ModelArgs, dtype: torch.dtype, c: Candidate, spec, *, cache
     fit = cache.get(key)
     if fit is None:
         weights, kv = resolve_quantization(c.quantization, c.kv_cache_dtype)
-        rank = rank_args(args, ParallelConfig(c.tensor_parallel_size, c.pipeline_parallel_size,
-                                              c.data_parallel_size, c.enable_expert_parallel))
+        rank = args.sharded(c.tensor_parallel_size) if isinstance(args, HfArgs) else \
+            rank_args(args, ParallelConfig(c.tensor_parallel_size, c.pipeline_parallel_size,
+                                           c.data_parallel_size, c.enable_expert_parallel))
         try:
             plan = memory_plan(rank, dtype, spec, max_num_seqs=c.max_num_seqs, weights=weights,
                                kv=kv, **options)

@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass, field
 
 from perfcounter._util import atomic_write
-from perfcounter.parallel.sharding import valid_tensor_parallel_sizes
 from perfcounter.plan import evaluate as ev
 from perfcounter.plan.candidates import (Candidate, Space, default_quantizations,
+                                         KV_CACHE_DTYPES, tensor_parallel_sizes,
                                          enumerate_candidates, memory_fit)
 from perfcounter.plan.execute import check_backend, run_candidates
 from perfcounter.plan.front import pareto_front, recommend
@@ -28,6 +28,7 @@ from perfcounter.serve.api import (check_execution, resolve_model, resolve_preci
                                    resolve_quantization)
 from perfcounter.serve.engines import ENGINES
 from perfcounter.serve.errors import ServeError
+from perfcounter.serve.hf_model import HfArgs
 from perfcounter.serve.metrics import check_attainment, parse_slo
 from perfcounter.serve.workload import check_fits_model, check_rate, parse_lengths
 
@@ -106,10 +107,13 @@ def _check_sizes(args, kinds: list[DeviceKind], model: str, tp, pp, dp) -> dict:
                             "integers >= 1")
         out[flag + "s"] = values
     for t in out["tensor_parallel_sizes"] or ():
-        if t not in valid_tensor_parallel_sizes(args):
+        if t not in tensor_parallel_sizes(args):
             raise PlanError(f"--tensor_parallel_size {t} does not shard {model}; valid: "
-                            f"{', '.join(map(str, valid_tensor_parallel_sizes(args)))}")
+                            f"{', '.join(map(str, tensor_parallel_sizes(args)))}")
     for p in out["pipeline_parallel_sizes"] or ():
+        if p > 1 and isinstance(args, HfArgs):
+            raise PlanError(f"--pipeline_parallel_size {p}: {model} ({args.model_type}) is "
+                            "searched with tensor and data parallelism; valid: 1")
         if p > args.n_layer:
             raise PlanError(f"--pipeline_parallel_size {p}: {model} has {args.n_layer} layers, "
                             f"at most one stage each; valid: 1..{args.n_layer}")
@@ -232,6 +236,9 @@ def _space_values(args, dtype, sp: PlanSpace) -> tuple:
     quants = _names(quantizations, "--quantize",
                     lambda q: resolve_quantization(q, None, args, dtype))
     kvs = _names(sp.kv_cache_dtypes, "--kv_dtype", lambda k: resolve_quantization(None, k))
+    if isinstance(args, HfArgs):  # its cache at the precision; what else is asked, refused
+        kvs = _names((None,) if kvs == KV_CACHE_DTYPES else kvs, "--kv_dtype",
+                     lambda k: resolve_quantization(None, k, args))
     seqs = tuple(sp.max_num_seqs)
     if not seqs or any(not isinstance(s, int) or s < 1 for s in seqs) \
             or len(set(seqs)) < len(seqs):

@@ -267,6 +267,19 @@ def shard_hf(args: HfArgs, model: str, parallel, mapping: bool = False):
     return config, args.sharded(tp)
 
 
+def valid_tensor_parallel_sizes(args: HfArgs) -> list[int]:
+    """The TP sizes check_tensor_parallel takes, up to the heads."""
+    heads = args.config.num_attention_heads
+    out = []
+    for tp in range(1, heads + 1):
+        try:
+            check_tensor_parallel(args, tp)
+        except ValueError:
+            continue
+        out.append(tp)
+    return out
+
+
 def tp_rules(full_model, rank_model, tp: int) -> dict[str, str]:
     """{module path (layer index as *): the rule that divided it} for every linear of a rank's
     model of one layer per kind, checked against the config's base_model_tp_plan: "colwise"
