@@ -230,3 +230,25 @@ def test_plan_searches_a_transformers_model(tmp_path):
     assert sizes == {(1, 1, 1), (1, 1, 2), (2, 1, 1)}
     assert {(c.quantization, c.kv_cache_dtype) for c in result.candidates} == {(None, None)}
     assert result.recommended is not None
+
+
+def test_a_llama_on_either_path_runs_the_same_matmuls_and_attention():
+    # our model (ragged.count_step) and transformers' Llama (ragged_hf) for one tiny config
+    # and step: each linear's and attention's FLOPs and weight / KV bytes are the same; what
+    # differs is elementwise (transformers computes RoPE's cos and sin a step and its RMSNorm
+    # in float32; ours reads a table), which is why our four architectures stay on our model
+    from perfcounter.generation.config_only import hf_config
+    from perfcounter.serve.ragged import count_step
+    args = ModelArgs(block_size=256, vocab_size=64, n_layer=2, n_head=4, dim=32,
+                     n_local_heads=2, intermediate_size=48)
+    step = [Piece(5, 37), Piece(1, 120)]
+    ours = count_step(args, step, torch.bfloat16)
+    model, mode = fake_hf_model(hf_config(args), dtype=torch.bfloat16)
+    theirs = count_hf_step(model, mode, step)
+
+    def heavy(trace):
+        mm = [r for r in trace.records if r.op in ("aten.mm.default", "aten.addmm.default")]
+        att = [r for r in trace.records if "flash_attention" in r.op]
+        return (sum(r.flops for r in mm), sum(r.read[0] for r in mm),
+                sum(r.executed_flops for r in att), sum(r.read[1] for r in att))
+    assert heavy(ours) == heavy(theirs)
