@@ -3,8 +3,9 @@ transformers' own modeling code (ragged_hf.py) with one layer of each kind.
 
 The model of one layer of each kind (derive_layers.layer_kinds: full and sliding attention,
 dense and expert feed-forwards, RoPE or none) is built once, one rank's (hf_model's
-rank_config), and every FIT_HF step is counted on it; its groups are fitted over steps.FEATURES
-as steps.count_table fits perfcounter's model, each layer group repeated as often as its kind.
+rank_config), and every step of fit_shapes (FIT, or FIT_HF where a window or MLA needs
+more) is counted on it; its groups are fitted over steps.FEATURES as steps.count_table fits
+perfcounter's model, each layer group repeated as often as its kind.
 The whole model's compulsory and fused bytes add, per kind that repeats, what one more layer
 of that kind added (a count with it) times its layers beyond the first.
 
@@ -53,6 +54,16 @@ def local_attention(config) -> tuple | None:
     if "chunked_attention" in types:
         return ("chunked", config.attention_chunk_size)
     return None
+
+
+def fit_shapes(experts, local, mla) -> tuple:
+    """FIT where its steps tell every feature the model has apart as well as FIT_HF's do
+    (a dense model without windows: 9 counts, not 15), else FIT_HF."""
+    def rank(shapes):
+        xs = np.stack([counted_features(s, None, experts, local=local, mla=mla)
+                       for s in shapes])
+        return np.linalg.matrix_rank(xs / np.maximum(np.linalg.norm(xs, axis=0), 1e-300))
+    return FIT if rank(FIT) == rank(FIT_HF) else FIT_HF
 
 
 def _counted(config):
@@ -122,12 +133,14 @@ def count_hf_table(args: HfArgs, dtype=torch.bfloat16, *, weights=None, kv=None)
         trace = count_hf_step(built[0], built[1], [Piece(*p) for p in shape], dtype, tp=tp)
         ratios = stored.module_ratios(built[0]) if stored is not None else {}
         return as_stored(trace, ratios, runs_in if runs_in != precision else None)
-    traces = [count((model, fake_mode), shape) for shape in FIT_HF]
+    experts = (args.num_experts, args.num_activated_experts) if args.num_experts else None
+    shapes = fit_shapes(experts, local, mla)
+    traces = [count((model, fake_mode), shape) for shape in shapes]
     plus = {}
     for kind in reps:
         if kinds.count(kind) > 1:
             more = fake_hf_model(_counted(args.rank_config(reps + [kind])), dtype=dtype)
-            plus[kind] = [count(more, shape) for shape in FIT_HF]
+            plus[kind] = [count(more, shape) for shape in shapes]
     keys: dict = {}
     rows, sample = [], {}
     for trace in traces:
@@ -136,11 +149,10 @@ def count_hf_table(args: HfArgs, dtype=torch.bfloat16, *, weights=None, kv=None)
             sample.setdefault(group_key(r), r)
     g = len(keys)
     ys = np.stack([np.pad(r, ((0, g - r.shape[0]), (0, 0))) for r in rows])
-    experts = (args.num_experts, args.num_activated_experts) if args.num_experts else None
-    xs = np.stack([counted_features(s, None, experts, local=local, mla=mla) for s in FIT_HF])
+    xs = np.stack([counted_features(s, None, experts, local=local, mla=mla) for s in shapes])
     # NB 1e-5: fourteen features of magnitudes 1 to 1e5 condition the fit worse than
     # perfcounter's seven (1e-6); a figure's integer is still its own after rounding
-    coef = fit(xs, ys.reshape(len(FIT_HF), -1), "figures", 1e-5).reshape(
+    coef = fit(xs, ys.reshape(len(shapes), -1), "figures", 1e-5).reshape(
         g, ys.shape[2], xs.shape[1])
     ordered = sorted(keys, key=keys.get)
     # the counted model's layer j (arranged) stands for every layer of kind reps[j]
