@@ -14,14 +14,23 @@ perfcounter keeps every filter and logger as they set them.
   each distinct one once, after the report, as one line: `perfcounter: warning: ...`
   for ours (PerfcounterWarning), `warning: <Category> (<module>): ...` for anyone
   else's — never the echoed source line Python's default adds, never inside a table.
+- `progress(...)`: the one progress bar of every long job (plan, sweep, serve, generate.py's
+  loading and runs, the machine measurement): tqdm on stderr with the count, the rate and the
+  time left, and the best answer so far where the job has one (`bar.set_postfix_str`); off
+  where the stream is not a terminal (CI logs and pipes read the same as without it) or the
+  command was given --quiet. `waiting(...)`: the same for one long step that counts nothing
+  (a model's loading): its elapsed time, redrawn every half second.
 """
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import threading
 import warnings
 from contextlib import contextmanager
+
+from tqdm import tqdm
 
 from perfcounter._util import PerfcounterWarning
 
@@ -71,3 +80,45 @@ def collected_warnings(stream=None):
             out = stream or sys.stderr
             for line in seen:
                 print(line, file=out)
+
+
+def is_terminal(stream) -> bool:
+    """Whether `stream` is a terminal (False for a closed stream or one without isatty)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def progress(iterable=None, *, total: float | None = None, desc: str = "", unit: str = "it",
+             quiet: bool = False, file=None, **kwargs) -> tqdm:
+    """A progress bar (tqdm) over `iterable` or up to `total` on `file` (default: stderr):
+    shown where that stream is a terminal and not `quiet`, else off (tqdm's disable: nothing
+    written). It leaves no line behind once closed; kwargs go to tqdm (unit_scale, ...)."""
+    stream = sys.stderr if file is None else file
+    return tqdm(iterable, total=total, desc=desc, unit=unit, file=stream, leave=False,
+                dynamic_ncols=True, disable=quiet or not is_terminal(stream), **kwargs)
+
+
+@contextmanager
+def waiting(desc: str, *, quiet: bool = False, file=None):
+    """A bar of one long step that counts nothing (a model's loading): `desc` and the time
+    elapsed, redrawn every half second while the block runs (progress()'s rules: off where
+    the stream is no terminal or `quiet`)."""
+    bar = progress(total=None, desc=desc, quiet=quiet, file=file,
+                   bar_format="{desc}: {elapsed}")
+    done = threading.Event()
+
+    def tick():
+        while not done.wait(0.5):
+            bar.refresh()
+    ticker = threading.Thread(target=tick, daemon=True)
+    if not bar.disable:
+        ticker.start()
+    try:
+        yield bar
+    finally:
+        done.set()
+        if ticker.is_alive():
+            ticker.join()
+        bar.close()

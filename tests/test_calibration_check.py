@@ -249,17 +249,24 @@ def test_the_dtype_timers_time_the_tiny_step_in_each_dtype_but_float32():
 
 
 def test_calibrate_samples_the_host_between_its_parts_and_keeps_its_fast_state(monkeypatch):
-    # a host whose eager cost alternates 5 us, 9 us, 5 us, ...: 4 parts x 2 rounds take 8
-    # samples (after flops, in overheads, after curves, after rows), and the calibration
-    # keeps 5 us, where the overheads part itself read 9 us in both rounds
+    # a host whose eager cost reads 9 us in each round's overheads unit and 5 us in the
+    # samples between the other units (HOST_EVERY_S = 0: after every unit): float32 with the
+    # compiled programs is 12 units (calibration_parts.units: overheads, flops, 7 curves, 2
+    # rows, compiled), sampled 1 + 10 + 1 = 12 times in round 1 and 1 + 10 = 11 in round 2
+    # (compiled is not measured again): 23 samples; the calibration keeps 5 us
     seen = []
 
     class Alternating:
-        def __init__(self, *args):
+        samples = seen
+
+        def __init__(self, *args, **kw):
+            pass
+
+        def add_compiled(self):
             pass
 
         def sample(self):
-            seen.append(5e-6 if len(seen) % 2 == 0 else 9e-6)
+            seen.append(9e-6 if len(seen) in (0, 12) else 5e-6)
             return {"eager": seen[-1], "eager_cold": seen[-1], "compiled": 1e-6}
 
         def figures(self):
@@ -268,10 +275,12 @@ def test_calibrate_samples_the_host_between_its_parts_and_keeps_its_fast_state(m
         def spread(self):
             return {"eager": round(max(seen) / min(seen) - 1, 3)}
     import perfcounter.devices.calibrate as Cal
+    from perfcounter.devices import calibration_parts
     monkeypatch.setattr(Cal, "HostCosts", Alternating)
+    monkeypatch.setattr(calibration_parts, "HOST_EVERY_S", 0.0)
     cal = calibrate(array_bytes=1 * MB, repeats=1, matmul_n=32, dtypes=("float32",),
                     min_time=0.01, rounds=2, retries=0)
-    assert len(seen) == 8 and seen[1] == seen[5] == 9e-6  # the overheads part's readings
+    assert len(seen) == 23 and seen[0] == seen[12] == 9e-6  # the overheads unit's readings
     assert cal.overhead_s["eager"] == 5e-6
     assert cal.check["spread"]["overheads eager"] == 0.8  # 9 / 5 - 1
 

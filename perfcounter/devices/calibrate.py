@@ -23,23 +23,26 @@ from pathlib import Path
 
 import torch
 
-from perfcounter.devices.calibration_check import (all_flags, best_of, check_record,
-                                                   describe_check, load_average, spread)
+from perfcounter import console
+from perfcounter.devices.calibration_check import (check_record, describe_check,
+                                                   drop_flagged, load_average)
+from perfcounter.devices.calibration_parts import (Parts, matmul_flops,  # noqa: F401
+                                                   unit_name, units)
 from perfcounter.devices.dtypes import as_dtype, dtype_name
 from perfcounter.devices.op_rates import (CLOCKS, ROW_KS, MiB, HostCosts, check_clock,
-                                          fill_operands, gemv_row_seconds, kernel_time_s,
-                                          last_level_cache_bytes, matmul_rows, op_curves, sync,
-                                          time_calls)
+                                          fill_operands, last_level_cache_bytes, sync)
 from perfcounter.devices.registry import calibrated_spec_path
-from perfcounter.devices.spec import ROW_DTYPES, row_key, row_table
+from perfcounter.devices.spec import ROW_DTYPES
 from perfcounter.devices.spec import DeviceSpec
 from perfcounter.devices.spec_file import write_device_specs
-from perfcounter.devices.timing import CoreWait, check_budget
+from perfcounter.devices.timing import Budget, CoreWait, MeasureStopped, check_budget
 
 TRIAD_BYTES_PER_ELEMENT = 3 * 4  # read b, read c, write a; float32
 
 
 GPU_MATMUL_N = 4096  # the square matmul's n on a GPU (CPU: 1024)
+BUDGET_S = 55.0  # a calibration's wall budget: `perfcounter calibrate` within a minute; on a
+# quiet 2-core CPU all of it fits (float32 and bfloat16, every part twice)
 
 
 def default_array_bytes(device="cpu") -> int:
@@ -73,34 +76,6 @@ def triad_bandwidth(array_bytes: int, repeats: int = 10, device="cpu", pool=None
     return n * TRIAD_BYTES_PER_ELEMENT / max(best, 1e-9)
 
 
-def matmul_flops(n: int, dtype=torch.float32, device="cpu", min_time: float = 0.2,
-                 clock: str = "wall") -> float:
-    """Best achievable FLOP/s of an n×n @ n×n matmul in `dtype` (2·n³ FLOPs each); on a GPU
-    each call's kernel timed on the device (op_rates.time_calls(kernel=True))."""
-    device, dtype, now = torch.device(device), as_dtype(dtype), CLOCKS[check_clock(clock)]
-    x = torch.randn(n, n, device=device).to(dtype)
-    y = torch.randn(n, n, device=device).to(dtype)
-    if device.type == "cuda":
-        return 2 * n**3 / time_calls(lambda: lambda: torch.mm(x, y), device, min_time,
-                                     kernel=True)
-    sync(device)
-    start = now()
-    torch.mm(x, y)  # warm-up, and a first estimate of one call's time
-    sync(device)
-    once = max(now() - start, 1e-6)
-    batch = max(1, int(min_time / 5 / once))
-    best = float("inf")
-    for _ in range(5):
-        check_budget()
-        sync(device)
-        start = now()
-        for _ in range(batch):
-            torch.mm(x, y)
-        sync(device)
-        best = min(best, max(now() - start, 1e-9) / batch)
-    return 2 * n**3 / best
-
-
 @dataclass
 class Calibration:
     """What one `perfcounter calibrate` run measured, and how."""
@@ -129,7 +104,7 @@ class Calibration:
                  f"float32 arrays, best of {self.repeats}, 12 B per element")
         mm = (f"{how}: {self.matmul_n}^3 matmuls, 2*n^3 FLOPs each, "
               + ("each kernel timed on the device, 25th percentile" if self.device.startswith("cuda")
-                 else "best of 5 batches"))
+                 else "best of up to 5 batches (2 that agree within 5 %)"))
         source = {"bandwidth": triad, "flops_by_dtype": mm}
         if self.memory_bytes:
             source["vram"] = f"{how}: total memory reported by the system"
@@ -161,14 +136,22 @@ class Calibration:
                                    "see perfcounter/devices/op_rates.py")
         if self.rows:
             gpu = self.device.startswith("cuda")
-            rows = ", ".join(map(str, sorted(next(iter(self.rows.values())))))
+            rows = "; ".join(f"{dt} {', '.join(map(str, sorted(t)))}"
+                             for dt, t in self.rows.items())
             source["matmul_rows"] = (f"{how}: x[M,K] @ W^T, W cold ({64 if gpu else 16} MiB), "
                                      f"K = {' and '.join(map(str, ROW_KS))} (times summed), "
                                      f"M = {rows}; "
                                      + ("each kernel timed on the device (CUDA events)" if gpu
                                         else f"{self.clock} clock"))
+        unmeasured = [u.split()[1] for u in self.check.get("missing", [])
+                      if u.startswith("curves ")]
+        if unmeasured:  # priced at the measured figures themselves: said so, no warning
+            source["op_efficiency"] = (f"{how}: {', '.join(unmeasured)} not measured "
+                                       f"({self.check.get('stopped', 'stopped')}): the measured "
+                                       "triad bandwidth and matmul FLOP/s")
         dtype = torch.bfloat16 if torch.bfloat16 in self.flops else next(iter(self.flops))
         return DeviceSpec(device_type=torch.device(self.device).type, name=name,
+                          op_efficiency={c: 1.0 for c in unmeasured},
                           bandwidth=self.bandwidth, vram=self.memory_bytes, dtype=dtype,
                           flops_by_dtype=dict(self.flops), source=source,
                           cache_bytes=self.cache_bytes, op_overhead_s=dict(self.overhead_s),
@@ -224,16 +207,21 @@ def measurable_device(device, purpose: str = "calibrate") -> torch.device:
 def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10,
               matmul_n: int | None = None, dtypes=("float32", "bfloat16"),
               min_time: float = 0.2, curves: bool = True, clock: str = "auto",
-              rounds: int = 2, retries: int = 2) -> Calibration:
+              rounds: int = 2, retries: int = 2, compiled: bool = True,
+              budget_s: float | None = None, progress: bool | None = None) -> Calibration:
     """Measure bandwidth (triad), matmul FLOP/s for each of `dtypes` and, with `curves`,
-    the per-op overheads and per-class rates on `device` (15-20 s on a 2-core CPU); op times
-    read from `clock` (CLOCKS; "auto": the thread's CPU time with one torch thread, else
-    wall). matmul_n: the square matmul's n (None: 1024 on a CPU, GPU_MATMUL_N on a GPU).
-    Every figure is measured `rounds` times, the fastest kept and the spread recorded; the
-    host's fixed costs (HostCosts) are sampled after every other part as well (a slow spell of
-    the host lasts seconds); figures that break calibration_check's rules are measured again
-    (up to `retries` more rounds); what is still flagged, the spread and the load before and after
-    land in the result's `check` (passed: no flag)."""
+    the per-op overheads and per-class rates on `device`, within `budget_s` seconds (a
+    timing.Budget; None: BUDGET_S on a CPU, none on a GPU; inf: none); op times read from `clock` (CLOCKS; "auto": the thread's CPU
+    time with one torch thread, else wall). matmul_n: the square matmul's n (None: 1024 on a
+    CPU, GPU_MATMUL_N on a GPU). `compiled`: also the compiled programs' host costs (seconds
+    of torch.compile; an eager run's measurement leaves them out). The parts are measured in
+    the order of their value (calibration_parts.py), every figure `rounds` times, the fastest
+    kept and the spread recorded; figures that break calibration_check's rules are measured
+    again (up to `retries` more rounds), and what is still flagged is left out
+    (drop_flagged). Where the budget is spent first, what finished is kept and the rest
+    named `missing` in the result's `check` (passed: no flag); MeasureStopped only where not
+    even the triad finished. `progress`: a bar of the parts on stderr (console.progress;
+    None: where stderr is a terminal)."""
     device = measurable_device(device)
     clock = check_clock("wall" if clock == "auto" and device.type == "cuda" else clock)
     if array_bytes is None:
@@ -241,116 +229,47 @@ def calibrate(*, device="cpu", array_bytes: int | None = None, repeats: int = 10
     if matmul_n is None:
         matmul_n = GPU_MATMUL_N if device.type == "cuda" else 1024
     if array_bytes <= 0 or repeats <= 0 or matmul_n <= 0 or min_time <= 0 or rounds < 1 \
-            or retries < 0:
-        raise ValueError(f"array_bytes, repeats, matmul_n, min_time and rounds must be "
-                         f"positive and retries >= 0, got {array_bytes}, {repeats}, "
-                         f"{matmul_n}, {min_time}, {rounds}, {retries}")
-    load, wait = [load_average()], CoreWait()
-    dtypes = [as_dtype(d) for d in dtypes]
-    n = max(1, array_bytes // 4)
-    pool = torch.full((3 * n,), 0.5, dtype=torch.float32, device=device)
-    bandwidth = max(triad_bandwidth(array_bytes, repeats, device, pool, clock)
-                    for _ in range(rounds))
-    fill_operands(pool)
-    host = HostCosts(device, clock, min(min_time, 0.1),
-                     [d for d in dtypes if dtype_name(d) in ROW_DTYPES]) if curves else None
-    parts = _Parts(device, dtypes, pool, matmul_n, min_time, clock, host)
-    flags = parts.measure(["flops"] + (["overheads", "curves", "rows"] if curves else []),
-                          rounds, retries)
-    load.append(load_average())
-    check = check_record(clock=clock, threads=torch.get_num_threads(), load=load,
-                         flags=flags, spreads=parts.spreads, rounds=rounds, waited=wait.share(),
-                         stolen=wait.stolen())
+            or retries < 0 or (budget_s is not None and not budget_s > 0):  # NaN too
+        raise ValueError(f"array_bytes, repeats, matmul_n, min_time, rounds and budget_s must "
+                         f"be positive and retries >= 0, got {array_bytes}, {repeats}, "
+                         f"{matmul_n}, {min_time}, {rounds}, {budget_s}, {retries}")
+    load, wait, dtypes = [load_average()], CoreWait(), [as_dtype(d) for d in dtypes]
+    if budget_s is None:
+        budget_s = float("inf") if device.type == "cuda" else BUDGET_S
+    with Budget(budget_s, busy=None), console.progress(
+            desc="measuring this machine", unit="part", quiet=progress is False) as bar:
+        n = max(1, array_bytes // 4)
+        pool = torch.full((3 * n,), 0.5, dtype=torch.float32, device=device)
+        bandwidth = max(triad_bandwidth(array_bytes, repeats, device, pool, clock)
+                        for _ in range(rounds))
+        fill_operands(pool)
+        try:
+            host = HostCosts(device, clock, min(min_time, 0.1),
+                             [d for d in dtypes if dtype_name(d) in ROW_DTYPES],
+                             compiled=False) if curves else None
+        except MeasureStopped:
+            host = None
+        parts = Parts(device, dtypes, pool, matmul_n, min_time, clock, host, bar=bar)
+        plan = units(dtypes, curves=curves, compiled=compiled)
+        cut = [] if host or not curves else [unit_name(u) for u in plan if u[0] != "flops"]
+        flags, missing, stopped = parts.measure([u for u in plan if unit_name(u) not in cut],
+                                                rounds, retries)
+    if cut:  # the host's timers not even built: none of the parts that need them measured
+        missing, stopped = cut + missing, f"its {budget_s:g} s budget was spent"
     got = parts.got
+    dropped = drop_flagged(got, flags, matmul_n)
+    load.append(load_average())
+    check = check_record(clock=clock, threads=torch.get_num_threads(), load=load, flags=[],
+                         spreads=parts.spreads, rounds=rounds, waited=wait.share(),
+                         stolen=wait.stolen(), dropped=dropped, missing=missing,
+                         stopped=stopped)
     return Calibration(device=str(device), processor=_processor(device),
                        threads=torch.get_num_threads(), array_bytes=array_bytes,
                        repeats=repeats, clock=clock, matmul_n=matmul_n, bandwidth=bandwidth,
-                       flops={as_dtype(k): v for k, v in got["flops"].items()},
+                       flops={as_dtype(k): v for k, v in got.get("flops", {}).items()},
                        memory_bytes=_memory_bytes(device),
                        cache_bytes=_cache_bytes(device), overhead_s=got.get("overheads", {}),
                        curves=got.get("curves", {}), rows=got.get("rows", {}), check=check)
-
-
-@dataclass(slots=True)
-class _Parts:
-    """calibrate's parts (flops; overheads, curves, rows) measured on the triad's `pool`:
-    the fastest figures of each part in `got`, their spread over the rounds in `spreads`."""
-
-    device: torch.device
-    dtypes: list
-    pool: torch.Tensor
-    matmul_n: int
-    min_time: float
-    clock: str
-    host: HostCosts | None  # the host's fixed costs, sampled between all parts (curves only)
-    got: dict = field(default_factory=dict)
-    spreads: dict = field(default_factory=dict)
-
-    def measure(self, parts: list[str], rounds: int, retries: int) -> list[str]:
-        """Each of `parts` measured `rounds` times, then those still flagged up to `retries`
-        times more; returns what calibration_check still flags."""
-        for part in parts:  # round 1, part by part (curves and rows use the overheads' row figures)
-            self.keep(part, self.once(part))
-        for _ in range(rounds - 1):  # later rounds over every part again: spread out in time, a
-            for part in parts:  # busy spell of the machine slows one round, not all
-                again = self.once(part)
-                self.spreads.update(spread(self.got[part], again, f"{part} "))
-                self.keep(part, again)
-        flags = _flags(self.got, self.matmul_n, self.device)
-        for _ in range(retries):  # the parts a flag names, measured again: the fastest kept
-            if not flags:
-                break
-            for part in {_part(f) for f in flags}:
-                self.keep(part, self.once(part))
-            flags = _flags(self.got, self.matmul_n, self.device)
-        if self.host is not None:  # the host figures' spread over all samples, not over two rounds
-            self.spreads.update({f"overheads {k}": v for k, v in self.host.spread().items()})
-        return flags
-
-    def once(self, part: str) -> dict:
-        """One measurement of `part`."""
-        device, dtypes, pool = self.device, self.dtypes, self.pool
-        min_time, clock = self.min_time, self.clock
-        if part == "flops":
-            return {dtype_name(d): matmul_flops(self.matmul_n, d, device, min_time, clock)
-                    for d in dtypes}
-        if part == "overheads":
-            rows = gemv_row_seconds(pool, dtypes, device, min_time, clock)
-            return {**self.host.sample(),
-                    **({"kernel": kernel_time_s(device)} if device.type == "cuda" else {}),
-                    **{row_key(d, m): s for d, by_m in rows.items() for m, s in by_m.items()}}
-        row_s = row_table(self.got.get("overheads", {}))
-        if part == "curves":
-            return op_curves(pool, dtypes, device, min_time, clock, row_s)
-        return matmul_rows(pool, dtypes, device, min_time, clock, row_s)
-
-    def keep(self, part: str, again: dict) -> None:
-        """The fastest of `part`'s figures so far (each host figure from the fastest of its
-        timings); the host sampled after every other part, so that a slow spell of it is
-        outlasted."""
-        got, host = self.got, self.host
-        got[part] = best_of(got[part], again, seconds=part == "overheads") if part in got \
-            else again
-        if host is None:
-            return
-        if part == "overheads":
-            got[part].update(host.figures())
-        else:
-            host.sample()
-
-
-def _flags(got: dict, matmul_n: int, device: torch.device) -> list[str]:
-    return all_flags(got["flops"], got.get("overheads", {}), got.get("curves", {}),
-                     got.get("rows", {}), matmul_n, launched=device.type == "cuda")
-
-
-def _part(flag: str) -> str:
-    """Which measurement a flag (calibration_check's wording) is about."""
-    if flag.startswith("eager"):
-        return "overheads"
-    if " rows:" in flag:
-        return "rows"
-    return "flops" if flag.startswith("matmul") else "curves"
 
 
 def save_calibrated(spec: DeviceSpec, path=None) -> Path:

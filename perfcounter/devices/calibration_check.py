@@ -20,9 +20,13 @@ figure that contradicts the others is flagged (`flags`):
   square matmul is the easiest shape of all);
 - an eager overhead over EAGER_RATIO x the compiled one (one direct op call).
 
-`calibrate` re-measures what is flagged, and writes the remaining flags, the spread and the
-machine's load into the file (`calibration_check`); a calibration with flags does not pass,
-and `default_device_spec` never picks it.
+`calibrate` re-measures what is flagged; a point still flagged is left out (`drop_flagged`:
+the curve or rows table without it is used, a square matmul's figure is its rows curve's at n
+rows) and named in the record's `dropped`. More than MAX_DROPPED such points, an essential
+figure not measured (`missing`: a budget spent first) or, on the wall clock, other work over
+BUSY_SHARE of the time are `flags`: the calibration does not pass, and `default_device_spec`
+never picks it. The spread, the load and the waits are recorded with it, and reported
+(`describe_check`), never fatal by themselves.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ END_DIP = 1 / 10  # the smallest sets pay a call's fixed cost: they may run well
 ROWS_DIP = 0.5
 SQUARE_DIP = 0.8
 EAGER_RATIO = 10.0
+MAX_DROPPED = 3  # flagged points a calibration may leave out and still pass
 FIELDS = ("warm GB/s", "cold GB/s", "GFLOP/s")  # a curve point's rates, after its working set
 MiB = 1 << 20
 
@@ -92,6 +97,20 @@ def _rel(u: float, v: float) -> float:
     return 0.0 if hi <= 0 else (hi - lo) / hi if lo <= 0 else hi / lo - 1
 
 
+class Flag(str):
+    """A rule's flag: its text (a str, as the record keeps it), and `part` and `key`, the
+    figure it names: curves (class, dtype, point index), rows (dtype, rows), flops (dtype,),
+    overheads (name,)."""
+
+    part: str
+    key: tuple
+
+    def __new__(cls, text: str, part: str, key: tuple) -> "Flag":
+        flag = super().__new__(cls, text)
+        flag.part, flag.key = part, key
+        return flag
+
+
 def curve_flags(curves: dict, launched: bool = False) -> list[str]:
     """A rate far below its neighbours on its curve (see the module doc; `launched`: the
     smallest working set is not held to its neighbour)."""
@@ -108,9 +127,10 @@ def curve_flags(curves: dict, launched: bool = False) -> list[str]:
                     near = values[max(i - 1, 0):i] + values[i + 1:i + 2]
                     limit = (DIP if len(near) == 2 else END_DIP) * min(near) if near else 0
                     if v < limit:
-                        flags.append(f"{cls} {dt} {name} at {points[i][0] / MiB:.3g} MiB: "
-                                     f"{v / 1e9:.3g}, far below its neighbours "
-                                     f"({', '.join(f'{n / 1e9:.3g}' for n in near)})")
+                        flags.append(Flag(f"{cls} {dt} {name} at {points[i][0] / MiB:.3g} "
+                                          f"MiB: {v / 1e9:.3g}, far below its neighbours "
+                                          f"({', '.join(f'{n / 1e9:.3g}' for n in near)})",
+                                          "curves", (cls, dt, i)))
     return flags
 
 
@@ -121,8 +141,9 @@ def rows_flags(rows: dict) -> list[str]:
         best = 0.0
         for m in sorted(table):
             if table[m] < ROWS_DIP * best:
-                flags.append(f"matmul {dt} {m} rows: {table[m] / 1e9:.3g} GFLOP/s, below "
-                             f"{ROWS_DIP:g} x fewer rows' {best / 1e9:.3g}")
+                flags.append(Flag(f"matmul {dt} {m} rows: {table[m] / 1e9:.3g} GFLOP/s, below "
+                                  f"{ROWS_DIP:g} x fewer rows' {best / 1e9:.3g}", "rows",
+                                  (dt, m)))
             best = max(best, table[m])
     return flags
 
@@ -131,20 +152,25 @@ def square_flags(flops: dict, rows: dict, n: int) -> list[str]:
     """The square n x n matmul (flops {dtype name: FLOP/s}) below its own rows curve at n rows."""
     flags = []
     for dt, value in flops.items():
-        table = rows.get(dt) or {}
-        at_n = table.get(n) or (table[max(table)] if table and max(table) <= n else None)
+        at_n = rows_at(rows.get(dt) or {}, n)
         if at_n and value < SQUARE_DIP * at_n:
-            flags.append(f"matmul {dt} {n}x{n}: {value / 1e9:.3g} GFLOP/s, below "
-                         f"{SQUARE_DIP:g} x its rows curve's {at_n / 1e9:.3g}")
+            flags.append(Flag(f"matmul {dt} {n}x{n}: {value / 1e9:.3g} GFLOP/s, below "
+                              f"{SQUARE_DIP:g} x its rows curve's {at_n / 1e9:.3g}", "flops",
+                              (dt,)))
     return flags
+
+
+def rows_at(table: dict, n: int) -> float | None:
+    """A rows table's FLOP/s at n rows, or at its most rows where it ends below n."""
+    return table.get(n) or (table[max(table)] if table and max(table) <= n else None)
 
 
 def overhead_flags(overheads: dict) -> list[str]:
     """An eager overhead over EAGER_RATIO x the compiled one (one direct op call)."""
     eager, compiled = overheads.get("eager"), overheads.get("compiled")
     if eager and compiled and eager > EAGER_RATIO * compiled:
-        return [f"eager overhead {eager * 1e6:.3g} us per op, over {EAGER_RATIO:g} x one "
-                f"direct op call's {compiled * 1e6:.3g} us"]
+        return [Flag(f"eager overhead {eager * 1e6:.3g} us per op, over {EAGER_RATIO:g} x one "
+                     f"compiled launch's {compiled * 1e6:.3g} us", "overheads", ("compiled",))]
     return []
 
 
@@ -156,19 +182,55 @@ def all_flags(flops: dict, overheads: dict, curves: dict, rows: dict, n: int, *,
             + overhead_flags(overheads))
 
 
+def drop_flagged(got: dict, flags: list, n: int) -> list[str]:
+    """Each flagged point left out of `got` ({flops, overheads, curves, rows}, calibrate's
+    figures), the rest kept: a curve's point (the curve interpolates over it), a rows table's
+    row, the compiled figures an eager overhead is held to; a square matmul's FLOP/s replaced
+    by its rows curve's at n rows (rows_at). Returns what was left out, one line each."""
+    dropped, points = [], {}
+    for f in flags:
+        if getattr(f, "part", None) == "curves":  # by curve, highest index first
+            points.setdefault(f.key[:2], set()).add(f.key[2])
+        elif getattr(f, "part", None) == "rows":
+            got["rows"][f.key[0]].pop(f.key[1], None)
+        elif getattr(f, "part", None) == "flops":
+            got["flops"][f.key[0]] = rows_at(got["rows"][f.key[0]], n)
+            f = Flag(f"{f}; its rows curve's figure used", f.part, f.key)
+        elif getattr(f, "part", None) == "overheads":
+            for name in ("compiled", "compiled_step"):
+                got["overheads"].pop(name, None)
+            f = Flag(f"{f}; the compiled figures left out", f.part, f.key)
+        dropped.append(str(f))
+    for (cls, dt), index in points.items():
+        curve = got["curves"][cls][dt]
+        got["curves"][cls][dt] = [p for i, p in enumerate(curve) if i not in index]
+    return dropped
+
+
 def check_record(*, clock: str, threads: int, load: list, flags: list[str], spreads: dict,
-                 rounds: int, waited: float | None = None, stolen: float | None = None) -> dict:
+                 rounds: int, waited: float | None = None, stolen: float | None = None,
+                 dropped=(), missing=(), stopped: str | None = None) -> dict:
     """What the calibration file records of the checks (DeviceSpec.calibration_check);
     `waited`, `stolen`: other work's share of the calibration's time (timing.CoreWait), where
-    recorded. On the wall clock, a share above BUSY_SHARE is a flag: every timing counted it."""
-    flags = list(flags)
+    recorded. On the wall clock, a share above BUSY_SHARE is a flag: every timing counted it.
+    `dropped`: the flagged points left out (drop_flagged); more than MAX_DROPPED is a flag.
+    `missing`: the parts not measured, `stopped`: why (a budget spent); either is a flag."""
+    flags = [str(f) for f in flags]
     busy = {"waited": waited, "stolen": stolen}
     if clock == "wall":
         flags += [f"busy: other work took {v:.0%} of the calibration's time ({k})"
                   for k, v in busy.items() if v is not None and v > BUSY_SHARE]
+    if len(dropped) > MAX_DROPPED:
+        flags.append(f"{len(dropped)} points fell off their curves (at most {MAX_DROPPED} "
+                     f"are left out): {dropped[0]}, ...")
+    if missing:
+        flags.append(f"not measured ({stopped or 'stopped'}): {', '.join(missing)}")
     return {"passed": not flags, "clock": clock, "threads": threads, "rounds": rounds,
             "load": load, "flags": flags, "spread": dict(spreads),
-            **{k: round(v, 4) for k, v in busy.items() if v is not None}}
+            **{k: round(v, 4) for k, v in busy.items() if v is not None},
+            **({"dropped": list(dropped)} if dropped else {}),
+            **({"missing": list(missing)} if missing else {}),
+            **({"stopped": stopped} if stopped else {})}
 
 
 def describe_check(check: dict) -> str:
@@ -182,8 +244,18 @@ def describe_check(check: dict) -> str:
                    if check.get(k, 0) > BUSY_SHARE)  # other work's share, where it mattered
     head = (f"{check.get('clock')} clock, {check.get('threads')} thread(s), load {load}{busy}, "
             + (f"largest spread {spreads[worst]:.0%} ({worst})" if worst else "no spread"))
+    dropped = check.get("dropped", [])
+    left_out = (f"; {len(dropped)} point(s) left out, their curves used without them: "
+                + "; ".join(dropped[:MAX_DROPPED])
+                + (f"; and {len(dropped) - MAX_DROPPED} more" if len(dropped) > MAX_DROPPED
+                   else "") if dropped else "")
     if check.get("passed"):
-        return f"passed its checks ({head})"
-    flags = check.get("flags", [])
-    return (f"FAILED its checks ({head}): {len(flags)} flagged, e.g. "
-            f"{flags[0] if flags else 'unknown'}")
+        return f"passed its checks ({head}){left_out}"
+    flags = [f for f in check.get("flags", []) if not f.startswith("not measured")]
+    missing = check.get("missing", [])
+    partial = (f"; not measured ({check.get('stopped', 'stopped')}): {', '.join(missing)}"
+               if missing else "")
+    return (f"FAILED its checks ({head})"
+            + (f": {len(flags)} flagged, e.g. {flags[0] if flags else 'unknown'}"
+               if flags or not missing else "")
+            + partial + left_out)

@@ -195,11 +195,15 @@ def row_seconds(row_s: dict | None, dtype: str, m: int) -> float:
     return table[lo] * (1 - w) + table[hi] * w
 
 
+CURVE_CLASSES = ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing", "strided")
+
+
 def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = "wall",
-              row_s: dict | None = None) -> dict:
-    """{class: {dtype name: [(working set B, warm B/s, cold B/s, FLOP/s), ...]}}; row_s
-    ({dtype name: {M: s}}, gemv_row_seconds): each gemv point's own rows' share taken off its
-    times (the curve then streams; predict.py adds each GEMV's rows apart)."""
+              row_s: dict | None = None, classes=CURVE_CLASSES) -> dict:
+    """{class: {dtype name: [(working set B, warm B/s, cold B/s, FLOP/s), ...]}} for each of
+    `classes`; row_s ({dtype name: {M: s}}, gemv_row_seconds): each gemv point's own rows'
+    share taken off its times (the curve then streams; predict.py adds each GEMV's rows
+    apart). gemm's bandwidths are the gemv curve's where both are measured (share_gemm)."""
     carve, direct = _Pool(pool), host_call_s(device, clock)
     largest = pool.numel() * pool.element_size() / 4  # each cold operand set: a quarter of the pool
     sizes = [s for s in (64 << 10, 1 << 20, 16 << 20, 128 << 20) if s <= largest] or [largest]
@@ -217,8 +221,7 @@ def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = 
             time_calls(lambda: make(False), device, time_each, clock, kernel=True),
             time_calls(lambda: make(True), device, time_each, clock, kernel=True))]
     for dt in dtypes:
-        for cls in ("gemv", "gemm", "attention", "elementwise", "reduction", "indexing",
-                    "strided"):
+        for cls in classes:
             points = []
             for ws in sizes:
                 shapes, op, nbytes, flops = _operands(cls, ws, dt, device)
@@ -249,7 +252,7 @@ def op_curves(pool: torch.Tensor, dtypes, device, min_time: float, clock: str = 
                     continue
                 points.append((float(nbytes), moved / warm_s, moved / cold_s, flops_s))
             curves.setdefault(cls, {})[dtype_name(dt)] = points
-        _share(curves, dtype_name(dt))
+    share_gemm(curves)
     return curves
 
 
@@ -260,8 +263,13 @@ ROW_KS = (2048, 8192)  # the inner dims matmul_rows times: a feed-forward's up (
 GPU_ROWS = (2048, 4096)  # more rows timed on a GPU: a long prompt's prefill, at the GPU's rate
 
 
+ROWS_CAP_S = 1.0  # a rows point whose calls took longer: the table ends there (more rows
+# are priced at its FLOP/s, predict.rows_flops); a float32 1024-row point takes ~0.5 s on a
+# quiet 2-core CPU, a bfloat16 256-row one ~1.4 s on a CPU without bfloat16 units
+
+
 def matmul_rows(pool: torch.Tensor, dtypes, device, min_time: float,
-                clock: str = "wall", row_s: dict | None = None) -> dict:
+                clock: str = "wall", row_s: dict | None = None, rows=None) -> dict:
     """{dtype name: {rows M: FLOP/s}}: x[M,K] @ W[N,K]ᵀ, W cold and about 16 MiB, for each K
     of ROW_KS (N = 16 MiB / K), at each M of ROWS; on a GPU W of 64 MiB (16 MiB at K = 8,192
     is N = 1,024: 64 output tiles of 128² at 1,024 rows, fewer than an H200's 132 SMs; its
@@ -269,22 +277,25 @@ def matmul_rows(pool: torch.Tensor, dtypes, device, min_time: float,
     the two calls together
     (their times summed: a bfloat16 matmul of K = 8192 runs slower than one of 2048
     at a few hundred rows); the weight rows' share (row_s, gemv_row_seconds) taken off, as
-    predict.py adds it apart. See predict.rows_flops."""
+    predict.py adds it apart. See predict.rows_flops. `rows`: only those of them (None: all);
+    a dtype's table ends after a point whose calls took over ROWS_CAP_S."""
     carve, direct = _Pool(pool), host_call_s(device, clock)
     gpu = torch.device(device).type == "cuda"
     budget = min(64 * MiB if gpu else 16 * MiB, pool.numel() * pool.element_size() // 4)
     out = {}
     for dt in dtypes:
-        table = {}
+        table, took = {}, 0.0
         for m in ROWS + (GPU_ROWS if gpu else ()):
-            flops = seconds = 0.0
+            if (rows is not None and m not in rows) or took > ROWS_CAP_S:
+                continue
+            flops = seconds = took = 0.0
             for k in ROW_KS:
                 n = max(64, budget // (k * dt.itemsize))
                 x = torch.rand(m, k, device=device).to(dt)
                 t = time_calls(lambda: (lambda w: lambda: torch.mm(x, w.t()))(
                     carve.take((n, k), dt)), device, min_time / len(ROWS) / len(ROW_KS), clock,
                     kernel=True)
-                flops += 2 * m * n * k
+                flops, took = flops + 2 * m * n * k, took + t
                 own = n * row_seconds(row_s, dtype_name(dt), m)
                 seconds += max(t - direct - own, 0.25 * t)
             table[m] = flops / seconds
@@ -292,10 +303,13 @@ def matmul_rows(pool: torch.Tensor, dtypes, device, min_time: float,
     return out
 
 
-def _share(curves: dict, dt: str) -> None:
-    """gemm's bandwidths from the gemv points (interpolated at each point's working set)."""
-    gemv, gemm = curves["gemv"][dt], curves["gemm"][dt]
-    curves["gemm"][dt] = [(w, *interpolate(gemv, w)[:2], f) for w, _, _, f in gemm]
+def share_gemm(curves: dict) -> None:
+    """gemm's bandwidths from the gemv points (interpolated at each point's working set), for
+    each dtype both curves have."""
+    for dt, gemm in curves.get("gemm", {}).items():
+        gemv = curves.get("gemv", {}).get(dt)
+        if gemv:
+            curves["gemm"][dt] = [(w, *interpolate(gemv, w)[:2], f) for w, _, _, f in gemm]
 
 
 def interpolate(points, working_set: float) -> tuple[float, float, float]:

@@ -263,20 +263,30 @@ class HostCosts:
     "eager_<dtype>", for each of `dtypes` other than float32: the eager step in that dtype
     (dtype_timers)."""
 
-    def __init__(self, device, clock: str = "wall", min_time: float = 0.1, dtypes=()):
-        device = torch.device(device)
-        self.calls, self.timers = eager_timers(device, min_time, clock)
-        self.dtype_calls, timers = dtype_timers(device, dtypes, min_time, clock)
+    def __init__(self, device, clock: str = "wall", min_time: float = 0.1, dtypes=(),
+                 compiled: bool = True):
+        self.device, self.clock, self.min_time = torch.device(device), clock, min_time
+        self.calls, self.timers = eager_timers(self.device, min_time, clock)
+        self.dtype_calls, timers = dtype_timers(self.device, dtypes, min_time, clock)
         self.timers.update(timers)
+        self.launches: list[int] = []
+        self.dynamic_launches: list[int] = []
+        self.fastest: dict[str, float] = {}
+        self.samples: list[dict[str, float]] = []  # each sample's figures
+        if compiled:
+            self.add_compiled()
+
+    def add_compiled(self) -> None:
+        """The compiled programs' timers (compiled_timers; on CUDA also graph_timer and
+        dynamic_timers): seconds of torch.compile, so that a measurement for an eager run
+        leaves them out and calibrate adds them after what an eager run needs."""
+        device, min_time, clock = self.device, self.min_time, self.clock
         self.launches, compiled = compiled_timers(device, min_time, clock)
         self.timers.update({f"compiled {n}": t for n, t in zip(COMPILED_DEPTHS, compiled)})
-        self.dynamic_launches: list[int] = []
         if device.type == "cuda":
             self.timers["graph"] = graph_timer(device)
             self.dynamic_launches, dynamic = dynamic_timers(device, min_time, clock)
             self.timers.update({f"dynamic {n}": t for n, t in zip(COMPILED_DEPTHS, dynamic)})
-        self.fastest: dict[str, float] = {}
-        self.samples: list[dict[str, float]] = []  # each sample's figures
 
     def sample(self) -> dict[str, float]:
         """Every timing once; the fastest of each kept. Returns this sample's figures."""
@@ -292,8 +302,11 @@ class HostCosts:
         """The overheads from `times` (default: the fastest of every sample)."""
         t = self.fastest if times is None else times
         out = eager_figures(self.calls, t)
-        out.update({key: t[key] / calls for key, calls in self.dtype_calls.items()})
-        out.update(compiled_fit(self.launches, [t[f"compiled {n}"] for n in COMPILED_DEPTHS]))
+        out.update({key: t[key] / calls for key, calls in self.dtype_calls.items()
+                    if key in t})
+        if all(f"compiled {n}" in t for n in COMPILED_DEPTHS):
+            out.update(compiled_fit(self.launches,
+                                    [t[f"compiled {n}"] for n in COMPILED_DEPTHS]))
         if "graph" in t:
             out["cudagraphs"] = t["graph"]
         if f"dynamic {COMPILED_DEPTHS[0]}" in t:
@@ -305,8 +318,8 @@ class HostCosts:
     def spread(self) -> dict[str, float]:
         """{figure: slowest sample / fastest - 1} over every sample (0.5: 50 %)."""
         out = {}
-        for name in self.samples[0] if self.samples else ():
-            values = [s[name] for s in self.samples]
+        for name in self.samples[-1] if self.samples else ():  # the last: every figure
+            values = [s[name] for s in self.samples if name in s]
             lo, hi = min(values), max(values)
             out[name] = round(hi / lo - 1 if lo > 0 else 0.0, 3)
         return out

@@ -96,36 +96,45 @@ class MeasureStopped(Exception):
 
 class Budget:
     """A measurement's wall budget, as a context manager: inside it `check_budget()` (which
-    every timing loop here calls) raises MeasureStopped once `seconds` have passed, or, from
-    `settle` seconds in, once other work has taken more than `busy` of this process's time
-    (CoreWait: its threads' waits for a core, or a hypervisor's steal) — a measurement that
-    would fail its checks anyway (calibration_check flags a share above BUSY_SHARE) stops
-    early and says why. Outside a Budget, check_budget() does nothing."""
+    every timing loop here calls) raises MeasureStopped once `seconds` have passed (read from
+    `clock`), or, from `settle` seconds in, once other work has taken more than `busy` of this
+    process's time (CoreWait: its threads' waits for a core, or a hypervisor's steal; never
+    with busy=None: a run's measurement keeps what it can and reports the waits) — a
+    measurement that would fail its checks anyway stops early and says why. A Budget inside
+    another stops at the earlier of the two. Outside a Budget, check_budget() does nothing."""
 
-    def __init__(self, seconds: float, *, busy: float = BUSY_SHARE, settle: float = 0.5,
-                 every: float = 0.25):
+    def __init__(self, seconds: float, *, busy: float | None = BUSY_SHARE, settle: float = 0.5,
+                 every: float = 0.25, clock=time.perf_counter):
         self.seconds, self.busy, self.settle, self.every = seconds, busy, settle, every
+        self.clock = clock  # a test's fake clock spends the budget without waiting
         self.start = self.checked = 0.0
         self.wait: CoreWait | None = None
+        self.outer: Budget | None = None
 
     def __enter__(self) -> "Budget":
         global _budget
-        self.start = self.checked = time.perf_counter()
-        self.wait, _budget = CoreWait(), self
+        self.start = self.checked = self.clock()
+        self.wait, self.outer, _budget = CoreWait(), _budget, self
         return self
 
     def __exit__(self, *exc) -> None:
         global _budget
-        _budget = None
+        _budget = self.outer  # a budget inside another: the outer one in force again
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.start
+        return self.clock() - self.start
+
+    def left(self) -> float:
+        """Seconds of the budget not yet spent (never below 0)."""
+        return max(self.seconds - self.elapsed(), 0.0)
 
     def check(self) -> None:
-        now = time.perf_counter()
+        if self.outer is not None:
+            self.outer.check()
+        now = self.clock()
         if now - self.start > self.seconds:
             raise MeasureStopped(f"its {self.seconds:g} s budget was spent")
-        if now - self.start < self.settle or now - self.checked < self.every:
+        if self.busy is None or now - self.start < self.settle or now - self.checked < self.every:
             return
         self.checked = now
         share, stolen = self.wait.share(), self.wait.stolen()
@@ -144,6 +153,11 @@ def check_budget() -> None:
     """MeasureStopped when the Budget in force is spent or the machine too busy (Budget)."""
     if _budget is not None:
         _budget.check()
+
+
+def budget_left() -> float | None:
+    """Seconds left of the Budget in force (None outside one)."""
+    return None if _budget is None else _budget.left()
 
 
 def cache_levels() -> dict[int, int]:
@@ -191,6 +205,22 @@ def check_clock(clock: str) -> str:
 
 
 MAX_CALLS = 200
+STABLE = 0.05  # calls within 5 % of each other: a point that has settled
+SLOW_CALL_S = 0.5  # a call this long is timed from its first (warm-up) call on: what the first
+# call pays beside the op (page faults, a thread pool's start, a kernel's packing buffers) is
+# small beside it, and a second call within STABLE of it settles the point (a bfloat16 1024^3
+# matmul on a 2-core CPU without bfloat16 units: 5 s a call)
+
+
+def settled(times: list[float], min_time: float) -> bool:
+    """Whether a point timed `times` (seconds per call) is done: MAX_CALLS calls; or
+    `min_time` spent and at least 4 calls, or at least 2 within STABLE of each other (fewer
+    repetitions when a point is stable: a slow call is timed twice, not four times)."""
+    if len(times) >= MAX_CALLS:
+        return True
+    if sum(times) < min_time:
+        return False
+    return len(times) >= 4 or (len(times) >= 2 and max(times) <= min(times) * (1 + STABLE))
 
 
 SPIN_CYCLES = 200_000  # the spin kernel ahead of a kernel-timed call: ~100 us at 2 GHz,
@@ -201,10 +231,10 @@ SPIN_HZ = 2e9  # the spin's cycles a second, about (a GPU's boost clock): spin_s
 def time_calls(make, device, min_time: float, clock: str = "wall", *,
                kernel: bool = False, spin_s: float | None = None) -> float:
     """Seconds per call of the op `make()` returns (a new one per call: fresh operands):
-    the 25th percentile of the calls timed in about `min_time` (at least 4, at most
-    MAX_CALLS: a tiny op's figure is settled long before, and making its operands costs
-    more than the call), which leaves out calls that waited for a core another process
-    held. kernel=True on a GPU: the device's time of the op's kernels (CUDA events, the
+    the 25th percentile of the calls timed in about `min_time` (at least 4, or 2 that agree:
+    `settled`; at most MAX_CALLS: a tiny op's figure is settled long before, and making its
+    operands costs more than the call), which leaves out calls that waited for a core another
+    process held; a call over SLOW_CALL_S counts its warm-up. kernel=True on a GPU: the device's time of the op's kernels (CUDA events, the
     call queued behind a spin kernel: see the module doc), not the host's; elsewhere the
     same as False. spin_s: the spin's length where the host takes longer than SPIN_CYCLES
     to enqueue the op (a model's step: milliseconds), so that its kernels run back to back."""
@@ -212,9 +242,13 @@ def time_calls(make, device, min_time: float, clock: str = "wall", *,
     now = CLOCKS[check_clock(clock)]
     on_device = kernel and device.type == "cuda"
     check_budget()
+    sync(device)
+    start = now()
     make()()  # warm-up
-    times: list[float] = []
-    while (sum(times) < min_time and len(times) < MAX_CALLS) or len(times) < 4:
+    sync(device)
+    warm = now() - start
+    times: list[float] = [warm] if warm > SLOW_CALL_S and not on_device else []
+    while not settled(times, min_time):
         check_budget()
         op = make()
         if on_device:

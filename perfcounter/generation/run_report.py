@@ -14,6 +14,7 @@ import resource
 
 import torch
 
+from perfcounter import console
 from perfcounter.format import format_table, ratio, scaled, si
 from perfcounter.generation import speculative_cost
 from perfcounter.devices.calibration_check import describe_check
@@ -162,9 +163,10 @@ def as_stored(o: Options, out: Outcome, spec) -> dict:
     """{phase: predicted seconds} of the same generation with the GGUF's weights as stored
     (its quant blocks' bytes; a what-if: a runtime whose kernels read the blocks, not the
     dequantized float weights this run executed), counted from the file's metadata."""
-    counter = count_gguf(out.gguf, price_as="stored", hf=o.hf, batch_size=o.batch_size,
-                         prompt_length=out.length, new_tokens=o.max_new_tokens, dtype=o.dtype,
-                         device_spec=spec)
+    with console.waiting("counting the what-if: GGUF weights as stored", quiet=o.quiet):
+        counter = count_gguf(out.gguf, price_as="stored", hf=o.hf, batch_size=o.batch_size,
+                             prompt_length=out.length, new_tokens=o.max_new_tokens,
+                             dtype=o.dtype, device_spec=spec)
     return {label: predicted_latency(stats, o.execution)
             for label, stats in counter.counts.items()}
 
@@ -182,7 +184,9 @@ def run_spec(named, o) -> tuple:
     (this_machine.spec_for_run: a run timed on this CPU without a passed calibration saved is
     priced on this machine measured now)."""
     if not named:
-        return spec_for_run(o.dtype, measure=not o.config_only and "cuda" not in str(o.device))
+        return spec_for_run(o.dtype, measure=not o.config_only and "cuda" not in str(o.device),
+                            execution=o.execution,  # an eager run's: no compiled programs'
+                            progress=not o.quiet)
     spec, why = get_device_spec(named, dtype=o.dtype), "named by --device_spec"
     if spec.calibration_check:
         why += f"; its calibration {describe_check(spec.calibration_check)}"
