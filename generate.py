@@ -41,6 +41,7 @@ from torch import Tensor
 from perfcounter import TransformerPerformanceCounter
 from perfcounter._util import settle_objects
 from perfcounter.cli.flags import Parser, add_model_flags, add_output, generate_keywords, refuse
+from perfcounter import console
 from perfcounter.console import collected_warnings, quiet_third_party
 from perfcounter.devices import DeviceSpecError
 from perfcounter.generation import speculative
@@ -104,10 +105,8 @@ def _uncounted(label: str, num_tokens: int):
 def decode_n_tokens(model, cur_token: Tensor, input_pos: Tensor, num_new_tokens: int, *,
                     phase=_uncounted, decode_fn=decode_one_token, progress: bool = False,
                     **sampling_kwargs) -> list[Tensor]:
-    steps = range(num_new_tokens)
-    if progress:
-        from tqdm import tqdm  # deferred: optional (the progress extra)
-        steps = tqdm(steps, desc="decode", unit="token", leave=False, disable=False)
+    steps = console.progress(range(num_new_tokens), desc="decode", unit="token",
+                             quiet=not progress)  # a bar where stderr is a terminal
     new_tokens = []
     for _ in steps:
         with phase("decode", num_tokens=cur_token.shape[0]):
@@ -149,7 +148,7 @@ def run_checkpoint(model, x: Tensor, counter, *, max_new_tokens: int, num_sample
     else:
         steps = DecodeSteps(counter, max_new_tokens - 1, prompt_length=x.shape[1],
                             breakpoints=decode_breakpoints(getattr(model, "config", None)))
-        generate(model, x, max_new_tokens, phase=steps, **sampling_kwargs)
+        generate(model, x, max_new_tokens, phase=steps, progress=progress, **sampling_kwargs)
         steps.finish()
     prefill_fn, decode_fn = prefill, decode_one_token
     if compile:  # the counter never runs over compiled code: it counted the eager run above
@@ -161,7 +160,7 @@ def run_checkpoint(model, x: Tensor, counter, *, max_new_tokens: int, num_sample
                  **sampling_kwargs)  # warm-up: compilation
     return time_samples(functools.partial(generate, model, x, max_new_tokens, prefill_fn=prefill_fn,
                                           decode_fn=decode_fn, progress=progress,
-                                          **sampling_kwargs), num_samples, device, clock)
+                                          **sampling_kwargs), num_samples, device, clock, progress)
 
 
 def run_speculative(model, draft, x: Tensor, counter, *, max_new_tokens: int, speculate_k: int,
@@ -187,7 +186,7 @@ def checkpoint_run(o: Options, counter, log) -> Outcome:
     loaded, x = load_with_prompt(o, log)
     outputs, seconds, measured, other_work = run_checkpoint(
         loaded.model, x, counter, max_new_tokens=o.max_new_tokens, num_samples=o.num_samples,
-        compile=o.compile, device=o.device, progress=sys.stderr.isatty() and not o.quiet,
+        compile=o.compile, device=o.device, progress=not o.quiet,
         count_every_step=o.count_every_step, cudagraphs=o.execution == "cudagraphs",
         clock=o.clock, **o.sampling)
     return Outcome(loaded.model, loaded.args, x.shape[1], _texts(loaded.tokenizer, outputs),

@@ -19,7 +19,8 @@ perfcounter keeps every filter and logger as they set them.
   time left, and the best answer so far where the job has one (`bar.set_postfix_str`); off
   where the stream is not a terminal (CI logs and pipes read the same as without it) or the
   command was given --quiet. `waiting(...)`: the same for one long step that counts nothing
-  (a model's loading): its elapsed time, redrawn every half second.
+  (a model's loading): its elapsed time, redrawn every half second. `counting(fn, bar)`: `fn`
+  with each call counted on a bar, its result described in the postfix (serve's runs).
 """
 from __future__ import annotations
 
@@ -122,3 +123,16 @@ def waiting(desc: str, *, quiet: bool = False, file=None):
         if ticker.is_alive():
             ticker.join()
         bar.close()
+
+
+def counting(fn, bar: tqdm, describe=None):
+    """`fn`, each call of it counted on `bar` once it returns, the bar's postfix
+    `describe(result)` where given (the last run's figures, the best so far)."""
+    def counted(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        if describe is not None:
+            bar.set_postfix_str(describe(result), refresh=False)
+        bar.update(1)
+        return result
+    counted.bar = bar  # to close it
+    return counted

@@ -12,19 +12,25 @@ Prints the inputs, the Pareto front, the recommended deployment, the `perfcounte
 command that reproduces it and the engine's own command that runs it (serve/launch.py);
 --save_path writes every candidate as JSON, --html a page of the front and the candidates
 (report/html_serving.py). Bad input: one line on stderr, exit code 2, before any work.
+While it searches, a bar on stderr counts the candidates simulated, with the best goodput per
+GPU that meets the SLO so far (off with --quiet or where stderr is no terminal); Ctrl-C stops
+the search and prints the best found so far (exit code 130).
 """
 from __future__ import annotations
 
 import json
 import sys
 
+from perfcounter import console
 from perfcounter._util import atomic_write
 from perfcounter.cli.flags import add_output
 from perfcounter.cli.model_flag import ACCEPTED, config_of
+from perfcounter.format import format_table
 from perfcounter.plan.candidates import KV_CACHE_DTYPES, MAX_NUM_SEQS, QUANTIZATIONS
+from perfcounter.plan.front import meets_slo
 from perfcounter.plan.pool import PlanError
 from perfcounter.plan.render import HEADER, plan_dict, plan_text, row
-from perfcounter.plan.search import plan
+from perfcounter.plan.search import Progress, plan
 from perfcounter.pricing.price import REGIMES
 from perfcounter.report.html import HELP as HTML_HELP, check_html, write_page
 from perfcounter.report.html_serving import plan_page
@@ -97,7 +103,45 @@ def add_parser(sub) -> None:
                                                "1: this process)")
     add_output(g, "--save_path", help="every candidate and its figures as JSON")
     add_output(g, "--html", needs=check_html, help=HTML_HELP)
+    g.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     p.set_defaults(run=run)
+
+
+class Watch(Progress):
+    """The search's bar (console.progress): candidates simulated, the best so far that meets
+    the SLO (the recommendation's rule: the highest goodput per GPU)."""
+
+    def __init__(self, attainment: float, quiet: bool):
+        self.attainment, self.quiet, self.bar = attainment, quiet, None
+        self.total = self.count = 0
+        self.best: tuple | None = None  # (goodput per GPU, index, candidate, figures)
+
+    def start(self, total: int) -> None:
+        self.total = total
+        self.bar = console.progress(total=total, desc="plan", unit="candidate",
+                                    quiet=self.quiet)
+
+    def done(self, index, candidate, figures) -> None:
+        self.count += 1
+        if meets_slo(figures, self.attainment) and (
+                self.best is None or (figures["goodput_per_gpu"] or 0.0) > self.best[0]):
+            self.best = (figures["goodput_per_gpu"] or 0.0, index, candidate, figures)
+            self.bar.set_postfix_str(f"best #{index}: {self.best[0]:.4g} tok/s/GPU goodput "
+                                     "meeting the SLO", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def interrupted(self) -> str:
+        """What an interrupt prints: how far the search went, the best so far."""
+        head = f"plan: interrupted after {self.count} of {self.total} candidates simulated"
+        if self.best is None:
+            return f"{head}; none of them meets the SLO"
+        _, i, c, f = self.best
+        return (f"{head}; the best so far that meets the SLO (goodput per GPU): #{i}\n"
+                + format_table([row(i, c, f)], HEADER, rule=True))
 
 
 def _ints(text, flag: str) -> tuple:
@@ -106,6 +150,28 @@ def _ints(text, flag: str) -> tuple:
     except ValueError:
         raise PlanError(f"{flag} {text!r}: expected integers, e.g. 16,64,256") from None
     return values
+
+
+def _search(args, backend: str, watch: Watch):
+    """The search the flags ask for (search.plan), told to `watch`."""
+    return plan(str(config_of(args.model)), args.devices, slo=args.slo, qps=args.qps,
+                num_requests=args.num_requests, prompt_length=args.prompt_length,
+                max_new_tokens=args.max_new_tokens, burstiness=args.burstiness,
+                seed=args.seed, precision=args.precision, execution=args.execution,
+                engine=args.engine,
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                block_size=args.block_size, usd_per_hour=args.usd_per_hour,
+                quantizations=None if args.quantize is None else
+                [v.strip() for v in args.quantize.split(",") if v.strip()],
+                kv_cache_dtypes=[v.strip() for v in args.kv_dtype.split(",") if v.strip()],
+                max_num_seqs=_ints(args.max_num_seqs, "--max_num_seqs"),
+                **{k: None if getattr(args, k) is None else _ints(getattr(args, k), f"--{k}")
+                   for k in ("tensor_parallel_size", "pipeline_parallel_size",
+                             "data_parallel_size")},
+                disaggregated=not args.aggregated_only,
+                slo_attainment=args.slo_attainment, backend=backend, workers=args.workers,
+                address=args.ray or None, progress=watch)
 
 
 def _main(args) -> int:
@@ -120,24 +186,15 @@ def _main(args) -> int:
                         "run the tasks: give one of them")
     check_attainment(args.slo_attainment)  # [0.01, 1]: plan() alone takes any fraction > 0
     backend = "ray" if args.ray is not None else "processes"
-    result = plan(str(config_of(args.model)), args.devices, slo=args.slo, qps=args.qps,
-                  num_requests=args.num_requests, prompt_length=args.prompt_length,
-                  max_new_tokens=args.max_new_tokens, burstiness=args.burstiness,
-                  seed=args.seed, precision=args.precision, execution=args.execution,
-                  engine=args.engine,
-                  gpu_memory_utilization=args.gpu_memory_utilization,
-                  max_num_batched_tokens=args.max_num_batched_tokens,
-                  block_size=args.block_size, usd_per_hour=args.usd_per_hour,
-                  quantizations=None if args.quantize is None else
-                  [v.strip() for v in args.quantize.split(",") if v.strip()],
-                  kv_cache_dtypes=[v.strip() for v in args.kv_dtype.split(",") if v.strip()],
-                  max_num_seqs=_ints(args.max_num_seqs, "--max_num_seqs"),
-                  **{k: None if getattr(args, k) is None else _ints(getattr(args, k), f"--{k}")
-                     for k in ("tensor_parallel_size", "pipeline_parallel_size",
-                               "data_parallel_size")},
-                  disaggregated=not args.aggregated_only,
-                  slo_attainment=args.slo_attainment, backend=backend, workers=args.workers,
-                  address=args.ray or None)
+    watch = Watch(args.slo_attainment, args.quiet)
+    try:
+        result = _search(args, backend, watch)
+    except KeyboardInterrupt:  # Ctrl-C: what was found so far, the shell's code for SIGINT
+        watch.close()
+        print(watch.interrupted(), flush=True)
+        return 130
+    finally:
+        watch.close()
     text = plan_text(result)
     print(text)
     if args.save_path is not None:

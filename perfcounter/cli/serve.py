@@ -24,6 +24,7 @@ import json
 import sys
 from pathlib import Path
 
+from perfcounter import console
 from perfcounter.cli.flags import (add_deprecated, add_model_flags, add_output, add_parallel_flags,
                                    config_of, given, refuse)
 from perfcounter.devices import default_device_spec
@@ -34,9 +35,8 @@ from perfcounter.quant.gguf_types import FILE_TYPES
 from perfcounter.quant.quantize import resolve_scheme
 from perfcounter.report.html import HELP as HTML_HELP, check_html
 from perfcounter.report.html_serving import serve_page
-from perfcounter.serve.api import (deployment, disaggregated, find_max_qps, qps_values,
-                                   resolve_model, resolve_precision, resolve_quantization,
-                                   resolve_spec, serve)
+from perfcounter.serve.api import (deployment, disaggregated, qps_values, resolve_model,
+                                   resolve_precision, resolve_quantization, resolve_spec, serve)
 from perfcounter.serve.engines import ENGINES, engine_profile
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.launch import for_deployment
@@ -46,7 +46,7 @@ from perfcounter.serve.outputs import check_plotting, csv_text, trace_text, writ
 from perfcounter.serve.placement import PlacementPricer
 from perfcounter.serve.render import SWEEP_COLUMNS, launch_text, plan_text, result_text, table
 from perfcounter.serve.replicas import check_sizes
-from perfcounter.serve.search import PROBE_REQUESTS, scaled_trace
+from perfcounter.serve.search import PROBE_REQUESTS, find_max_qps, scaled_trace
 from perfcounter.serve.workload import (check_burstiness, check_count, check_fits_model,
                                         check_rate, check_seed, parse_lengths, read_trace,
                                         synthetic)
@@ -67,6 +67,7 @@ def add_parser(sub) -> None:
     add_output(g, "--plot", folder=True,
                help="latency CDF and throughput-latency plots (PNG and SVG; needs matplotlib)")
     add_output(g, "--html", needs=check_html, help=HTML_HELP)
+    g.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     p.set_defaults(run=run)
 
 
@@ -262,14 +263,11 @@ def _workload_maker(args, block_size: int, trace):
     """make(qps, at_least=0): the workload at a rate, at least `at_least` requests long (the
     QPS search's probes; a trace scaled and repeated, search.scaled_trace)."""
     if trace is not None:
-        return (lambda qps, at_least=0: scaled_trace(trace, qps, at_least)) \
-            if args.find_max_qps else \
-            (lambda qps, at_least=0: trace)
+        return lambda qps, at_least=0: scaled_trace(trace, qps, at_least) if args.find_max_qps else trace
     if args.concurrency is not None:
         return lambda qps, at_least=0: synthetic(
-            args.num_requests, args.prompt_length, args.max_new_tokens,
-            concurrency=args.concurrency, seed=args.seed, prefix_hit_rate=args.prefix_hit_rate,
-            block_size=block_size)
+            args.num_requests, args.prompt_length, args.max_new_tokens, block_size=block_size,
+            concurrency=args.concurrency, seed=args.seed, prefix_hit_rate=args.prefix_hit_rate)
     return lambda qps, at_least=0: synthetic(
         max(args.num_requests, at_least), args.prompt_length, args.max_new_tokens, qps=qps,
         burstiness=args.burstiness, seed=args.seed, prefix_hit_rate=args.prefix_hit_rate,
@@ -295,10 +293,13 @@ def _main(args) -> int:
             if not dep.devices and not hasattr(dep.weights, "kinds"):  # one device, no GGUF
                 print(_smallest_fit(args.model, dep))
         return 0
-    results, rows, notes = [], [], []
+    results, rows, notes, rates = [], [], [], qps_values(args.qps) if args.qps else [None]
+    run_one = console.counting(serve, console.progress(  # each run (--find_max_qps: each probe)
+        total=None if args.find_max_qps else len(deps) * len(rates), desc="serve", unit="run",
+        quiet=args.quiet), lambda r: f"{r.metrics['completed']:,} requests, {r.metrics['duration']:.4g} s simulated")
     for dep in deps:
-        if args.find_max_qps:
-            found = find_max_qps(dep, make, args.slo, attainment=args.slo_attainment)
+        if args.find_max_qps:  # serve/search.py's search, each probe counted
+            found = find_max_qps(dep, make, args.slo, attainment=args.slo_attainment, serve=run_one)
             best = found.rate
             why = " (the steady throughput: the queue grows without bound above it)" \
                 if found.limited_by_throughput else ""
@@ -312,11 +313,11 @@ def _main(args) -> int:
             results.append(chosen[0])
             rows.append({**chosen[0].to_dict(), "qps": best, **for_deployment(dep).to_dict()})
             continue
-        rates = qps_values(args.qps) if args.qps is not None else [None]
         for qps in rates:
-            result = serve(dep, make(qps), slo=args.slo, usd_per_kwh=args.usd_per_kwh)
+            result = run_one(dep, make(qps), slo=args.slo, usd_per_kwh=args.usd_per_kwh)
             results.append(result)
             rows.append({**result.to_dict(), "qps": qps, **for_deployment(dep).to_dict()})
+    run_one.bar.close()
     text = result_text(results[0]) if len(rows) == 1 and not args.find_max_qps else "\n".join([
         *dict.fromkeys(d.engine_line for d in deps),
         f"step costs: {'; '.join(dict.fromkeys(d.table.label for d in deps))}",

@@ -28,13 +28,13 @@ import csv
 import io
 import itertools
 import json
-import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import torch
 
+from perfcounter import console
 from perfcounter._util import atomic_write
 from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output, add_parallel_flags,
                                    config_of, parallel_of, precision_of)
@@ -165,10 +165,9 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
         for spec in specs:
             check_links(spec, parallel)
     kvs = [quantization.parse_kv_dtype(k) for k in kv_dtypes]  # bad names fail before counting
-    combos = list(itertools.product(models, batch_sizes, prompt_lengths, new_tokens, schemes, kvs))
-    if progress:
-        from tqdm import tqdm  # deferred: optional (the progress extra)
-        combos = tqdm(combos, desc="sweep", unit="config", leave=False, disable=False)
+    combos = console.progress(list(itertools.product(models, batch_sizes, prompt_lengths,
+                                                     new_tokens, schemes, kvs)),
+                              desc="sweep", unit="config", quiet=not progress)
     itemsize = torch.tensor([], dtype=dtype).element_size()
     rows = []
     for name, batch, prompt, new, (scheme, file_type), kv in combos:
@@ -268,6 +267,7 @@ def add_parser(sub) -> None:
     add_output(p, "--plot", folder=True, help="write latency and J/token per device, phase "
                "and combination (PNG and SVG; needs matplotlib)")
     add_output(p, "--html", needs=check_html, help=HTML_HELP)
+    p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     p.set_defaults(run=run)
 
 
@@ -296,7 +296,7 @@ def run(args) -> int:
                  devices=parse_list(args.device_spec or default_device_spec(dtype).name,
                                     "device_spec"),
                  mapping=mapping, dtype=dtype, io_model=args.io_model, execution=args.execution,
-                 progress=sys.stderr.isatty(),
+                 progress=not args.quiet,  # where stderr is a terminal (console.progress)
                  quantize=[None if q == "none" else q for q in schemes], gguf_types=files,
                  kv_dtypes=[None if k == "none" else k for k in parse_list(args.kv_dtype or "none",
                                                                              "kv_dtype")],

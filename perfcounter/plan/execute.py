@@ -15,13 +15,17 @@ the same code from the same inputs: nothing depends on which process ran it).
                         Ray is the optional extra `.[ray]`
 
 A candidate that serve refuses (one line) keeps its message as its `error` figure: nothing
-is dropped.
+is dropped. `on_done(index, figures)` hears of each candidate as its task ends (a progress bar,
+the best so far); an interrupt (Ctrl-C) cancels the tasks not started, ends the pool's
+processes (they ignore the signal themselves: no traceback from each) and goes up to the
+caller, which has heard of every candidate done.
 """
 from __future__ import annotations
 
 import os
+import signal
 from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from perfcounter.plan.candidates import Candidate
 from perfcounter.plan.evaluate import Job, evaluate
@@ -88,33 +92,62 @@ def ray_module():
 
 
 def run_candidates(candidates: list[Candidate], job: Job, *, backend: str = "processes",
-                   workers: int | None = None, address: str | None = None) -> list[dict]:
-    """Each candidate's figures, in candidate order, on `backend` (module doc)."""
+                   workers: int | None = None, address: str | None = None,
+                   on_done=None) -> list[dict]:
+    """Each candidate's figures, in candidate order, on `backend` (module doc); `on_done`
+    (index, figures) called for each as its task ends."""
     check_backend(backend, workers)
     tasks = groups(candidates)
     if not tasks:  # nothing fits: nothing to run (a pool of 0 workers is no pool)
         return []
     workers = default_workers() if workers is None else workers
-    if backend == "serial" or (backend == "processes" and (workers == 1 or len(tasks) == 1)):
-        done = [pair for task in tasks for pair in run_group(job, task)]
-    elif backend == "processes":
-        with ProcessPoolExecutor(max_workers=min(workers, len(tasks))) as pool:
-            futures = [pool.submit(run_group, job, task) for task in tasks]
-            done = [pair for f in futures for pair in f.result()]
-    else:
-        done = _run_ray(tasks, job, address)
     figures: list = [None] * len(candidates)
-    for i, f in done:
-        figures[i] = f
+
+    def done(pairs) -> None:
+        for i, f in pairs:
+            figures[i] = f
+            if on_done is not None:
+                on_done(i, f)
+    if backend == "serial" or (backend == "processes" and (workers == 1 or len(tasks) == 1)):
+        for task in tasks:
+            for pair in task:  # each candidate heard of as it ends
+                done(run_group(job, [pair]))
+    elif backend == "processes":
+        _run_pool(tasks, job, min(workers, len(tasks)), done)
+    else:
+        _run_ray(tasks, job, address, done)
     assert all(f is not None for f in figures)
     return figures
 
 
-def _run_ray(tasks, job: Job, address: str | None) -> list:
+def _ignore_interrupt() -> None:
+    """A pool process's start: Ctrl-C is the parent's to handle (module doc)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run_pool(tasks, job: Job, workers: int, done) -> None:
+    pool, futures = ProcessPoolExecutor(max_workers=workers, initializer=_ignore_interrupt), []
+    try:
+        futures += [pool.submit(run_group, job, task) for task in tasks]
+        for future in as_completed(futures):
+            done(future.result())
+    except BaseException:  # an interrupt, or a task's error: no task left running
+        for future in futures:
+            future.cancel()
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+
+
+def _run_ray(tasks, job: Job, address: str | None, done) -> None:
     ray = ray_module()
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False, include_dashboard=False)
     remote = ray.remote(run_group)
     job_ref = ray.put(job)
-    refs = [remote.remote(job_ref, task) for task in tasks]
-    return [pair for result in ray.get(refs) for pair in result]
+    pending = [remote.remote(job_ref, task) for task in tasks]
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        done(ray.get(ready[0]))

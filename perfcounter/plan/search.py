@@ -125,7 +125,20 @@ def _check_sizes(args, kinds: list[DeviceKind], model: str, tp, pp, dp) -> dict:
     return out
 
 
-def plan(model, devices, *, options: PlanOptions | None = None, **keywords) -> PlanResult:
+class Progress:
+    """What a search tells as it goes (the CLI's bar and best so far): `start(total)` once the
+    candidates to simulate are known, `done(index, candidate, figures)` as each ends. This
+    one tells no one."""
+
+    def start(self, total: int) -> None:
+        pass
+
+    def done(self, index: int, candidate: Candidate, figures: dict) -> None:
+        pass
+
+
+def plan(model, devices, *, options: PlanOptions | None = None, progress: Progress | None = None,
+         **keywords) -> PlanResult:
     """Search the deployments of `model` on the pool `devices` ('h100-sxm:8,...') for the
     workload (serve's flags; one rate) and the SLO (module doc). Its settings come as
     `options` (a PlanOptions) or as flat keywords, each landing in its group (options.py):
@@ -136,7 +149,7 @@ def plan(model, devices, *, options: PlanOptions | None = None, **keywords) -> P
     kv_cache_dtypes; max_num_seqs; tensor_parallel_size, pipeline_parallel_size,
     data_parallel_size: the sizes to try, None: candidates.py's powers of two;
     disaggregated: prefill and decode pools beside the aggregated ones) and the backend
-    (backend, workers, address)."""
+    (backend, workers, address). `progress`: told of each candidate simulated (Progress)."""
     started = time.perf_counter()
     if options is None:
         options = PlanOptions.of(**keywords)
@@ -148,9 +161,13 @@ def plan(model, devices, *, options: PlanOptions | None = None, **keywords) -> P
                                       q.space)
     fits, refused = _memory_fits(q, candidates, options.engine)
     kept = [c for c, ok in zip(candidates, fits) if ok]
+    at = [i for i, ok in enumerate(fits) if ok]  # kept's index in candidates
+    progress = progress or Progress()
+    progress.start(len(kept))
     b = options.backend
     done = iter(run_candidates(kept, q.job, backend=b.backend, workers=b.workers,
-                               address=b.address))
+                               address=b.address, on_done=lambda k, f: progress.done(
+                                   at[k], kept[k], f)))
     figures = [next(done) if ok else refused.get(i) for i, ok in enumerate(fits)]
     usable = [f or {"error": "does not fit"} for f in figures]
     front = pareto_front(usable)
