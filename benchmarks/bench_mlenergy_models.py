@@ -1,15 +1,17 @@
 """The ML.ENERGY Leaderboard v3.0's H100 rows of the 2025 architectures beside `perfcounter
-serve` on transformers' modeling code (serve/hf_model.py): Qwen3-8B/32B, Qwen3-30B-A3B,
-gpt-oss-20b/120b (MXFP4 experts as shipped), Gemma 3 27B (sliding windows).
+serve` on transformers' modeling code (serve/hf_model.py): Qwen3-8B/32B, Qwen3-30B-A3B and
+235B-A22B (bf16, FP8 blocks), gpt-oss-20b/120b (MXFP4 experts as shipped), Gemma 3 27B (sliding
+windows), Llama 4 Scout (chunked attention, experts) and DeepSeek-V3 (MLA, FP8, on B200).
 
     python benchmarks/bench_mlenergy_models.py [--only gpt-oss] [--requests_per_slot 2]
 
 Rows: github.com/ml-energy/leaderboard @0cd52da public/data/models/<model>__<task>.json (vLLM
 0.11.1, NVML power over the steady state), as handed to us in
 ../shared/reference/ml-energy-v3/rows.yaml, copied below (ROWS). The rows the project holds back
-(the other rungs of the ladder) are not here. Rows run with expert parallelism (Qwen3-235B,
-Llama 4 Scout, tensor_parallel 1 x expert_parallel N) are listed as not priced: serve prices a
-transformers model's experts split by tensor parallelism, not yet spread by expert parallelism.
+(the other rungs of the ladder) are not here. Rows run with expert parallelism (Qwen3-30B-A3B
+on 2 GPUs, Qwen3-235B, Llama 4 Scout; DeepSeek-V3.1 on B200), tensor_parallel 1 x
+expert_parallel N, are served as vLLM's attention data parallelism with the experts spread over
+the N ranks (serve/hf_model.py), max_num_seqs in flight in all.
 
 Served as bench_power.py serves the Llama rows (the harness, github.com/ml-energy/benchmark:
 every request at once, vLLM holding max_num_seqs of them: a closed loop of max_num_seqs in
@@ -65,9 +67,37 @@ ROWS = [
     ("gemma-3-27b", "lm-arena-chat", 2, 2, 1, 8, 711.2, 525.0, 15.07, 813.0, 1.5487),
     ("gemma-3-27b", "lm-arena-chat", 2, 2, 1, 32, 709.9, 1686.9, 18.40, 935.2, 0.5544),
     ("gemma-3-27b", "lm-arena-chat", 2, 2, 1, 128, 705.3, 3714.0, 32.00, 1137.1, 0.3062),
+    # expert parallelism: tensor_parallel 1 x expert_parallel N on N GPUs, served as vLLM's
+    # attention data parallelism (DP = EP = N, hf_model.py), max_num_seqs in flight in all
+    # (Little's law on the rows: 388 tok/s x 20.2 ms = 7.8 in flight at max_num_seqs 8)
+    ("qwen3-30b-a3b", "lm-arena-chat", 2, 1, 2, 32, 926.6, 2026.0, 15.39, 833.1, 0.4112),
+    ("qwen3-30b-a3b", "lm-arena-chat", 2, 1, 2, 128, 918.6, 4546.2, 27.42, 899.7, 0.1979),
+    ("qwen3-30b-a3b", "lm-arena-chat", 2, 1, 2, 512, 927.0, 9650.0, 47.39, 953.2, 0.0988),
+    ("qwen3-235b-a22b", "lm-arena-chat", 8, 1, 8, 8, 864.4, 387.9, 20.24, 2828.5, 7.2926),
+    ("qwen3-235b-a22b", "lm-arena-chat", 8, 1, 8, 32, 864.9, 907.6, 34.71, 3472.2, 3.8255),
+    ("qwen3-235b-a22b", "lm-arena-chat", 8, 1, 8, 128, 863.0, 2626.4, 46.64, 3903.5, 1.4862),
     ("qwen3-235b-a22b-fp8", "lm-arena-chat", 4, 1, 4, 8, 855.3, 223.8, 35.24, 2120.1, 9.4714),
+    ("qwen3-235b-a22b-fp8", "lm-arena-chat", 4, 1, 4, 32, 889.3, 731.6, 42.75, 2201.6, 3.0094),
+    ("qwen3-235b-a22b-fp8", "lm-arena-chat", 4, 1, 4, 128, 862.5, 2294.9, 53.13, 2526.3, 1.1008),
+    ("qwen3-235b-a22b-fp8", "lm-arena-chat", 8, 1, 8, 8, 876.7, 315.8, 24.74, 3596.4, 11.3896),
+    ("qwen3-235b-a22b-fp8", "lm-arena-chat", 8, 1, 8, 32, 872.3, 1016.9, 30.16, 3705.9, 3.6444),
+    ("qwen3-235b-a22b-fp8", "lm-arena-chat", 8, 1, 8, 128, 878.6, 2840.0, 42.14, 3874.1, 1.3641),
+    ("qwen3-235b-a22b-fp8", "lm-arena-chat", 8, 1, 8, 512, 881.4, 5342.0, 75.84, 3960.9, 0.7415),
     ("llama-4-scout", "lm-arena-chat", 4, 1, 4, 8, 396.1, 322.0, 24.15, 1280.6, 3.9773),
+    ("llama-4-scout", "lm-arena-chat", 4, 1, 4, 32, 401.2, 928.8, 32.99, 1606.0, 1.7291),
+    ("llama-4-scout", "lm-arena-chat", 4, 1, 4, 128, 402.7, 2805.6, 42.13, 1834.8, 0.6540),
+    ("llama-4-scout", "lm-arena-chat", 4, 1, 4, 512, 402.3, 5596.0, 69.11, 1881.4, 0.3362),
+    ("llama-4-scout", "lm-arena-chat", 8, 1, 8, 8, 405.7, 379.2, 20.29, 1999.7, 5.2734),
+    ("llama-4-scout", "lm-arena-chat", 8, 1, 8, 32, 409.0, 1243.0, 23.91, 2559.4, 2.0590),
+    ("llama-4-scout", "lm-arena-chat", 8, 1, 8, 128, 397.3, 3702.7, 30.29, 2991.3, 0.8079),
+    ("llama-4-scout", "lm-arena-chat", 8, 1, 8, 512, 403.3, 6852.8, 55.77, 3098.3, 0.4521),
+    # DeepSeek-V3.1 (DeepSeek-V3's shapes and FP8 checkpoint) on B200, the only GPU it ran on
+    ("deepseek-v3", "lm-arena-chat", 8, 1, 8, 8, 846.4, 449.9, 16.84, 3853.8, 8.5655),
+    ("deepseek-v3", "lm-arena-chat", 8, 1, 8, 32, 850.5, 1091.4, 26.72, 4790.5, 4.3894),
+    ("deepseek-v3", "lm-arena-chat", 8, 1, 8, 128, 849.8, 2906.8, 38.84, 5628.6, 1.9364),
+    ("deepseek-v3", "lm-arena-chat", 8, 1, 8, 512, 849.2, 5587.9, 64.14, 5383.8, 0.9635),
 ]
+DEVICE = {"deepseek-v3": "b200"}  # else h100-sxm
 GOALS = {"throughput": (0.8, 1.25), "itl": (0.8, 1.25)}  # issue 45's goal for these rows
 
 
@@ -77,8 +107,9 @@ def load() -> str:
 
 def served(row, per_slot: int) -> dict:
     preset, task, gpus, tp, ep, seqs, length = row[:7]
-    dep = deployment(preset, "h100-sxm", max_num_seqs=seqs, max_num_batched_tokens=8192,
-                     tensor_parallel_size=tp)
+    parallel = dict(data_parallel_size=ep, enable_expert_parallel=True) if ep > 1 else {}
+    dep = deployment(preset, DEVICE.get(preset, "h100-sxm"), max_num_seqs=seqs,
+                     max_num_batched_tokens=8192, tensor_parallel_size=tp, **parallel)
     top = 2 * round(length) - 1
     w = synthetic(max(64, per_slot * seqs), PROMPTS[task], f"uniform:1-{top}",
                   concurrency=seqs, seed=0)
@@ -94,9 +125,6 @@ def main(*, only: str | None = None, requests_per_slot: int = 2, out=print) -> l
         if only and only not in preset:
             continue
         label = [preset, task, f"{gpus} (TP {tp}, EP {ep})", seqs]
-        if ep > 1:
-            table.append(label + ["not priced: expert parallelism"] + [""] * 7)
-            continue
         t0 = time.perf_counter()
         m = served(row, requests_per_slot)
         took = time.perf_counter() - t0

@@ -252,3 +252,32 @@ def test_a_llama_on_either_path_runs_the_same_matmuls_and_attention():
         return (sum(r.flops for r in mm), sum(r.read[0] for r in mm),
                 sum(r.executed_flops for r in att), sum(r.read[1] for r in att))
     assert heavy(ours) == heavy(theirs)
+
+
+def test_expert_parallel_over_data_parallel_ranks():
+    # Qwen3-MoE tiny: 16 experts, top-2, DP 2 with EP: a rank holds 8 whole experts (16
+    # routed widths each) and routes its tokens' rows to them; each token goes to
+    # min(k, EP) = 2 ranks and back: two all-to-alls of 2 x T x D elements a MoE layer
+    args = HfArgs.of(tiny("qwen3_moe", **TINY["qwen3_moe"]), "qwen3_moe")
+    dep = deployment(args, "h100-sxm", data_parallel_size=2, enable_expert_parallel=True,
+                     execution="bound")
+    rank = dep.args
+    assert (rank.expert_parallel_size, rank.num_experts, rank.rank.moe_intermediate_size) == \
+        (2, 8, 16)
+    model, mode = fake_hf_model(rank.rank_config(rank_model_kinds(rank)))
+    trace = count_hf_step(model, mode, [Piece(3, 5), Piece(1, 9)], ep=2)
+    a2a = [r for r in trace.records if r.op == "perfcounter.all_to_all.default"]
+    # one MoE layer of the counted model (the dense first layer has none): T = 4 tokens,
+    # D = 32, 2 copies, bfloat16: 4 x 32 x 2 x 2 B = 512 B read each way
+    assert len(a2a) == 2 and all(r.read[2] == 4 * 32 * 2 * 2 for r in a2a)
+    # the weights a rank holds: attention whole, half the experts: below the whole model's
+    assert dep.plan.weight_bytes < HfArgs.of(args.config, "x").weight_bytes(torch.bfloat16)
+
+
+def test_expert_parallel_refusals():
+    with pytest.raises(ServeError, match="do not share 128 experts"):
+        deployment("qwen3-30b-a3b", "h100-sxm", data_parallel_size=32,
+                   enable_expert_parallel=True)
+    with pytest.raises(ServeError, match="not both yet"):
+        deployment("qwen3-30b-a3b", "h100-sxm", tensor_parallel_size=2, data_parallel_size=2,
+                   enable_expert_parallel=True)

@@ -197,7 +197,7 @@ def _replicas(limit: int, space: Space) -> int:
 
 
 def _candidates(args: ModelArgs, kinds: list[DeviceKind], dtype: str, space: Space):
-    moe = bool(args.num_experts) and not isinstance(args, HfArgs)  # EP: our mixtral's
+    moe = bool(args.num_experts)
     for kind in kinds:
         quants = [q for q in space.quantizations if q != "fp8" or has_fp8(kind.spec)]
         parallel = space.parallel and linked(kind.spec)
@@ -207,7 +207,9 @@ def _candidates(args: ModelArgs, kinds: list[DeviceKind], dtype: str, space: Spa
             dps = _sizes(space.data_parallel_sizes, most if space.data_parallel_sizes
                          else _replicas(most, space))
             for dp, seqs in itertools.product(dps, space.max_num_seqs):
-                split = moe and tp * dp > 1 and args.num_experts % (tp * dp) == 0
+                split = moe and tp * dp > 1 and args.num_experts % (tp * dp) == 0 and (
+                    not isinstance(args, HfArgs)  # a rank's top-k of its own experts
+                    or args.num_experts // (tp * dp) >= args.num_activated_experts)
                 for ep in ((False, True) if split else (False,)):
                     yield Candidate(kind.name, dtype, q, kv, tp, pp, dp, ep, seqs)
     if space.disaggregated:
@@ -272,7 +274,8 @@ def memory_fit(args: ModelArgs, dtype: torch.dtype, c: Candidate, spec, *, cache
     fit = cache.get(key)
     if fit is None:
         weights, kv = resolve_quantization(c.quantization, c.kv_cache_dtype)
-        rank = args.sharded(c.tensor_parallel_size) if isinstance(args, HfArgs) else \
+        rank = args.sharded(c.tensor_parallel_size, c.tensor_parallel_size * c.data_parallel_size
+                            if ep else 1) if isinstance(args, HfArgs) else \
             rank_args(args, ParallelConfig(c.tensor_parallel_size, c.pipeline_parallel_size,
                                            c.data_parallel_size, c.enable_expert_parallel))
         try:

@@ -28,6 +28,20 @@ summed in: FusedMoE's reduce_results), the vocabulary-parallel embedding's all-r
 LM head's all-gather of the logits. Which rule divided a module is checked against the
 config's own tensor-parallel plan (`base_model_tp_plan`) where it has one (`tp_rules`):
 "colwise" modules must hold out_features / TP, "rowwise" ones in_features / TP.
+
+Expert parallelism (--enable_expert_parallel, vLLM's: the routed experts over TP x DP ranks):
+- over data-parallel ranks (TP 1, DP = EP: vLLM's attention data parallelism, the way the
+  ML.ENERGY Leaderboard ran its MoE rows, tensor_parallel 1 x expert_parallel N): each rank
+  runs attention on its own requests with whole weights and holds E / EP whole experts
+  (`expert_parallel_size`), routed to by each token's top-k among them (the router over the
+  rank's experts: NB its E / EP columns, not E); a balanced routing brings a rank as many
+  rows as its tokens send (T k), and each token goes to min(k, EP) ranks and back: an
+  all-to-all each way (ragged_hf._expert_parallel, DeepEP's dispatch and combine);
+- over one replica's TP ranks (DP 1): priced as the experts split by TP, which computes the
+  same rows x widths (T k / EP rows of whole experts, or T k rows of 1 / TP of each) and
+  reads the same expert bytes a rank in expectation, combined by the same all-reduce; NB the
+  GEMMs' shapes differ, so a prediction's per-row efficiency is TP's;
+- both (TP > 1 and DP > 1): refused for now.
 """
 from __future__ import annotations
 
@@ -70,13 +84,15 @@ class HfArgs:
     model_type: str
     config_json: str
     tensor_parallel_size: int = 1
+    expert_parallel_size: int = 1  # the ranks its routed experts spread over (1: TP splits them)
 
     @classmethod
     def of(cls, config, name: str) -> "HfArgs":
         return cls(str(name), config.model_type, config.to_json_string(use_diff=False))
 
-    def sharded(self, tensor_parallel_size: int) -> "HfArgs":
-        return HfArgs(self.name, self.model_type, self.config_json, tensor_parallel_size)
+    def sharded(self, tensor_parallel_size: int, expert_parallel_size: int = 1) -> "HfArgs":
+        return HfArgs(self.name, self.model_type, self.config_json, tensor_parallel_size,
+                      expert_parallel_size)
 
     @functools.cached_property
     def config(self):
@@ -122,11 +138,12 @@ class HfArgs:
 
     @property
     def num_experts(self) -> int:
-        return int(_first(self.config, EXPERTS))
+        """Routed experts one rank holds (E / EP)."""
+        return int(_first(self.rank, EXPERTS))
 
     @property
     def num_activated_experts(self) -> int:
-        return int(_first(self.config, TOP_K)) if self.num_experts else 0
+        return int(_first(self.rank, TOP_K)) if self.num_experts else 0
 
     @property
     def intermediate_size(self) -> int:
@@ -148,9 +165,12 @@ class HfArgs:
     def rank_config(self, kinds: list[str] | None = None):
         """The config one rank's model is built from (the module doc), with one layer per
         entry of `kinds` (layer_kinds' names; None: every layer)."""
-        tp, whole = self.tensor_parallel_size, self.config
+        tp, ep, whole = self.tensor_parallel_size, self.expert_parallel_size, self.config
         config = copy.deepcopy(whole) if kinds is None else \
             with_layers(whole, arranged(whole, kinds))
+        if ep > 1:  # E / EP whole experts a rank, routed to by its top-k of them (module doc)
+            field = next(f for f in EXPERTS if getattr(config, f, None))
+            setattr(config, field, getattr(whole, field) // ep)
         if tp == 1:
             return config
         heads = whole.num_attention_heads
@@ -159,8 +179,9 @@ class HfArgs:
         config.num_attention_heads = heads // tp
         if hasattr(config, "num_key_value_heads"):
             config.num_key_value_heads = max(1, kv // tp)
+        whole_experts = expert_width(whole) if ep > 1 else None  # not split under EP
         for field in WIDTHS:
-            if getattr(config, field, None):
+            if getattr(config, field, None) and field != whole_experts:
                 setattr(config, field, getattr(config, field) // tp)
         config.vocab_size = padded_vocab(whole.vocab_size, tp)
         return config
@@ -187,7 +208,14 @@ class HfArgs:
         return sum(layer.elements for layer in kv_layout.kv_layers(config, "engine"))
 
     def __repr__(self) -> str:
-        return f"HfArgs({self.name!r}, {self.model_type}, tp={self.tensor_parallel_size})"
+        return (f"HfArgs({self.name!r}, {self.model_type}, tp={self.tensor_parallel_size}, "
+                f"ep={self.expert_parallel_size})")
+
+
+def expert_width(config) -> str:
+    """The config field that sizes a routed expert's feed-forward."""
+    return "moe_intermediate_size" if getattr(config, "moe_intermediate_size", None) \
+        else "intermediate_size"
 
 
 def rank_model_kinds(args: HfArgs) -> list[str]:
@@ -252,19 +280,39 @@ def shard_hf(args: HfArgs, model: str, parallel, mapping: bool = False):
         raise ServeError(f"--pipeline_parallel_size {pp}: {model} ({args.model_type}) is "
                          "priced with tensor and data parallelism; pipeline stages price "
                          "perfcounter's own architectures")
+    ep, dp = 1, parallel.data_parallel_size
     if parallel.enable_expert_parallel:
-        if not args.num_experts:
-            raise ServeError(f"--enable_expert_parallel: {model} ({args.model_type}) has no "
-                             "experts (a dense feed-forward); leave it out")
-        raise ServeError(f"--enable_expert_parallel: {model} ({args.model_type}) is priced "
-                         "with its experts split by tensor parallelism; expert parallelism "
-                         "prices perfcounter's own mixtral")
+        check_expert_parallel(args, tp * dp, model)
+        if tp > 1 and dp > 1:
+            raise ServeError(f"--enable_expert_parallel with --tensor_parallel_size {tp} and "
+                             f"--data_parallel_size {dp}: {model} ({args.model_type}) prices "
+                             "experts over TP ranks or over data-parallel ranks, not both yet")
+        # over data-parallel ranks (attention DP): E / DP experts a rank, all-to-all; over the
+        # TP ranks of one replica: priced as the experts split by TP, which computes the same
+        # rows x widths and reads the same expert bytes a rank in expectation (the module doc)
+        ep = dp if dp > 1 else 1
     try:
         check_tensor_parallel(args, tp)
     except ValueError as e:
         raise ServeError(str(e)) from None
-    config = ParallelConfig(tp, pp, parallel.data_parallel_size, False)
-    return config, args.sharded(tp)
+    config = ParallelConfig(tp, pp, parallel.data_parallel_size, parallel.enable_expert_parallel)
+    return config, args.sharded(tp, ep)
+
+
+def check_expert_parallel(args: HfArgs, ep: int, model: str = "the model") -> None:
+    """vLLM's expert parallelism over TP x DP = `ep` ranks: a model with experts, E that EP
+    divides, each rank's E / EP at least the top-k (ServeError, one line)."""
+    experts, k = args.num_experts, args.num_activated_experts
+    flag = "--enable_expert_parallel"
+    if not experts:
+        raise ServeError(f"{flag}: {model} ({args.model_type}) has no experts (a dense "
+                         "feed-forward); leave it out")
+    if ep < 2:
+        raise ServeError(f"{flag}: experts spread over TP x DP ranks, here 1; give "
+                         "--tensor_parallel_size or --data_parallel_size above 1")
+    if experts % ep or experts // ep < k:
+        raise ServeError(f"{flag}: TP x DP = {ep} ranks do not share {experts} experts "
+                         f"(top-{k}) evenly; valid: a divisor of {experts} up to {experts // k}")
 
 
 def valid_tensor_parallel_sizes(args: HfArgs) -> list[int]:

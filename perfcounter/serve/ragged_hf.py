@@ -52,7 +52,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-from perfcounter.costs.collectives import tp_all_gather, tp_all_reduce
+from perfcounter.costs.collectives import ep_all_to_all, tp_all_gather, tp_all_reduce
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.models import kv_layout
 from perfcounter.models.tokenizer import cache_keyword
@@ -321,11 +321,38 @@ def _tensor_parallel(model, tp: int) -> None:
         lambda module, inputs, out: tp_all_gather(out, tp))
 
 
+def _expert_parallel(model, ep: int) -> None:
+    """Attention data-parallel, experts spread over `ep` ranks (hf_model.py): each experts
+    module's rows dispatched to their experts' ranks and combined back, an all-to-all each
+    way of each token to as many ranks as it picks experts on, min(k, EP) (DeepEP's
+    dispatch and combine: a token goes once to each rank holding one of its experts). Once a
+    model."""
+    if ep == 1 or getattr(model, "_perfcounter_ep", 1) == ep:
+        return
+    model._perfcounter_ep = ep
+    k = next((getattr(model.config, f) for f in ("num_experts_per_tok", "moe_topk", "top_k")
+              if getattr(model.config, f, None)), 1)
+    copies = min(k, ep)
+
+    def dispatch(module, args):
+        ep_all_to_all(args[0].unsqueeze(0).expand(copies, *args[0].shape), ep)
+
+    def combine(module, args, out):
+        ep_all_to_all(out.unsqueeze(0).expand(copies, *out.shape), ep)
+
+    for m in model.modules():
+        if hasattr(m, "num_experts") and hasattr(m, "has_gate"):
+            m.register_forward_pre_hook(dispatch)
+            m.register_forward_hook(combine)
+
+
 def count_hf_step(model, fake_mode, pieces, dtype=torch.bfloat16, depth: int = 10,
-                  tp: int = 1):
+                  tp: int = 1, ep: int = 1):
     """The counted trace of one engine step of `pieces` (Piece or (new_tokens, context)) of
     a fake transformers causal LM (config_only.fake_hf_model's), as the module doc says; tp:
-    one rank of that tensor-parallel size (the model built from hf_model's rank config)."""
+    one rank of that tensor-parallel size (the model built from hf_model's rank config); ep:
+    its experts spread over that many ranks, dispatched and combined by all-to-all where the
+    ranks are data-parallel (ep > tp; below that, the TP all-reduce combines them)."""
     pieces = [p if isinstance(p, Piece) else Piece(*p) for p in pieces]
     if not pieces or any(p.new_tokens < 1 or p.context < 0 for p in pieces):
         raise ValueError(f"a step needs pieces of >= 1 new token after >= 0 cached; got {pieces}")
@@ -337,6 +364,8 @@ def count_hf_step(model, fake_mode, pieces, dtype=torch.bfloat16, depth: int = 1
             config._attn_implementation = ATTENTION
     _use_mla(model)
     _tensor_parallel(model, tp)
+    if ep > tp:
+        _expert_parallel(model, ep)
     for m in model.modules():
         if hasattr(m, "num_experts") and hasattr(m, "has_gate") \
                 and not getattr(m, "_perfcounter_sort", False):

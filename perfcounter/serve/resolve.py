@@ -26,6 +26,8 @@ def resolve_model(model) -> ModelArgs | HfArgs:
     """ModelArgs from a preset name, ModelArgs, a config.json (ours or one of an architecture
     perfcounter's model holds: hf_model.OURS) or a .gguf file's metadata; any other
     transformers causal LM (a preset, a config.json, a model folder) as an HfArgs."""
+    if isinstance(model, HfArgs):
+        return model
     try:
         resolved = gguf_config(model) if is_gguf(model) else resolve_config(model)
     except (KeyError, ValueError, OSError, CheckpointError) as e:

@@ -125,12 +125,13 @@ def count_hf_table(args: HfArgs, dtype=torch.bfloat16, *, weights=None, kv=None)
     local = local_attention(config)
     model, fake_mode = fake_hf_model(config, dtype=dtype)
     mla = any(is_mla(m) for m in attention_modules(model).values())
-    tp, stored = args.tensor_parallel_size, args.stored
+    tp, ep, stored = args.tensor_parallel_size, args.expert_parallel_size, args.stored
     precision = str(dtype).replace("torch.", "")
     runs_in = stored.runs_in(precision) if stored is not None else None
 
     def count(built, shape):
-        trace = count_hf_step(built[0], built[1], [Piece(*p) for p in shape], dtype, tp=tp)
+        trace = count_hf_step(built[0], built[1], [Piece(*p) for p in shape], dtype, tp=tp,
+                              ep=ep)
         ratios = stored.module_ratios(built[0]) if stored is not None else {}
         return as_stored(trace, ratios, runs_in if runs_in != precision else None)
     experts = (args.num_experts, args.num_activated_experts) if args.num_experts else None
