@@ -181,7 +181,8 @@ POOLS_REFUSE = {  # what a run on pools cannot honour: refused in one line
     "--plan_context": ["8"], "--plan_batch": ["2"], "--slo_attainment": ["0.5"],
 }
 NOT_FIGURES = {"-h", "--model", "--config", "--checkpoint_path", "--save_path",
-               "--prefill_pool", "--decode_pool"}  # the run itself, its output, its path
+               "--prefill_pool", "--decode_pool", "--quiet"}  # the run itself, its output,
+# its path, its progress bars
 DROPS = {"--concurrency": {"--qps"},  # a closed loop has no rate; a trace, no synthetic draws
          "--trace_file": {"--qps", "--num_requests", "--prompt_length", "--max_new_tokens"}}
 

@@ -13,7 +13,7 @@ from perfcounter.models.args import ModelArgs
 from perfcounter.serve import ServeError, deployment, serve, synthetic
 from perfcounter.serve.placement import model_modules, whole_trace
 from perfcounter.serve.ragged import Piece, count_step
-from perfcounter.serve.steps import features
+from perfcounter.serve.steps import FEATURES, features
 from perfcounter.simulation.run import simulate
 
 TINY = ModelArgs(block_size=4608, vocab_size=64, n_layer=2, n_head=4, n_local_heads=2, dim=32,
@@ -79,10 +79,14 @@ def test_host_and_pim_transfers_and_memory_by_hand():
     dep = placed({"TransformerBlock": "pim-a"})
     # host -> pim-a: [T, 32] x 2 B at 12.8 GB/s = 5e-9 s a token; pim-a -> host: the logits
     # [S, 64] x 2 B at 51.2 GB/s = 2.5e-9 s a sequence
-    np.testing.assert_allclose(dep.table.transfer_s, [0, 5e-9, 2.5e-9, 0, 0, 0, 0], atol=1e-18)
+    # (over steps.FEATURES: the transformers models' features past BASE are 0 here)
+    expected_s = np.zeros(len(FEATURES))
+    expected_s[1:3] = 5e-9, 2.5e-9
+    np.testing.assert_allclose(dep.table.transfer_s, expected_s, atol=1e-18)
     # joules: 64 B x 8 x 80 pJ = 40.96 nJ a token; 128 B x 8 x 20 pJ = 20.48 nJ a sequence
-    np.testing.assert_allclose(dep.table.transfer_j, [0, 40.96e-9, 20.48e-9, 0, 0, 0, 0],
-                               atol=1e-18)
+    expected_j = np.zeros(len(FEATURES))
+    expected_j[1:3] = 40.96e-9, 20.48e-9
+    np.testing.assert_allclose(dep.table.transfer_j, expected_j, atol=1e-18)
     host, pim = dep.devices
     # host: the embedding 64 x 32 x 2 B = 4,096 B, no KV cache
     assert (host.device, host.weight_bytes, host.kv_bytes_per_token) == ("host", 4096, 0)
