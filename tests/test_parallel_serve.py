@@ -1,5 +1,6 @@
 """Deployments on many devices: one rank's memory (Llama-3.1-70B at TP 2, 4, 8 by hand), the
 smallest TP that fits, serve's TP / DP / PP keywords, refusals before any work."""
+import dataclasses
 import math
 
 import pytest
@@ -132,3 +133,21 @@ def test_bad_parallel_input_is_refused_before_counting(kw, match):
 def test_a_device_without_a_link_is_refused():
     with pytest.raises(LinkError, match="no link to another device"):
         deployment(TINY, "generic-cpu", tensor_parallel_size=2)
+
+
+def test_a_pipeline_hop_between_nodes_takes_the_node_link():
+    from perfcounter.pricing.links import node_link, stage_links, within
+    from perfcounter.serve.replicas import hop_seconds
+    h100 = get_device_spec("h100-sxm")  # 8 GPUs a node, NVLink 450 GB/s, node link 50 GB/s
+    # TP 4 x PP 4: stages on ranks 0-3, 4-7 | 8-11, 12-15: the hop 1 -> 2 crosses the node
+    assert stage_links(h100, 4, 4) == [within(h100, 2), node_link(h100), within(h100, 2)]
+    # TP 8 x PP 2: one stage a node; TP 2 x PP 4: all 8 ranks in one node
+    assert stage_links(h100, 8, 2) == [node_link(h100)]
+    assert stage_links(h100, 2, 4) == [within(h100, 2)] * 3
+    # one token of dim 64 at 2 B = 128 B a hop: over the node link ("network": 0.8 x 50 GB/s,
+    # 5 us a message) 128 / 40e9 + 5e-6 s; over NVLink 128 / (0.8 x 450e9) + 0.6e-6 s
+    args = dataclasses.replace(TINY, dim=64)
+    f = [1.0, 1.0]  # features: step, tokens
+    nvlink, network = 128 / 360e9 + 0.6e-6, 128 / 40e9 + 5e-6
+    assert hop_seconds(h100, args, 2, 8, 2)(f) == pytest.approx(network, rel=1e-9)
+    assert hop_seconds(h100, args, 2, 4, 4)(f) == pytest.approx(2 * nvlink + network, rel=1e-9)

@@ -32,6 +32,8 @@ Which link (the rules, each in one function):
   NVSwitch on SXM boards), else its host link as "pcie" (PCIe cards talk through the PCIe
   switch); across nodes the spec's node link (`node_link`). The NCCL kinds are for GPUs
   (`nccl`); any other device's links are "direct".
+- `stage_links(spec, tp, pp)`: the hops of a pipeline's stages (TP within a node, PP
+  across): a hop between nodes over the node link, else over the link within a node.
 - `node_link(spec)`: the spec's `node_link_bw` / `node_link_pj_per_bit` (device files'
   `node_link_GBs`, sourced there: one InfiniBand port a GPU, 400 Gb/s NDR on DGX H100, H200
   and B200, 200 Gb/s HDR on DGX A100), else `NODE_LINK_BW`.
@@ -163,6 +165,25 @@ def within(spec, ranks: int) -> Link:
     raise LinkError(f"device {spec.name!r} has no link to another device to run "
                     f"collectives over: give interconnect_GBs (NVLink) or "
                     f"host_to_device_bw_GBs (PCIe) in its YAML entry")
+
+
+def stage_links(spec, tp: int, pp: int) -> list[Link]:
+    """The links a pipeline's PP - 1 hops take, one a hop: ranks numbered stage by stage
+    (stage k's TP ranks are k TP .. (k + 1) TP - 1, as vLLM lays TP within a node and PP
+    across), rank j of stage k sends to rank j of stage k + 1; a hop whose sends any cross
+    a node boundary of `gpus_per_node(spec)` goes over the node link, else over the link
+    of two ranks within a node (`within(spec, 2)`)."""
+    per = gpus_per_node(spec)
+    inside = None
+    out = []
+    for k in range(pp - 1):
+        crosses = any((k * tp + j) // per != ((k + 1) * tp + j) // per for j in range(tp))
+        if crosses:
+            out.append(node_link(spec))
+        else:
+            inside = inside or within(spec, 2)
+            out.append(inside)
+    return out
 
 
 def between(a, b) -> Link | None:

@@ -17,7 +17,8 @@ scheduler and its share of the KV blocks). Here the requests are split over PP s
 same way, each stream's engine holds kv_blocks // PP blocks, and one step of a stream takes
 the batch through every stage: PP x the stage's step time (the rank's step table: the stage
 with the most layers, the embedding and the head) + (PP - 1) hops of its hidden states to
-the next stage (`hop_s`: a send/recv on the link). A stream waits for its own batch only, so
+the next stage (`hop_s`: a send/recv on each hop's link, links.stage_links: TP within a
+node and PP across, so that a hop between nodes takes the node link). A stream waits for its own batch only, so
 with PP streams busy the pipeline starts a batch every stage time; with fewer (a light load,
 the last requests), stages idle: the pipeline's bubbles. A step's joules are those of every
 rank it ran on: TP x PP x the stage's.
@@ -42,7 +43,7 @@ import numpy as np
 
 from perfcounter._util import PerfcounterWarning
 from perfcounter.pricing.collectives import collective_s
-from perfcounter.pricing.links import within
+from perfcounter.pricing.links import stage_links
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.scheduler import simulate_engine
 
@@ -121,7 +122,7 @@ class StagedTable:
         self.has_energy = getattr(table, "has_energy", True)
 
     def seconds(self, f: np.ndarray) -> float:
-        hops = (self.stages - 1) * self.hop_s(f) if self.hop_s is not None else 0.0
+        hops = self.hop_s(f) if self.hop_s is not None else 0.0
         return self.stages * self.table.seconds(f) + hops
 
     def energy_j(self, f: np.ndarray, seconds: float) -> float:
@@ -137,7 +138,8 @@ def staged(dep):
     parallel = dep.parallel
     if parallel.ranks == 1:
         return dep.table
-    hop = hop_seconds(dep.spec, dep.args, dep.dtype.itemsize) \
+    hop = hop_seconds(dep.spec, dep.args, dep.dtype.itemsize, parallel.tensor_parallel_size,
+                      parallel.pipeline_parallel_size) \
         if parallel.pipeline_parallel_size > 1 else None
     return StagedTable(dep.table, parallel.pipeline_parallel_size, parallel.ranks, hop)
 
@@ -174,8 +176,10 @@ def simulate(workload, dep):
     return runs[0] if streams == 1 else join(runs, len(workload))
 
 
-def hop_seconds(spec, args, itemsize: int):
-    """f -> seconds of one hop of a step's hidden states (tokens x dim x itemsize bytes)
-    to the next pipeline stage over `spec`'s link (pricing/collectives.py's send/recv)."""
-    link = within(spec, 2)
-    return lambda f: collective_s("send_recv", float(f[1]) * args.dim * itemsize, 2, link)
+def hop_seconds(spec, args, itemsize: int, tp: int, pp: int):
+    """f -> seconds of a step's PP - 1 hops of its hidden states (tokens x dim x itemsize
+    bytes) from stage to stage, each over its link (links.stage_links: between nodes over
+    the node link) as pricing/collectives.py's send/recv prices it."""
+    links = stage_links(spec, tp, pp)
+    return lambda f: sum(collective_s("send_recv", float(f[1]) * args.dim * itemsize, 2, link)
+                         for link in links)
