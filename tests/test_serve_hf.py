@@ -149,7 +149,7 @@ def test_a_preset_serves_and_fits_its_memory_plan():
 @pytest.mark.parametrize("options, line", [
     (dict(enable_expert_parallel=True), "has no experts"),
     (dict(tensor_parallel_size=3), "does not divide num_attention_heads 32"),
-    (dict(pipeline_parallel_size=2), "--pipeline_parallel_size 2"),
+    (dict(pipeline_parallel_size=37), "--pipeline_parallel_size 37: qwen3-8b has 36 layers"),
     (dict(quantize="int8"), "--quantize"),
 ])
 def test_bad_parallel_input_is_one_line(options, line):
@@ -281,3 +281,49 @@ def test_expert_parallel_refusals():
     with pytest.raises(ServeError, match="not both yet"):
         deployment("qwen3-30b-a3b", "h100-sxm", tensor_parallel_size=2, data_parallel_size=2,
                    enable_expert_parallel=True)
+
+
+def test_pipeline_stages_split_layers_as_vllm_does():
+    from perfcounter.serve.hf_shard import pipeline_stages
+    # 61 layers on 2 stages: 30 each, the 1 left over to the second-to-last (the first)
+    assert pipeline_stages(61, 2) == [(0, 31), (31, 61)]
+    # 10 on 4: 2 each, 2 left over to stages -2 and -3: sizes 2, 3, 3, 2
+    assert pipeline_stages(10, 4) == [(0, 2), (2, 5), (5, 8), (8, 10)]
+    assert pipeline_stages(8, 4) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+
+
+def test_pipeline_stage_is_the_heaviest_and_priced_on_its_layers():
+    # DeepSeek-V3 tiny, 5 layers, the first 2 dense (feed-forward 3 x 32 x 48 = 4,608) and 3
+    # of 16 experts (16 x 3 x 32 x 16 = 24,576, + a shared one and the router): PP 3 splits
+    # them 2, 2, 1 (pipeline_stages): stage 1 holds two MoE layers, the most parameters
+    config = tiny("deepseek_v3", **{**TINY["deepseek_v3"], "num_hidden_layers": 5,
+                                    "first_k_dense_replace": 2})
+    args = HfArgs.of(config, "deepseek_v3")
+    dep = deployment(args, "h100-sxm", pipeline_parallel_size=3, execution="bound")
+    rank = dep.args
+    assert (rank.layers, rank.n_layer) == ((2, 4), 2)
+    assert dep.parallel.pipeline_parallel_size == 3 and dep.parallel.gpus == 3
+    from perfcounter.serve.hf_model import kind_params
+    outside, per_kind = kind_params(args)
+    moe = next(k for k in per_kind if "experts=1" in k)
+    # the rank holds the embedding and head (outside the layers) and its two MoE layers
+    assert rank.weight_params() == outside + 2 * per_kind[moe]
+    # its KV cache: MLA's latent 16 + rope key 8 elements a token a layer, 2 layers
+    assert rank.kv_elements_per_token() == 2 * (16 + 8)
+    # a decode step through the 3 stages takes 3 x the stage's step + 2 hops
+    f = dep.table.counts.features([(1, 64)])
+    from perfcounter.serve.replicas import staged
+    stage = dep.table.seconds(f)
+    assert 3 * stage < staged(dep).seconds(f) < 3 * stage + 2 * 10e-6
+
+
+def test_a_transformers_model_serves_on_pipeline_stages():
+    from perfcounter.serve import serve, synthetic
+    args = HfArgs.of(tiny("qwen3", **{**TINY["qwen3"], "num_hidden_layers": 4}), "qwen3")
+    one = deployment(args, "h100-sxm", execution="bound")
+    pp = deployment(args, "h100-sxm", pipeline_parallel_size=2, execution="bound")
+    # a stage holds 2 of the 4 layers: half the KV cache a token (2 x 2 heads x 8 x 2 B a
+    # layer = 64 B; 128 B for 2 layers) and one stage's step counts 2 layers
+    assert (one.plan.kv_bytes_per_token, pp.plan.kv_bytes_per_token) == (256, 128)
+    run = serve(pp, synthetic(4, 32, 4, qps=10, seed=0))
+    assert run.metrics["completed"] == 4

@@ -20,7 +20,8 @@ from perfcounter.quant.gguf_types import GgufFile
 from perfcounter.quant.quantize import WeightScheme
 from perfcounter.serve.engines import EngineProfile, check_given, engine_profile, engine_settings
 from perfcounter.serve.errors import ServeError
-from perfcounter.serve.hf_model import HfArgs, shard_hf
+from perfcounter.serve.hf_model import HfArgs
+from perfcounter.serve.hf_shard import shard_hf
 from perfcounter.serve.memory import MemoryPlan, memory_plan
 from perfcounter.serve.metrics import check_prices
 from perfcounter.serve.options import CacheOptions, DeploymentOptions

@@ -42,6 +42,12 @@ Expert parallelism (--enable_expert_parallel, vLLM's: the routed experts over TP
   reads the same expert bytes a rank in expectation, combined by the same all-reduce; NB the
   GEMMs' shapes differ, so a prediction's per-row efficiency is TP's;
 - both (TP > 1 and DP > 1): refused for now.
+
+Pipeline parallelism (--pipeline_parallel_size, vLLM's): the layers split into stages as
+vLLM splits them (pipeline_stages); a rank is priced on the stage whose layers hold the most
+parameters (`layers`: its [start, end)), with the embedding and the LM head, as
+perfcounter's model is on its stage of the most layers (serve/replicas.py prices the steps
+through the stages and the hops between them).
 """
 from __future__ import annotations
 
@@ -57,8 +63,6 @@ from perfcounter.generation.config_only import fake_hf_model
 from perfcounter.generation.derive_layers import arranged, layer_kinds, with_layers
 from perfcounter.models import kv_layout
 from perfcounter.models.layer_paths import layer_of
-from perfcounter.parallel.sharding import ParallelConfig
-from perfcounter.serve.errors import ServeError
 from perfcounter.serve.hf_stored import StoredFormat
 
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
@@ -85,14 +89,16 @@ class HfArgs:
     config_json: str
     tensor_parallel_size: int = 1
     expert_parallel_size: int = 1  # the ranks its routed experts spread over (1: TP splits them)
+    layers: tuple | None = None  # a pipeline stage's layers [start, end); None: every layer
 
     @classmethod
-    def of(cls, config, name: str) -> "HfArgs":
+    def of(cls, config, name: str) -> HfArgs:
         return cls(str(name), config.model_type, config.to_json_string(use_diff=False))
 
-    def sharded(self, tensor_parallel_size: int, expert_parallel_size: int = 1) -> "HfArgs":
+    def sharded(self, tensor_parallel_size: int, expert_parallel_size: int = 1,
+                layers: tuple | None = None) -> HfArgs:
         return HfArgs(self.name, self.model_type, self.config_json, tensor_parallel_size,
-                      expert_parallel_size)
+                      expert_parallel_size, layers)
 
     @functools.cached_property
     def config(self):
@@ -110,7 +116,8 @@ class HfArgs:
     # what serve reads of any model (ModelArgs' names), one rank's
     @property
     def n_layer(self) -> int:
-        return self.config.num_hidden_layers
+        """The rank's layers: its pipeline stage's, else every layer."""
+        return len(self.kinds) if self.layers is not None else self.config.num_hidden_layers
 
     @property
     def dim(self) -> int:
@@ -159,13 +166,16 @@ class HfArgs:
 
     @property
     def kinds(self) -> list[str]:
-        """Each layer's kind (derive_layers.layer_kinds)."""
-        return layer_kinds(self.config)
+        """Each of the rank's layers' kind (derive_layers.layer_kinds): its stage's."""
+        kinds = layer_kinds(self.config)
+        return kinds if self.layers is None else kinds[slice(*self.layers)]
 
     def rank_config(self, kinds: list[str] | None = None):
         """The config one rank's model is built from (the module doc), with one layer per
-        entry of `kinds` (layer_kinds' names; None: every layer)."""
+        entry of `kinds` (layer_kinds' names; None: every layer of the rank's stage)."""
         tp, ep, whole = self.tensor_parallel_size, self.expert_parallel_size, self.config
+        if kinds is None and self.layers is not None:
+            kinds = self.kinds
         config = copy.deepcopy(whole) if kinds is None else \
             with_layers(whole, arranged(whole, kinds))
         if ep > 1:  # E / EP whole experts a rank, routed to by its top-k of them (module doc)
@@ -208,8 +218,9 @@ class HfArgs:
         return sum(layer.elements for layer in kv_layout.kv_layers(config, "engine"))
 
     def __repr__(self) -> str:
+        stage = "" if self.layers is None else f", layers={self.layers[0]}-{self.layers[1] - 1}"
         return (f"HfArgs({self.name!r}, {self.model_type}, tp={self.tensor_parallel_size}, "
-                f"ep={self.expert_parallel_size})")
+                f"ep={self.expert_parallel_size}{stage})")
 
 
 def expert_width(config) -> str:
@@ -226,14 +237,28 @@ def rank_model_kinds(args: HfArgs) -> list[str]:
 
 @functools.lru_cache(maxsize=32)
 def _weight_params(args: HfArgs) -> int:
+    outside, per_kind = kind_params(args)
+    return outside + sum(per_kind[kind] for kind in args.kinds)
+
+
+@functools.lru_cache(maxsize=32)
+def kind_params(args: HfArgs) -> tuple[int, dict]:
+    """(parameters outside the layers (a tied weight once), {kind: one layer's parameters})
+    of one rank of `args`, from transformers' model of one layer per kind."""
     reps = rank_model_kinds(args)
     model, _ = fake_hf_model(args.rank_config(reps), dtype=torch.bfloat16)
-    count = {kind: args.kinds.count(kind) for kind in reps}
-    total = 0
-    for name, p in model.named_parameters():  # a tied weight once
+    outside, per_kind = 0, dict.fromkeys(reps, 0)
+    for name, p in model.named_parameters():
         layer = layer_of(name)
-        total += p.numel() * (count[reps[layer]] if layer >= 0 else 1)
-    return total
+        if layer >= 0:
+            per_kind[reps[layer]] += p.numel()
+        else:
+            outside += p.numel()
+    return outside, per_kind
+
+
+
+
 
 
 @functools.lru_cache(maxsize=32)
@@ -268,51 +293,8 @@ def check_tensor_parallel(args: HfArgs, tp: int) -> None:
             raise ValueError(f"--tensor_parallel_size {tp} does not divide {field} {width}")
 
 
-def shard_hf(args: HfArgs, model: str, parallel, mapping: bool = False):
-    """(ParallelConfig, one rank's HfArgs) for deployment()'s parallel options (its
-    options.ParallelOptions), checked before any work; ServeError (one line) for what a
-    transformers model is not priced under: pipeline stages, expert parallelism, a mapping."""
-    tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
-    if mapping:
-        raise ServeError(f"--mapping: {model} ({args.model_type}) is priced on transformers' "
-                         "modeling code, which a placement mapping does not place")
-    if pp > 1:
-        raise ServeError(f"--pipeline_parallel_size {pp}: {model} ({args.model_type}) is "
-                         "priced with tensor and data parallelism; pipeline stages price "
-                         "perfcounter's own architectures")
-    ep, dp = 1, parallel.data_parallel_size
-    if parallel.enable_expert_parallel:
-        check_expert_parallel(args, tp * dp, model)
-        if tp > 1 and dp > 1:
-            raise ServeError(f"--enable_expert_parallel with --tensor_parallel_size {tp} and "
-                             f"--data_parallel_size {dp}: {model} ({args.model_type}) prices "
-                             "experts over TP ranks or over data-parallel ranks, not both yet")
-        # over data-parallel ranks (attention DP): E / DP experts a rank, all-to-all; over the
-        # TP ranks of one replica: priced as the experts split by TP, which computes the same
-        # rows x widths and reads the same expert bytes a rank in expectation (the module doc)
-        ep = dp if dp > 1 else 1
-    try:
-        check_tensor_parallel(args, tp)
-    except ValueError as e:
-        raise ServeError(str(e)) from None
-    config = ParallelConfig(tp, pp, parallel.data_parallel_size, parallel.enable_expert_parallel)
-    return config, args.sharded(tp, ep)
 
 
-def check_expert_parallel(args: HfArgs, ep: int, model: str = "the model") -> None:
-    """vLLM's expert parallelism over TP x DP = `ep` ranks: a model with experts, E that EP
-    divides, each rank's E / EP at least the top-k (ServeError, one line)."""
-    experts, k = args.num_experts, args.num_activated_experts
-    flag = "--enable_expert_parallel"
-    if not experts:
-        raise ServeError(f"{flag}: {model} ({args.model_type}) has no experts (a dense "
-                         "feed-forward); leave it out")
-    if ep < 2:
-        raise ServeError(f"{flag}: experts spread over TP x DP ranks, here 1; give "
-                         "--tensor_parallel_size or --data_parallel_size above 1")
-    if experts % ep or experts // ep < k:
-        raise ServeError(f"{flag}: TP x DP = {ep} ranks do not share {experts} experts "
-                         f"(top-{k}) evenly; valid: a divisor of {experts} up to {experts // k}")
 
 
 def valid_tensor_parallel_sizes(args: HfArgs) -> list[int]:
