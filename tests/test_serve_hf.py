@@ -278,9 +278,29 @@ def test_expert_parallel_refusals():
     with pytest.raises(ServeError, match="do not share 128 experts"):
         deployment("qwen3-30b-a3b", "h100-sxm", data_parallel_size=32,
                    enable_expert_parallel=True)
-    with pytest.raises(ServeError, match="not both yet"):
-        deployment("qwen3-30b-a3b", "h100-sxm", tensor_parallel_size=2, data_parallel_size=2,
+    with pytest.raises(ServeError, match="do not share 128 experts"):
+        deployment("qwen3-30b-a3b", "h100-sxm", tensor_parallel_size=4, data_parallel_size=32,
                    enable_expert_parallel=True)
+
+
+def test_expert_parallel_over_tensor_and_data_parallel_ranks():
+    # Qwen3-MoE tiny (16 experts of width 16, top-2) on TP 2 x DP 2 with EP (vLLM's: over
+    # the 4 ranks): a rank holds 16 / DP = 8 experts, each 16 / TP = 8 wide: 8 x 3 x 32 x 8
+    # = 6,144 expert parameters a MoE layer, as 16 / 4 = 4 whole experts (4 x 3 x 32 x 16)
+    args = HfArgs.of(tiny("qwen3_moe", **TINY["qwen3_moe"]), "qwen3_moe")
+    dep = deployment(args, "h100-sxm", tensor_parallel_size=2, data_parallel_size=2,
+                     enable_expert_parallel=True, execution="bound")
+    rank = dep.args
+    assert (rank.tensor_parallel_size, rank.expert_parallel_size, rank.num_experts,
+            rank.rank.moe_intermediate_size) == (2, 2, 8, 8)
+    model, mode = fake_hf_model(rank.rank_config(rank_model_kinds(rank)))
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    assert experts == 8 * 3 * 32 * 8 == 4 * 3 * 32 * 16
+    trace = count_hf_step(model, mode, [Piece(3, 5), Piece(1, 9)], tp=2, ep=2)
+    a2a = [r for r in trace.records if r.op == "perfcounter.all_to_all.default"]
+    # one MoE layer: T = 4 tokens x D = 32 x min(k, TP x DP) = 2 copies x 2 B = 512 B each
+    # way, over the TP x DP = 4 ranks
+    assert len(a2a) == 2 and all(r.read[2] == 4 * 32 * 2 * 2 and r.args[1] == 4 for r in a2a)
 
 
 def test_pipeline_stages_split_layers_as_vllm_does():

@@ -41,7 +41,12 @@ Expert parallelism (--enable_expert_parallel, vLLM's: the routed experts over TP
   same rows x widths (T k / EP rows of whole experts, or T k rows of 1 / TP of each) and
   reads the same expert bytes a rank in expectation, combined by the same all-reduce; NB the
   GEMMs' shapes differ, so a prediction's per-row efficiency is TP's;
-- both (TP > 1 and DP > 1): refused for now.
+- both (TP > 1 and DP > 1, vLLM's EP over TP x DP ranks): a rank holds E / DP experts,
+  each split by TP (`expert_parallel_size` DP), routed to by its tokens' top-k among them:
+  T k rows of 1 / TP of an expert, the same rows x widths and expert bytes a rank as E /
+  (TP DP) whole experts over T k / TP rows in expectation; each token dispatched and
+  combined over the TP x DP ranks (all-to-all), and the TP all-reduce of the feed-forward's
+  output kept beside it (NB an upper bound: vLLM's combine returns the experts' sum).
 
 Pipeline parallelism (--pipeline_parallel_size, vLLM's): the layers split into stages as
 vLLM splits them (pipeline_stages); a rank is priced on the stage whose layers hold the most
@@ -189,9 +194,8 @@ class HfArgs:
         config.num_attention_heads = heads // tp
         if hasattr(config, "num_key_value_heads"):
             config.num_key_value_heads = max(1, kv // tp)
-        whole_experts = expert_width(whole) if ep > 1 else None  # not split under EP
-        for field in WIDTHS:
-            if getattr(config, field, None) and field != whole_experts:
+        for field in WIDTHS:  # under EP over TP x DP too: E / DP experts, each 1 / TP wide
+            if getattr(config, field, None):
                 setattr(config, field, getattr(config, field) // tp)
         config.vocab_size = padded_vocab(whole.vocab_size, tp)
         return config
@@ -221,12 +225,6 @@ class HfArgs:
         stage = "" if self.layers is None else f", layers={self.layers[0]}-{self.layers[1] - 1}"
         return (f"HfArgs({self.name!r}, {self.model_type}, tp={self.tensor_parallel_size}, "
                 f"ep={self.expert_parallel_size}{stage})")
-
-
-def expert_width(config) -> str:
-    """The config field that sizes a routed expert's feed-forward."""
-    return "moe_intermediate_size" if getattr(config, "moe_intermediate_size", None) \
-        else "intermediate_size"
 
 
 def rank_model_kinds(args: HfArgs) -> list[str]:

@@ -36,8 +36,8 @@ def heaviest_stage(args: HfArgs, pp: int) -> tuple[int, int]:
 def shard_hf(args: HfArgs, model: str, parallel, mapping: bool = False):
     """(ParallelConfig, one rank's HfArgs) for deployment()'s parallel options (its
     options.ParallelOptions), checked before any work; ServeError (one line) for what a
-    transformers model is not priced under: a mapping, expert parallelism over TP and DP
-    both. Pipeline stages: the rank holds its heaviest stage's layers (heaviest_stage)."""
+    transformers model is not priced under: a mapping. Pipeline stages: the rank holds its
+    heaviest stage's layers (heaviest_stage)."""
     tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
     if mapping:
         raise ServeError(f"--mapping: {model} ({args.model_type}) is priced on transformers' "
@@ -48,13 +48,10 @@ def shard_hf(args: HfArgs, model: str, parallel, mapping: bool = False):
     ep, dp = 1, parallel.data_parallel_size
     if parallel.enable_expert_parallel:
         check_expert_parallel(args, tp * dp, model)
-        if tp > 1 and dp > 1:
-            raise ServeError(f"--enable_expert_parallel with --tensor_parallel_size {tp} and "
-                             f"--data_parallel_size {dp}: {model} ({args.model_type}) prices "
-                             "experts over TP ranks or over data-parallel ranks, not both yet")
-        # over data-parallel ranks (attention DP): E / DP experts a rank, all-to-all; over the
-        # TP ranks of one replica: priced as the experts split by TP, which computes the same
-        # rows x widths and reads the same expert bytes a rank in expectation (the module doc)
+        # over data-parallel ranks (attention DP, TP within each replica as well): E / DP
+        # experts a rank, each 1 / TP wide, all-to-all; over one replica's TP ranks alone: the
+        # experts split by TP, the same rows x widths and expert bytes a rank in expectation
+        # (hf_model's module doc)
         ep = max(1, dp)
     try:
         check_tensor_parallel(args, tp)

@@ -351,8 +351,9 @@ def count_hf_step(model, fake_mode, pieces, dtype=torch.bfloat16, depth: int = 1
     """The counted trace of one engine step of `pieces` (Piece or (new_tokens, context)) of
     a fake transformers causal LM (config_only.fake_hf_model's), as the module doc says; tp:
     one rank of that tensor-parallel size (the model built from hf_model's rank config); ep:
-    its experts spread over that many ranks, dispatched and combined by all-to-all where the
-    ranks are data-parallel (ep > tp; below that, the TP all-reduce combines them)."""
+    the data-parallel ranks its experts spread over (hf_model's expert_parallel_size),
+    dispatched and combined by all-to-all over the TP x EP ranks; 1: the TP all-reduce
+    combines them."""
     pieces = [p if isinstance(p, Piece) else Piece(*p) for p in pieces]
     if not pieces or any(p.new_tokens < 1 or p.context < 0 for p in pieces):
         raise ValueError(f"a step needs pieces of >= 1 new token after >= 0 cached; got {pieces}")
@@ -364,8 +365,8 @@ def count_hf_step(model, fake_mode, pieces, dtype=torch.bfloat16, depth: int = 1
             config._attn_implementation = ATTENTION
     _use_mla(model)
     _tensor_parallel(model, tp)
-    if ep > tp:
-        _expert_parallel(model, ep)
+    if ep > 1:
+        _expert_parallel(model, ep * tp)
     for m in model.modules():
         if hasattr(m, "num_experts") and hasattr(m, "has_gate") \
                 and not getattr(m, "_perfcounter_sort", False):
