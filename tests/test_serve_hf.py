@@ -347,3 +347,21 @@ def test_a_transformers_model_serves_on_pipeline_stages():
     assert (one.plan.kv_bytes_per_token, pp.plan.kv_bytes_per_token) == (256, 128)
     run = serve(pp, synthetic(4, 32, 4, qps=10, seed=0))
     assert run.metrics["completed"] == 4
+
+
+def test_a_model_that_does_not_fit_names_the_smallest_layouts_that_do():
+    from perfcounter.serve.hf_shard import smallest_fit
+    args = HfArgs.of(tiny("deepseek_v3", **TINY["deepseek_v3"]), "deepseek_v3")
+    whole = args.weight_bytes(torch.bfloat16)  # 157,360 B
+    tp2 = args.sharded(2).weight_bytes(torch.bfloat16)  # heads, widths, vocabulary halved
+    ep2 = args.sharded(1, 2).weight_bytes(torch.bfloat16)  # 8 of the 16 experts a rank
+    assert tp2 < ep2 < 0.7 * whole
+    # 0.7 of the weights' room: one GPU does not hold them, both 2-GPU layouts do
+    assert smallest_fit(args, torch.bfloat16, 0.7 * whole, 8) == (
+        "smallest fit: --tensor_parallel_size 2 (0.00 GB of weights a rank); "
+        "--data_parallel_size 2 --enable_expert_parallel (0.00 GB of weights a rank)")
+    assert smallest_fit(args, torch.bfloat16, whole + 1, 8).startswith(
+        "smallest fit: --tensor_parallel_size 1 (")
+    assert smallest_fit(args, torch.bfloat16, 10, 8) == "smallest fit: none up to 64 GPUs"
+    with pytest.raises(ServeError, match="smallest fit: --tensor_parallel_size 8"):
+        deployment("deepseek-v3", "h100-sxm", execution="bound")

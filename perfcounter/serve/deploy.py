@@ -15,13 +15,14 @@ from perfcounter.counting.op_data import ExpertLoad
 from perfcounter.generation.run import PRECISIONS  # noqa: F401  (the shared names, re-exported)
 from perfcounter.models.args import ModelArgs
 from perfcounter.parallel.sharding import ParallelConfig, check_links, shard
+from perfcounter.pricing.links import gpus_per_node
 from perfcounter.pricing.price import REGIMES, check_regime
 from perfcounter.quant.gguf_types import GgufFile
 from perfcounter.quant.quantize import WeightScheme
 from perfcounter.serve.engines import EngineProfile, check_given, engine_profile, engine_settings
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.hf_model import HfArgs
-from perfcounter.serve.hf_shard import shard_hf
+from perfcounter.serve.hf_shard import shard_hf, smallest_fit
 from perfcounter.serve.memory import MemoryPlan, memory_plan
 from perfcounter.serve.metrics import check_prices
 from perfcounter.serve.options import CacheOptions, DeploymentOptions
@@ -32,6 +33,7 @@ from perfcounter.serve.resolve import (gguf_file, is_gguf, precision_label,  # n
                                        resolve_expert_load, resolve_model, resolve_precision,
                                        resolve_quantization, resolve_spec)
 from perfcounter.serve.replicas import check_sizes
+from perfcounter.serve.sampler import SamplerCost, kernels, parse_sampling
 from perfcounter.serve.scheduler import EngineConfig
 from perfcounter.simulation.placement import Mapping
 
@@ -109,8 +111,10 @@ def deployment(model, device_spec="h100-sxm", *, options: DeploymentOptions | No
       check_fit (refuse a model that leaves no KV cache; False: --plan shows it);
     - engine: engine ("vllm", "trtllm", "sglang": engines.py) and what is None among
       execution, max_num_batched_tokens, max_num_seqs, step_overhead_s, request_overhead_s,
-      admission ("recompute", "no_evict") is the engine's default on the device (under a
-      mapping: on its host, eager unless every device is a GPU);
+      seq_overhead_s, async_scheduling, sampler ("torch", "fused"), admission ("recompute",
+      "no_evict") is the engine's default on the device (under a mapping: on its host, eager
+      unless every device is a GPU); sampling: the requests' sampling parameters, whose
+      sampler kernels a "torch" sampler prices (serve/sampler.py; None: not priced);
     - parallel: tensor_parallel_size, pipeline_parallel_size, data_parallel_size,
       enable_expert_parallel, vLLM's (perfcounter/parallel): one rank's step table and
       memory, the price all GPUs';
@@ -131,7 +135,13 @@ def deployment(model, device_spec="h100-sxm", *, options: DeploymentOptions | No
     else:
         placed = _on_device(rank, resolve_spec(device_spec, rank.dtype), options, profile)
     if options.cache.check_fit and not placed.plan.fits:
-        raise ServeError(no_fit_line(str(model), placed.name, placed.plan))
+        line = no_fit_line(str(model), placed.name, placed.plan)
+        if isinstance(rank.args, HfArgs) and options.placement.mapping is None:
+            plan = placed.plan
+            line += "; " + smallest_fit(rank.args, rank.dtype,
+                                        plan.usable_bytes - plan.workspace_bytes,
+                                        gpus_per_node(placed.spec))
+        raise ServeError(line)
     table = placed.table or step_table(rank.args, rank.dtype,
                                        pricer_for(placed.spec, placed.settings["execution"]),
                                        load=rank.load, weights=rank.weights, kv=rank.kv)
@@ -148,6 +158,7 @@ class _Rank:
     kv: str | None
     load: ExpertLoad | None
     parallel: ParallelConfig
+    vocab: int  # the whole vocabulary (every rank samples the gathered logits)
 
 
 @dataclass(slots=True)
@@ -174,6 +185,7 @@ def _check(options: DeploymentOptions) -> EngineProfile:
         raise ServeError(f"--block_size {block}: expected an integer in [1, {MAX_BLOCK:,}] "
                          "tokens a KV block")
     check_given(engine.given(cache.kv_scales))
+    parse_sampling(engine.sampling)
     if engine.execution is not None:
         check_execution(engine.execution)
     profile = engine_profile(engine.engine)
@@ -195,14 +207,15 @@ def _resolve(model, options: DeploymentOptions) -> _Rank:
     load = resolve_expert_load(m.expert_load, args)
     p = options.parallel
     if isinstance(args, HfArgs):
+        vocab = args.vocab_size
         parallel, args = shard_hf(args, str(model), p, mapping is not None)
-        return _Rank(args, dtype, weights, kv, load, parallel)
-    parallel, args = shard(
+        return _Rank(args, dtype, weights, kv, load, parallel, vocab)
+    parallel, sharded = shard(
         args, str(model), tensor_parallel_size=p.tensor_parallel_size,
         pipeline_parallel_size=p.pipeline_parallel_size, data_parallel_size=p.data_parallel_size,
         enable_expert_parallel=p.enable_expert_parallel, mapping=mapping is not None,
         gguf=isinstance(weights, GgufFile), expert_load=load is not None)
-    return _Rank(args, dtype, weights, kv, load, parallel)
+    return _Rank(sharded, dtype, weights, kv, load, parallel, args.vocab_size)
 
 
 def _placed(rank: _Rank, options: DeploymentOptions, profile: EngineProfile) -> _Placed:
@@ -250,7 +263,8 @@ def _deployment(model, rank: _Rank, placed: _Placed, table, options: DeploymentO
     engine_cfg = EngineConfig(placed.plan.kv_blocks, settings["max_num_batched_tokens"],
                               settings["max_num_seqs"], options.cache.block_size,
                               settings["step_overhead_s"], settings["admission"],
-                              settings["request_overhead_s"])
+                              settings["request_overhead_s"], settings["seq_overhead_s"],
+                              settings["async_scheduling"], _sampler(rank, placed, options))
     model_name = model if isinstance(model, str) else type(model).__name__
     return Deployment(name, rank.args, str(model_name), rank.dtype, placed.spec, table,
                       placed.plan, engine_cfg, usd_per_hour, source,
@@ -258,6 +272,15 @@ def _deployment(model, rank: _Rank, placed: _Placed, table, options: DeploymentO
                       weights=rank.weights, kv_dtype=rank.kv, expert_load=rank.load,
                       parallel=parallel, profile=profile, settings=settings,
                       sources=placed.sources)
+
+
+def _sampler(rank: _Rank, placed: _Placed, options: DeploymentOptions):
+    """The sampler's cost a step (scheduler.EngineConfig.sampler): the requests' `sampling`
+    kernels on the memory device, where the engine samples with PyTorch ops; else None."""
+    sampling = parse_sampling(options.engine.sampling)
+    if sampling is None or placed.settings["sampler"] != "torch":
+        return None
+    return SamplerCost(placed.spec, rank.vocab, kernels(sampling))
 
 
 def _fit_options(settings: dict, cache: CacheOptions) -> dict:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from perfcounter.parallel.sharding import ParallelConfig
 from perfcounter.serve.errors import ServeError
-from perfcounter.serve.hf_model import HfArgs, check_tensor_parallel, kind_params
+from perfcounter.serve.hf_model import (HfArgs, check_tensor_parallel, kind_params,
+                                        valid_tensor_parallel_sizes)
 
 
 def pipeline_stages(n_layer: int, pp: int) -> list[tuple[int, int]]:
@@ -76,3 +77,56 @@ def check_expert_parallel(args: HfArgs, ep: int, model: str = "the model") -> No
     if experts % ep or experts // ep < k:
         raise ServeError(f"{flag}: TP x DP = {ep} ranks do not share {experts} experts "
                          f"(top-{k}) evenly; valid: a divisor of {experts} up to {experts // k}")
+
+
+def smallest_fit(args: HfArgs, dtype, room_bytes: float, per_node: int,
+                 max_gpus: int = 64) -> str:
+    """'smallest fit: --tensor_parallel_size 8 --pipeline_parallel_size 2 (44.24 GB of
+    weights a rank); ...': the layouts of the fewest GPUs (1, 2, 4, ... up to `max_gpus`)
+    whose rank's weights (as stored) leave room for a KV cache in `room_bytes` (a rank's
+    usable memory less its workspace): TP up to a node (`per_node`) with PP over the rest,
+    and for a mixture of experts, EP over DP ranks (TP 1) and over TP x DP (TP a node)."""
+    whole = args.sharded(1)
+    tps = [t for t in valid_tensor_parallel_sizes(whole) if t <= per_node]
+    g = 1
+    while g <= max_gpus:
+        fits = []
+        for tp, pp, dp in _layouts(g, tps, whole.n_layer, bool(whole.num_experts)):
+            rank = _rank(whole, tp, pp, dp)
+            if rank is not None and rank.weight_bytes(dtype) < room_bytes:
+                fits.append(_flags(tp, pp, dp) + f" ({rank.weight_bytes(dtype) / 1e9:.2f} GB "
+                            "of weights a rank)")
+        if fits:
+            return "smallest fit: " + "; ".join(fits)
+        g *= 2
+    return f"smallest fit: none up to {max_gpus} GPUs"
+
+
+def _layouts(g: int, tps: list[int], n_layer: int, moe: bool):
+    """(TP, PP, DP with EP or 1) layouts of g GPUs (smallest_fit)."""
+    tp = max([t for t in tps if g % t == 0], default=1)
+    if g // tp <= n_layer:
+        yield tp, g // tp, 1
+    if moe and g > 1:
+        yield 1, 1, g
+        if tp > 1 and g > tp:
+            yield tp, 1, g // tp
+
+
+def _rank(whole: HfArgs, tp: int, pp: int, dp: int) -> HfArgs | None:
+    """One rank of the layout, None where its experts do not split so."""
+    ep = dp if dp > 1 else 1
+    if ep > 1:
+        try:
+            check_expert_parallel(whole, tp * dp)
+        except ServeError:
+            return None
+    rank = whole.sharded(tp, ep)
+    return rank.sharded(tp, ep, heaviest_stage(rank, pp)) if pp > 1 else rank
+
+
+def _flags(tp: int, pp: int, dp: int) -> str:
+    parts = [f"--tensor_parallel_size {tp}"] if tp > 1 else []
+    parts += [f"--pipeline_parallel_size {pp}"] if pp > 1 else []
+    parts += [f"--data_parallel_size {dp} --enable_expert_parallel"] if dp > 1 else []
+    return " ".join(parts) or "--tensor_parallel_size 1"
