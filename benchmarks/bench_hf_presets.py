@@ -3,8 +3,14 @@ them: each checkpoint's parameters (transformers' class for its config on the me
 weight once), its language model's, its KV cache bytes a token in bfloat16 (models/kv_layout.py,
 vLLM's layout), and how long a config-only count of it takes (prompt 8 tokens, 2 new), whether
 one layer of each kind was counted and the rest derived, with the machine's load.
+`--tables` times instead how long serve's step table of each takes to build on one rank
+(serve/steps_hf.count_hf_table: every fit step counted on transformers' model of one layer of
+each kind, as stored; built once and reused by every plan candidate of that model and
+parallel layout; the goal: within 10 s on a quiet 2-core machine), with the load before and
+after each.
 
     python benchmarks/bench_hf_presets.py [--only deepseek-v3,gpt-oss-20b] [--no_count]
+    python benchmarks/bench_hf_presets.py --tables [--only qwen3-8b]
 """
 from __future__ import annotations
 
@@ -38,11 +44,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--only", default="", help="comma-separated preset names (default: all)")
     p.add_argument("--no_count", action="store_true", help="parameters and KV bytes only")
+    p.add_argument("--tables", action="store_true", help="time serve's step table of each")
     a = p.parse_args(argv)
     names = [n for n in a.only.split(",") if n] or list(PRESETS)
     unknown = [n for n in names if n not in PRESETS]
     if unknown:
         p.error(f"unknown preset {unknown[0]!r}; valid: {', '.join(PRESETS)}")
+    if a.tables:
+        return tables(names)
     print(f"{'preset':22} {'checkpoint':>17} {'language model':>17} {'KV B/token':>11}  count")
     for name in names:
         whole = preset_config(name)
@@ -61,6 +70,29 @@ def main(argv=None) -> int:
             count = (f"{time.perf_counter() - t:.1f} s, "
                      f"{'every layer counted' if every else 'derived'}  [{_load()}]")
         print(f"{name:22} {checkpoint:>17,} {language:>17,} {kv:>11,}  {count}")
+    return 0
+
+
+def tables(names) -> int:
+    """Each preset's serve step table built twice, timed: on TP 1 first (its modeling
+    code imported then), then on TP 2 (a plan's next candidate: a new table, imports done)."""
+    from perfcounter.serve.resolve import resolve_model
+    from perfcounter.serve.steps_hf import count_hf_table
+    print(f"serve's step table of one rank, bfloat16 activations, weights as stored; "
+          f"{os.cpu_count()} cores; TP 1 (imports included), then TP 2")
+    worst = 0.0
+    for name in names:
+        args = resolve_model(name)
+        took = []
+        before = _load()
+        for tp in (1, 2):
+            t = time.perf_counter()
+            count_hf_table(args.sharded(tp), torch.bfloat16)
+            took.append(time.perf_counter() - t)
+        worst = max(worst, took[1])
+        print(f"{name:22} TP 1 {took[0]:6.1f} s, TP 2 {took[1]:6.1f} s  [{before}; after: "
+              f"{_load()}]", flush=True)
+    print(f"slowest TP 2 build: {worst:.1f} s (goal: within 10 s on a quiet machine)")
     return 0
 
 
