@@ -24,7 +24,7 @@ def test_flat_keywords_land_in_their_groups():
     assert o.engine.given("tensor") == {
         "max_num_batched_tokens": None, "max_num_seqs": 8, "step_overhead_s": None,
         "request_overhead_s": None, "admission": None, "kv_scales": "tensor",
-        "execution": None}
+        "execution": None, "seq_overhead_s": None, "async_scheduling": None, "sampler": None}
 
 
 def test_options_and_keywords_build_the_same_deployment():

@@ -10,9 +10,15 @@
   are left after every running request's whole prompt + output; nothing is ever evicted);
 - its default `max_num_seqs` and token budget (`max_num_batched_tokens`), which depend on
   the device's memory where the engine's code says so;
-- host time per step (scheduling, input preparation not overlapped with the GPU) and a
-  fixed host cost per request (tokenisation, admission) where the engine publishes one;
-  0 where it publishes none: give `--step_overhead_ms` / `--request_overhead_ms` measured;
+- host time per step (scheduling, input preparation) and per scheduled sequence, and a fixed
+  host cost per request (tokenisation, admission) where the engine publishes one; 0 where it
+  publishes none: give `--step_overhead_ms` / `--request_overhead_ms` / `seq_overhead_s`
+  measured; whether the host's work for a step overlaps the GPU's previous step
+  (`async_scheduling`: vLLM's --async-scheduling, the overlap schedulers of SGLang and
+  TensorRT-LLM; scheduler.py's module doc says what a step then costs);
+- its sampler: "torch" (vLLM's PyTorch ops, whose bytes serve/sampler.py counts for the
+  requests' `sampling=` parameters) or "fused" (an engine's fused sampling kernels, whose
+  bytes no source gives: not priced);
 - the KV cache's scale granularity when it is stored in int8 / fp8: "tensor" (one scale
   per layer's K and V, what all three engines ship) or "token_head" (a scale per token
   and KV head: perfcounter's quantize.QuantizedKVCache).
@@ -65,6 +71,9 @@ class EngineProfile:
     request_overhead_s: Figure
     kv_scales: Figure  # "tensor" | "token_head"
     graphs: Figure  # "cudagraphs" on a GPU where the engine captures graphs by default
+    seq_overhead_s: Figure  # host time a scheduled sequence a step
+    async_scheduling: Figure  # bool: the host's work overlaps the previous step's GPU work
+    sampler: Figure  # "torch" | "fused" (SAMPLERS)
 
     def regime(self, spec) -> Figure:
         """The regime the engine's steps run in on `spec` by default."""
@@ -78,7 +87,9 @@ class EngineProfile:
                 "max_num_seqs": self.max_num_seqs(spec),
                 "max_num_batched_tokens": self.max_num_batched_tokens(spec),
                 "step_overhead_s": self.step_overhead_s,
-                "request_overhead_s": self.request_overhead_s, "kv_scales": self.kv_scales}
+                "request_overhead_s": self.request_overhead_s, "kv_scales": self.kv_scales,
+                "seq_overhead_s": self.seq_overhead_s, "async_scheduling": self.async_scheduling,
+                "sampler": self.sampler}
 
     def settings(self, spec) -> dict:
         return {k: f.value for k, f in self.figures(spec).items()}
@@ -150,7 +161,20 @@ PROFILES = {
             _VLLM, "docs/features/quantization/quantized_kvcache.md, k_scale and v_scale "
                    "of each attention layer")),
         graphs=Figure("cudagraphs", f"{_VLLM}: CUDA graphs captured by default "
-                      "(CompilationConfig, enforce_eager=False)")),
+                      "(CompilationConfig, enforce_eager=False)"),
+        seq_overhead_s=Figure(0.0, f"{_VLLM} (and v0.11.1) publishes no host time a sequence "
+                              "a step; 0 (the nearest published: Scheduler.update_from_output "
+                              "alone, 0.287 ms at 256 decodes on a 2026 main, vLLM pull request "
+                              "46112; give seq_overhead_s measured)"),
+        async_scheduling=Figure(False, f"{_VLLM} and v0.11.1 vllm/config/scheduler.py: "
+                                "SchedulerConfig.async_scheduling = False (--async-scheduling "
+                                "opts in: the scheduler runs one step ahead of the GPU, vLLM pull "
+                                "request 19970)"),
+        sampler=Figure("torch", f"{_VLLM} vllm/v1/sample/ops/topk_topp_sampler.py: FlashInfer's "
+                       "sampler where FlashInfer is installed (requirements/cuda.txt does not "
+                       "require it), else PyTorch ops; v0.11.1 runs the PyTorch ops unless "
+                       "VLLM_USE_FLASHINFER_SAMPLER=1 (pull request 26859): their bytes "
+                       "(serve/sampler.py)")),
     "trtllm": EngineProfile(
         "trtllm", _TRT,
         admission=Figure("no_evict", f"{_TRT} docs performance-tuning-guide/useful-runtime-"
@@ -165,7 +189,13 @@ PROFILES = {
         kv_scales=Figure("tensor", _TENSOR_SCALES.format(
             _TRT, "docs/source/reference/precision.md, kv_cache_scaling_factor a layer")),
         graphs=Figure("cudagraphs", f"{_TRT} tensorrt_llm/llmapi/llm_args.py: "
-                      "cuda_graph_config = CudaGraphConfig() by default (PyTorch backend)")),
+                      "cuda_graph_config = CudaGraphConfig() by default (PyTorch backend)"),
+        seq_overhead_s=Figure(0.0, _NONE_PUBLISHED.format(_TRT, "seq_overhead_s")),
+        async_scheduling=Figure(True, f"{_TRT} docs torch/features/overlap_scheduler.md: the "
+                                "overlap scheduler, enabled by default, runs step n's CPU work "
+                                "while the GPU runs step n+1"),
+        sampler=Figure("fused", f"{_TRT}: its own top-k/top-p sampling kernels; no count of "
+                       "their bytes published: not priced")),
     "sglang": EngineProfile(
         "sglang", _SGL,
         admission=Figure("recompute", f"{_SGL} python/sglang/srt/managers/scheduler.py: "
@@ -180,7 +210,14 @@ PROFILES = {
         kv_scales=Figure("tensor", _TENSOR_SCALES.format(
             _SGL, "python/sglang/srt/layers/radix_attention.py, k_scale and v_scale")),
         graphs=Figure("cudagraphs", f"{_SGL} server_args.py: disable_cuda_graph=False "
-                      "(CUDA graphs for decode batches up to cuda_graph_max_bs)")),
+                      "(CUDA graphs for decode batches up to cuda_graph_max_bs)"),
+        seq_overhead_s=Figure(0.0, _NONE_PUBLISHED.format(_SGL, "seq_overhead_s")),
+        async_scheduling=Figure(True, f"{_SGL}: the overlap scheduler (SGLang v0.4 release "
+                                "blog, 2024-12-04, 'zero-overhead batch scheduler') schedules "
+                                "step n+1 while the GPU runs step n"),
+        sampler=Figure("fused", f"{_SGL} python/sglang/srt/layers/sampler.py: FlashInfer's "
+                       "fused top-k/top-p sampling kernels; no count of their bytes "
+                       "published: not priced")),
 }
 ENGINES = tuple(PROFILES)
 
@@ -195,10 +232,14 @@ def engine_profile(name) -> EngineProfile:
 
 
 ENGINE_KEYS = ("max_num_batched_tokens", "max_num_seqs", "step_overhead_s",
-               "request_overhead_s", "admission", "kv_scales", "execution")
+               "request_overhead_s", "admission", "kv_scales", "execution", "seq_overhead_s",
+               "async_scheduling", "sampler")
 FLAGS = {"max_num_batched_tokens": "--max_num_batched_tokens", "max_num_seqs": "--max_num_seqs",
          "step_overhead_s": "--step_overhead_ms", "request_overhead_s": "--request_overhead_ms",
-         "admission": "admission=", "kv_scales": "kv_scales=", "execution": "--execution"}
+         "admission": "admission=", "kv_scales": "kv_scales=", "execution": "--execution",
+         "seq_overhead_s": "seq_overhead_s=", "async_scheduling": "async_scheduling=",
+         "sampler": "sampler="}
+SAMPLERS = ("torch", "fused")  # serve/sampler.py counts the first; the second is not priced
 
 
 def engine_settings(profile: EngineProfile, spec, given: dict) -> tuple[dict, dict]:
@@ -219,10 +260,14 @@ def check_given(given: dict) -> None:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                   or not 1 <= value <= LIMIT):
             raise ServeError(f"{FLAGS[key]} {value}: expected an integer in [1, {LIMIT:,}]")
-    for key in ("step_overhead_s", "request_overhead_s"):
-        value = given[key]
+    for key in ("step_overhead_s", "request_overhead_s", "seq_overhead_s"):
+        value = given.get(key)
         if value is not None and not (0 <= value <= 3600 and math.isfinite(value)):
             raise ServeError(f"{FLAGS[key]} {value * 1e3:g}: expected a time in [0, 3,600,000] ms")
+    if not isinstance(given.get("async_scheduling"), (type(None), bool)):
+        raise ServeError(f"async_scheduling {given['async_scheduling']!r}: expected True or False")
+    if given.get("sampler") not in (None, *SAMPLERS):
+        raise ServeError(f"sampler {given['sampler']!r}; valid: {', '.join(SAMPLERS)}")
     if given["admission"] not in (None, *ADMISSIONS):
         raise ServeError(f"admission {given['admission']!r}; valid: {', '.join(ADMISSIONS)}")
     if given["kv_scales"] not in (None, *KV_SCALES):

@@ -51,13 +51,20 @@ class EngineOptions:
     step_overhead_s: float | None = None
     request_overhead_s: float | None = None
     admission: str | None = None  # "recompute", "no_evict"
+    seq_overhead_s: float | None = None  # host time a scheduled sequence a step
+    async_scheduling: bool | None = None  # the host's work overlaps the GPU's previous step
+    sampler: str | None = None  # "torch", "fused" (engines.SAMPLERS)
+    sampling: object = None  # the requests' sampling parameters (sampler.parse_sampling);
+    # None: the sampler is not priced
 
     def given(self, kv_scales: str | None) -> dict:
         """{setting: value or None}: what engine_settings fills from the profile."""
         return {"max_num_batched_tokens": self.max_num_batched_tokens,
                 "max_num_seqs": self.max_num_seqs, "step_overhead_s": self.step_overhead_s,
                 "request_overhead_s": self.request_overhead_s, "admission": self.admission,
-                "kv_scales": kv_scales, "execution": self.execution}
+                "kv_scales": kv_scales, "execution": self.execution,
+                "seq_overhead_s": self.seq_overhead_s, "async_scheduling": self.async_scheduling,
+                "sampler": self.sampler}
 
 
 @dataclass(frozen=True)

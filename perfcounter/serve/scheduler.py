@@ -24,10 +24,18 @@ four named parts:
    its whole prompt + output fit beside every running request's whole prompt + output
    (a request's cached prefix tokens, on first admission, need blocks but no compute).
 4. Step composition (`_compose`) and emission (`_emit`): the step's features (tokens,
-   sequences, KV positions, pairs; experts touched) priced by the step table plus
-   `step_overhead_s`. At its end a request whose cache reached prompt + generated emits a
-   token (the first: time to first token); one that emitted its last token finishes and
-   frees its blocks (closed loop: its successor arrives then).
+   sequences, KV positions, pairs; experts touched) priced by the step table, the GPU's
+   part, with the sampler's kernels for its sequences (`sampler`, serve/sampler.py); the
+   host's part is `step_overhead_s` + `seq_overhead_s` x its sequences (`step_seconds`).
+   Without `async_scheduling` the host prepares a step while the GPU waits: the step takes
+   host + GPU. With it (vLLM's --async-scheduling, the overlap schedulers of SGLang and
+   TensorRT-LLM) the host prepares step n+1 while the GPU runs step n: only the host time
+   beyond the GPU's previous step shows, max(0, host - previous GPU) + GPU; a step after an
+   idle engine has none to hide behind (host + GPU). At its end a request whose cache
+   reached prompt + generated emits a token (the first: time to first token); one that
+   emitted its last token finishes and frees its blocks (closed loop: its successor arrives
+   then). Every gap between two tokens of a request is an ITL: a decode that shares a step
+   with a prefill chunk waits the longer step (the p90 / p99 ITL chunked prefill makes).
 
 With nothing running or waiting, time jumps to the next arrival. A request's state is a
 `State`: waiting, running, preempted (within the step that preempted it) or finished.
@@ -85,6 +93,23 @@ class EngineConfig:
     step_overhead_s: float = 0.0
     admission: str = "recompute"  # ADMISSIONS
     request_overhead_s: float = 0.0  # host time before a request can be scheduled
+    seq_overhead_s: float = 0.0  # host time a scheduled sequence a step
+    async_scheduling: bool = False  # the host's work overlaps the GPU's previous step
+    sampler: object = None  # sequences -> the sampler's GPU seconds (sampler.SamplerCost)
+
+
+def step_seconds(cfg: EngineConfig, gpu_s: float, seqs: int,
+                 previous_gpu_s: float | None) -> tuple[float, float]:
+    """(a step's seconds, its GPU's) (module doc, part 4): the GPU's `gpu_s` (the step
+    table's) + the sampler's kernels for `seqs` sequences; the host's step_overhead_s +
+    seq_overhead_s x seqs added, or under async_scheduling what of it outlasts the GPU's
+    previous step (`previous_gpu_s`; None: the engine was idle, nothing hides it)."""
+    if cfg.sampler is not None:
+        gpu_s += cfg.sampler(seqs)
+    host = cfg.step_overhead_s + cfg.seq_overhead_s * seqs
+    if cfg.async_scheduling and previous_gpu_s is not None:
+        host = max(0.0, host - previous_gpu_s)
+    return gpu_s + host, gpu_s
 
 
 @dataclass
@@ -284,15 +309,14 @@ def simulate_engine(w: Workload, table, cfg: EngineConfig) -> Run:
     itl = array("d")
     log = Steps()
     engine = _Engine(cfg)
-    late, overhead, budget_max = cfg.request_overhead_s, cfg.step_overhead_s, \
-        cfg.max_num_batched_tokens
-    t, nxt, finished = 0.0, 0, 0
+    late, budget_max = cfg.request_overhead_s, cfg.max_num_batched_tokens
+    t, nxt, finished, gpu = 0.0, 0, 0, None  # gpu: the previous step's GPU seconds (None: idle)
     while finished < n:
         while nxt < released and arrival[nxt] + late <= t:
             engine.waiting.append(reqs[nxt])
             nxt += 1
         if not engine.running and not engine.waiting:
-            t = max(t, float(arrival[nxt]) + late)
+            t, gpu = max(t, float(arrival[nxt]) + late), None
             continue
         sched, budget, preempted = engine.schedule_running(budget_max)
         if not preempted:
@@ -301,7 +325,7 @@ def simulate_engine(w: Workload, table, cfg: EngineConfig) -> Run:
             raise ServeError("the scheduler could not run any request: a request needs more "
                              "KV blocks than the device holds")
         tokens, prefill, decodes = _compose(sched, f, window, touched, extra)
-        dt = seconds(f) + overhead
+        dt, gpu = step_seconds(cfg, seconds(f), len(sched), gpu)
         end = t + dt
         log.start.append(t)
         log.seconds.append(dt)
