@@ -365,3 +365,29 @@ def test_a_model_that_does_not_fit_names_the_smallest_layouts_that_do():
     assert smallest_fit(args, torch.bfloat16, 10, 8) == "smallest fit: none up to 64 GPUs"
     with pytest.raises(ServeError, match="smallest fit: --tensor_parallel_size 8"):
         deployment("deepseek-v3", "h100-sxm", execution="bound")
+
+
+def test_fit_steps_saturate_the_experts():
+    from perfcounter.serve.steps_hf import FIT, saturating
+    # 64 experts, top-2: FIT's largest step, 32 tokens, routes 64 rows, none past E: two
+    # steps added, of ceil(2 x 64 / 2) = 64 tokens (128 rows)
+    assert saturating(FIT, (64, 2)) == ([(64, 0)], [(64, 16), (1, 40)])
+    # 16 experts, top-2: steps of 9 tokens or more saturate; FIT has several
+    assert saturating(FIT, (16, 2)) == ()
+    assert saturating(FIT, None) == ()
+
+
+@pytest.mark.slow  # over ~2 s here: python -m pytest -m 'not slow' skips it
+def test_a_large_batch_reads_each_expert_once():
+    # 64 experts, top-2: without saturating steps the fit priced part of an expert's weights
+    # per token, and 300 decode tokens read them ~300 x 2 / 64 times over; the table now
+    # equals counting the step on the whole model (every expert touched once) within 1 %
+    config = tiny("qwen3_moe", **{**TINY["qwen3_moe"], "num_experts": 64})
+    args = HfArgs.of(config, "qwen3_moe")
+    counts = count_table(args, torch.bfloat16)
+    model, mode = fake_hf_model(args.config, dtype=torch.bfloat16)
+    step = [(1, 20)] * 300
+    direct = _figures(count_hf_step(model, mode, [Piece(*p) for p in step]))
+    table = counts.totals(counted_features(step, None, counts.experts))
+    assert table["bytes"] == pytest.approx(direct[2], rel=0.01)
+    assert table["flops"] == pytest.approx(direct[0], rel=0.01)

@@ -58,12 +58,30 @@ def local_attention(config) -> tuple | None:
 
 def fit_shapes(experts, local, mla) -> tuple:
     """FIT where its steps tell every feature the model has apart as well as FIT_HF's do
-    (a dense model without windows: 9 counts, not 15), else FIT_HF."""
+    (a dense model without windows: 9 counts, not 15), else FIT_HF; with steps that touch
+    every expert added where too few do (saturating)."""
     def rank(shapes):
         xs = np.stack([counted_features(s, None, experts, local=local, mla=mla)
                        for s in shapes])
         return np.linalg.matrix_rank(xs / np.maximum(np.linalg.norm(xs, axis=0), 1e-300))
-    return FIT if rank(FIT) == rank(FIT_HF) else FIT_HF
+    shapes = FIT if rank(FIT) == rank(FIT_HF) else FIT_HF
+    return shapes + saturating(shapes, experts)
+
+
+def saturating(shapes, experts) -> tuple:
+    """Steps to add so that at least two of `shapes` route more rows than the experts (T k >
+    E): below that, every counted step touches min(T k, E) = T k experts, the experts
+    feature is k x the tokens feature, and the fit cannot tell a cost per expert touched (an
+    expert's weights) from one per token; it would price a large batch's expert weights per
+    token (gpt-oss-120b's 128 experts, top-4, and DeepSeek-V3's 256, top-8, both run past
+    FIT's 32 tokens x k unsaturated). The steps added: a prefill of n = ceil(2E / k) tokens
+    (twice the rows that saturate), and one of n tokens beside a decode."""
+    if not experts:
+        return ()
+    e, k = experts
+    hit = sum(sum(n for n, _ in s) * k > e for s in shapes)
+    n = -(-2 * e // k)
+    return ([(n, 0)], [(n, 16), (1, 40)])[:max(0, 2 - hit)]
 
 
 def _counted(config):
