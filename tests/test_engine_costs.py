@@ -78,6 +78,23 @@ def test_sampler_seconds_by_hand():
     # (1.2e-7 s), argmax 40,000 B at 0.25 TB/s (1.6e-7 s); 2 kernels x 2 us = 4e-6 s
     assert cost(10) == pytest.approx(1.2e-7 + 1.6e-7 + 4e-6, rel=1e-9)
     assert cost(0) == 0.0 and cost.bytes(10) == 100_000 and cost.cache_info() == 1
+    # their memory traffic's joules: 100,000 B x 8 bits x 7 pJ = 5.6e-6 J
+    assert SamplerCost(dataclasses.replace(spec, mem_pj_per_bit=7.0), 1000,
+                       cost.kernels).joules(10) == pytest.approx(5.6e-6, rel=1e-12)
+
+
+def test_a_step_charges_the_samplers_joules_within_the_cap():
+    dep = deployment(TINY, "h100-sxm", sampling=ML_ENERGY)
+    run = simulate_engine(fixed([0.0], [16], [2]), dep.table, dep.engine)
+    table, sampler = dep.table, dep.engine.sampler
+    f = features([(16, 0)])
+    seconds = run.steps.seconds[0]
+    # the prefill step: the table's dynamic joules + 1 sequence's sampler bytes x 8 x pJ/bit,
+    # + the static W over its seconds, capped at the board's limit
+    expected = min(table.dynamic_j(f) + sampler.joules(1) + table.power.static_w * seconds,
+                   (table.power.cap_w or float("inf")) * seconds)
+    assert sampler.joules(1) == pytest.approx(369 * 64 * 8 * dep.spec.mem_pj_per_bit * 1e-12)
+    assert run.steps.energy_j[0] == pytest.approx(expected, rel=1e-12)
 
 
 def test_host_time_adds_or_hides_behind_the_previous_step():

@@ -276,9 +276,11 @@ def _deployment(model, rank: _Rank, placed: _Placed, table, options: DeploymentO
 
 def _sampler(rank: _Rank, placed: _Placed, options: DeploymentOptions):
     """The sampler's cost a step (scheduler.EngineConfig.sampler): the requests' `sampling`
-    kernels on the memory device, where the engine samples with PyTorch ops; else None."""
+    kernels on the memory device, where the engine samples with PyTorch ops; else None (and
+    under a mapping, whose devices' steps placement.py prices: not priced)."""
     sampling = parse_sampling(options.engine.sampling)
-    if sampling is None or placed.settings["sampler"] != "torch":
+    if sampling is None or placed.settings["sampler"] != "torch" \
+            or options.placement.mapping is not None:
         return None
     return SamplerCost(placed.spec, rank.vocab, kernels(sampling))
 

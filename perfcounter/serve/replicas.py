@@ -125,10 +125,12 @@ class StagedTable:
         hops = self.hop_s(f) if self.hop_s is not None else 0.0
         return self.stages * self.table.seconds(f) + hops
 
-    def energy_j(self, f: np.ndarray, seconds: float) -> float:
+    def energy_j(self, f: np.ndarray, seconds: float, extra_j: float = 0.0) -> float:
         """Every rank's joules: each stage's work once, its static power over its share of
-        the step (PP streams overlap in time: a stage's share is seconds / stages)."""
-        return self.ranks * self.table.energy_j(f, seconds / self.stages)
+        the step (PP streams overlap in time: a stage's share is seconds / stages); `extra_j`
+        a rank's work beside the table's (the sampler's kernels: every TP rank samples the
+        gathered logits; under PP only the last stage does, counted on each)."""
+        return self.ranks * self.table.energy_j(f, seconds / self.stages, extra_j)
 
 
 def staged(dep):

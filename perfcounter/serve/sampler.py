@@ -171,7 +171,8 @@ def sampler_figures(kernel_list, vocab: int, seqs: int) -> Figures:
 class SamplerCost:
     """Seconds of the sampler's kernels on `spec` for a step of `seqs` sampled sequences of
     `vocab` entries: price(sampler_figures, spec, "eager")'s kernel work (their launches
-    overlap the forward's graph: not charged). Cached per sequence count (cache_info())."""
+    overlap the forward's graph: not charged); `joules`, their memory traffic's. Cached per
+    sequence count (cache_info())."""
 
     def __init__(self, spec, vocab: int, kernel_list):
         self.spec, self.vocab, self.kernels = spec, int(vocab), tuple(kernel_list)
@@ -190,6 +191,12 @@ class SamplerCost:
     def bytes(self, seqs: int) -> float:
         """Bytes the kernels move for `seqs` sampled sequences."""
         return sum(k.bytes_per_entry for k in self.kernels) * self.vocab * seqs
+
+    def joules(self, seqs: int) -> float:
+        """Their dynamic joules: bytes x 8 x the memory's pJ/bit (pricing/energy.py's rule; 0
+        where the spec gives none)."""
+        pj = getattr(self.spec, "mem_pj_per_bit", None)
+        return self.bytes(seqs) * 8 * pj * 1e-12 if pj else 0.0
 
     def cache_info(self) -> int:
         return len(self._seconds)

@@ -335,7 +335,8 @@ def simulate_engine(w: Workload, table, cfg: EngineConfig) -> Run:
         log.decode_seqs.append(decodes)
         log.kv_blocks.append(cfg.kv_blocks - engine.free)
         log.in_system.append(nxt - finished)
-        log.energy_j.append(energy(f, dt))
+        log.energy_j.append(energy(f, dt) if cfg.sampler is None else
+                            energy(f, dt, cfg.sampler.joules(len(sched))))
         done = _emit(engine, sched, end, itl)
         if done:
             finished += len(done)

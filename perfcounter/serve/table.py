@@ -192,10 +192,11 @@ class StepTable:
         """Dynamic joules of a step with features f (compute, memory, host link)."""
         return float(self.joules @ f)
 
-    def energy_j(self, f: np.ndarray, seconds: float) -> float:
-        """Joules of that step over `seconds`: dynamic + static W x seconds, capped at the
-        board's limit x seconds under the power model (power.step_joules)."""
-        return step_joules(float(self.joules @ f), seconds, self.power)
+    def energy_j(self, f: np.ndarray, seconds: float, extra_j: float = 0.0) -> float:
+        """Joules of that step over `seconds`: dynamic (+ `extra_j`, work beside the table's:
+        the sampler's kernels) + static W x seconds, capped at the board's limit x seconds
+        under the power model (power.step_joules)."""
+        return step_joules(float(self.joules @ f) + extra_j, seconds, self.power)
 
     def price(self, pieces) -> float:
         return self.seconds(self.counts.features(pieces))
