@@ -191,7 +191,7 @@ class StepCounts:
     layers: np.ndarray  # [groups] how many times the group repeats (n_layer or 1)
     sample: dict  # GroupKey -> a counted record (module path and args for trace_at)
     window: int | None
-    fit_traces: list  # the counted one-layer traces of FIT, in order (pricers fit on them)
+    fit_traces: list  # the counted one-layer traces of the fit's steps, in order (pricers fit on)
     compulsory: np.ndarray  # [features] the whole model's compulsory bytes (read + written)
     xs: np.ndarray  # [FIT shapes, features] the counted steps' features (experts as counted)
     weights: str | None = None  # the linears' quantize scheme (its name), None: float
@@ -290,6 +290,23 @@ def fit(xs: np.ndarray, ys: np.ndarray, what: str, tolerance: float = 1e-6) -> n
     return coef.T
 
 
+def saturating(shapes, experts) -> tuple:
+    """Steps to add so that at least two of `shapes` route more rows than the experts (T k >
+    E): below that, every counted step touches min(T k, E) = T k experts, the experts
+    feature is k x the tokens feature, and the fit cannot tell a cost per expert touched (an
+    expert's weights) from one per token; it would price a large batch's expert weights per
+    token (gpt-oss-120b's 128 experts, top-4, and DeepSeek-V3's 256, top-8, both run past
+    FIT's 32 tokens x k unsaturated; perfcounter's model the same). The steps added: a
+    prefill of n = ceil(2E / k) tokens (twice the rows that saturate), and one of n tokens
+    beside a decode."""
+    if not experts:
+        return ()
+    e, k = experts
+    hit = sum(sum(n for n, _ in s) * k > e for s in shapes)
+    n = -(-2 * e // k)
+    return ([(n, 0)], [(n, 16), (1, 40)])[:max(0, 2 - hit)]
+
+
 def count_table(args: ModelArgs, dtype=torch.bfloat16, *, weights=None, kv=None) -> StepCounts:
     """Count the FIT steps of a one-layer copy of `args` and fit (see the module doc);
     weights (a quantize.WeightScheme) and kv ("int8", "fp8"): stored quantized (bytes as
@@ -315,7 +332,9 @@ def count_table(args: ModelArgs, dtype=torch.bfloat16, *, weights=None, kv=None)
                           kv=kv, stored=marks)
     keys: dict = {}
     rows, sample, traces, whole_model = [], {}, [], []
-    for shape in FIT:
+    experts = (args.num_experts, args.num_activated_experts) if args.num_experts else None
+    shapes = FIT + saturating(FIT, experts)
+    for shape in shapes:
         trace = count(reps, shape)
         traces.append(trace)
         second = count(reps + reps[:1], shape) if n > counted else trace
@@ -329,9 +348,8 @@ def count_table(args: ModelArgs, dtype=torch.bfloat16, *, weights=None, kv=None)
             sample.setdefault(group_key(r), r)
     g = len(keys)
     ys = np.stack([np.pad(r, ((0, g - r.shape[0]), (0, 0))) for r in rows])  # [S, G, F]
-    experts = (args.num_experts, args.num_activated_experts) if args.num_experts else None
-    xs = np.stack([counted_features(s, args.sliding_window, experts) for s in FIT])
-    coef = fit(xs, ys.reshape(len(FIT), -1), "figures").reshape(g, _NFIG, len(FEATURES))
+    xs = np.stack([counted_features(s, args.sliding_window, experts) for s in shapes])
+    coef = fit(xs, ys.reshape(len(shapes), -1), "figures").reshape(g, _NFIG, len(FEATURES))
     ordered = sorted(keys, key=keys.get)
     layers = np.array([(len(kinds[k.kind]) if kinds is not None else n)
                        if in_layer(k.module) else 1 for k in ordered], float)

@@ -38,7 +38,7 @@ from perfcounter.serve.ragged import Piece
 from perfcounter.serve.ragged_hf import attention_modules, count_hf_step, is_mla
 from perfcounter.trace import Trace
 from perfcounter.serve.steps import (FIT, StepCounts, StepModelError, group_figures,
-                                     counted_features, fit, group_key)
+                                     counted_features, fit, group_key, saturating)
 
 LOCAL_COUNTED = 16  # the window a windowed layer is counted with (the module doc)
 # FIT and steps that tell a window's and MLA's features apart (decodes alone, mixed, long)
@@ -67,21 +67,6 @@ def fit_shapes(experts, local, mla) -> tuple:
     shapes = FIT if rank(FIT) == rank(FIT_HF) else FIT_HF
     return shapes + saturating(shapes, experts)
 
-
-def saturating(shapes, experts) -> tuple:
-    """Steps to add so that at least two of `shapes` route more rows than the experts (T k >
-    E): below that, every counted step touches min(T k, E) = T k experts, the experts
-    feature is k x the tokens feature, and the fit cannot tell a cost per expert touched (an
-    expert's weights) from one per token; it would price a large batch's expert weights per
-    token (gpt-oss-120b's 128 experts, top-4, and DeepSeek-V3's 256, top-8, both run past
-    FIT's 32 tokens x k unsaturated). The steps added: a prefill of n = ceil(2E / k) tokens
-    (twice the rows that saturate), and one of n tokens beside a decode."""
-    if not experts:
-        return ()
-    e, k = experts
-    hit = sum(sum(n for n, _ in s) * k > e for s in shapes)
-    n = -(-2 * e // k)
-    return ([(n, 0)], [(n, 16), (1, 40)])[:max(0, 2 - hit)]
 
 
 def _counted(config):
