@@ -1,0 +1,41 @@
+"""serve/kv_blocks.py: a sequence's blocks where windowed layers free theirs, by hand."""
+from __future__ import annotations
+
+import pytest
+
+from perfcounter.serve.kv_blocks import BlockCost
+
+
+def tiny(model_type: str, **fields):
+    import transformers
+    return transformers.AutoConfig.for_model(model_type, **{
+        "vocab_size": 64, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 1024, "head_dim": 8, **fields})
+
+
+def test_half_sliding_layers_hold_their_window_only():
+    # 2 sliding (window 32: 31 tokens before the newest) and 2 full layers, the same
+    # elements each: shares 0.5 and 0.5; blocks of 16
+    config = tiny("gpt_oss", num_hidden_layers=4, intermediate_size=16, num_local_experts=4,
+                  num_experts_per_tok=2, sliding_window=32,
+                  layer_types=["sliding_attention", "full_attention"] * 2)
+    cost = BlockCost.of(config, 16)
+    assert sorted(cost.shares, key=str) == sorted(((0.5, 31), (0.5, None)), key=str)
+    # 100 tokens: full layers ceil(100 / 16) = 7 blocks, sliding ones min(7, ceil(31 / 16)
+    # + 1 = 3): 0.5 x 7 + 0.5 x 3 = 5
+    assert cost(100) == pytest.approx(5.0)
+    # 20 tokens: 2 blocks, inside the window: 0.5 x 2 + 0.5 x 2 = 2, as without windows
+    assert cost(20) == pytest.approx(2.0)
+    assert cost(0) == 0
+
+
+def test_chunked_layers_and_a_model_without_windows():
+    # Llama 4: 3 of 4 layers chunked over 32 tokens (attention_chunk_size), the 4th full
+    config = tiny("llama4_text", num_hidden_layers=4, intermediate_size=48,
+                  intermediate_size_mlp=64, num_local_experts=4, num_experts_per_tok=1,
+                  no_rope_layers=[1, 1, 1, 0], attention_chunk_size=32)
+    cost = BlockCost.of(config, 16)
+    # 1,000 tokens: 63 blocks a full layer; a chunked one min(63, ceil(32 / 16) + 1 = 3):
+    # 0.25 x 63 + 0.75 x 3 = 18
+    assert cost(1000) == pytest.approx(18.0)
+    assert BlockCost.of(tiny("qwen3", num_hidden_layers=2, intermediate_size=48), 16) is None
