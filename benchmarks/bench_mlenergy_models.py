@@ -15,7 +15,10 @@ the N ranks (serve/hf_model.py), max_num_seqs in flight in all.
 
 Served as bench_power.py serves the Llama rows (the harness, github.com/ml-energy/benchmark:
 every request at once, vLLM holding max_num_seqs of them: a closed loop of max_num_seqs in
-flight; max_num_batched_tokens 8192; CUDA graphs): outputs uniform:1-(2L-1) for the row's
+flight; max_num_batched_tokens 8192; CUDA graphs; async scheduling and the requests' sampling
+parameters, top_p 0.95, temperature 0.8 and repetition_penalty 1.1, whose sampler kernels
+serve/sampler.py prices, as bench_power.py's module doc sources them for every model's config
+of the harness; --without_engine_costs: neither): outputs uniform:1-(2L-1) for the row's
 measured mean L; prompts not published, assumed: lm-arena-chat as bench_power.py assumes
 (LMSYS-Chat-1M's 69.5-token prompts and 214.5-token answers over 2 turns: uniform:1-422);
 gpqa (a multiple-choice question with its four answers and the harness's instruction; no
@@ -33,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_power import ENGINE  # noqa: E402
 from perfcounter.format import format_table  # noqa: E402
 from perfcounter.serve import deployment, serve, synthetic  # noqa: E402
 
@@ -105,20 +109,24 @@ def load() -> str:
     return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" on {os.cpu_count()} cores"
 
 
-def served(row, per_slot: int) -> dict:
+def served(row, per_slot: int, engine: dict = ENGINE) -> dict:
     preset, task, gpus, tp, ep, seqs, length = row[:7]
     parallel = dict(data_parallel_size=ep, enable_expert_parallel=True) if ep > 1 else {}
     dep = deployment(preset, DEVICE.get(preset, "h100-sxm"), max_num_seqs=seqs,
-                     max_num_batched_tokens=8192, tensor_parallel_size=tp, **parallel)
+                     max_num_batched_tokens=8192, tensor_parallel_size=tp, **parallel,
+                     **engine)
     top = 2 * round(length) - 1
     w = synthetic(max(64, per_slot * seqs), PROMPTS[task], f"uniform:1-{top}",
                   concurrency=seqs, seed=0)
     return serve(dep, w).metrics
 
 
-def main(*, only: str | None = None, requests_per_slot: int = 2, out=print) -> list:
+def main(*, only: str | None = None, requests_per_slot: int = 2, engine_costs: bool = True,
+         out=print) -> list:
     warnings.simplefilter("ignore")
-    out(f"ML.ENERGY v3.0 H100 rows against perfcounter serve (h100-sxm, vLLM profile); {load()}")
+    engine = ENGINE if engine_costs else {}
+    out(f"ML.ENERGY v3.0 H100 rows against perfcounter serve (h100-sxm, vLLM profile, "
+        f"{engine or 'without its sampler or host costs'}); {load()}")
     table, results = [], []
     for row in ROWS:
         preset, task, gpus, tp, ep, seqs, _, tps, itl, watts, jpt = row
@@ -126,7 +134,7 @@ def main(*, only: str | None = None, requests_per_slot: int = 2, out=print) -> l
             continue
         label = [preset, task, f"{gpus} (TP {tp}, EP {ep})", seqs]
         t0 = time.perf_counter()
-        m = served(row, requests_per_slot)
+        m = served(row, requests_per_slot, engine)
         took = time.perf_counter() - t0
         r = {"preset": preset, "seqs": seqs, "gpus": gpus,
              "throughput": tps / m["output_throughput"], "itl": itl / m["median_itl_ms"],
@@ -154,7 +162,10 @@ if __name__ == "__main__":
     ap.add_argument("--only", help="rows whose preset contains this")
     ap.add_argument("--requests_per_slot", type=int, default=2,
                     help="requests per max_num_seqs slot (at least 64 in all)")
+    ap.add_argument("--without_engine_costs", action="store_true",
+                    help="no sampler kernels nor async scheduling (as priced before)")
     a = ap.parse_args()
     if a.requests_per_slot < 1:
         ap.error(f"--requests_per_slot {a.requests_per_slot}: expected >= 1")
-    main(only=a.only, requests_per_slot=a.requests_per_slot)
+    main(only=a.only, requests_per_slot=a.requests_per_slot,
+         engine_costs=not a.without_engine_costs)

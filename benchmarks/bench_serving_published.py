@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perfcounter.format import format_table  # noqa: E402
 from perfcounter.serve import deployment, serve, synthetic  # noqa: E402
+from perfcounter.serve.options import keyword_names  # noqa: E402
 from published_serving import DATA_FILE, load_rows  # noqa: E402
 
 THROUGHPUT_GOAL, LATENCY_GOAL = (0.9, 1.1), (0.85, 1.2)  # a row on one GPU
@@ -64,8 +65,9 @@ STATIC_MEMORY = 1.0
 
 
 def api_takes(name: str) -> bool:
-    """Whether deployment() takes the keyword `name` (engine=, tensor_parallel_size=)."""
-    return name in inspect.signature(deployment).parameters
+    """Whether deployment() takes the keyword `name` (engine=, tensor_parallel_size=): a
+    parameter of its own or one of its option groups' (serve/options.py)."""
+    return name in inspect.signature(deployment).parameters or name in keyword_names()
 
 
 def skip_reason(row) -> str:
