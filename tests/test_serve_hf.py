@@ -391,3 +391,14 @@ def test_a_large_batch_reads_each_expert_once():
     table = counts.totals(counted_features(step, None, counts.experts))
     assert table["bytes"] == pytest.approx(direct[2], rel=0.01)
     assert table["flops"] == pytest.approx(direct[0], rel=0.01)
+
+
+def test_a_multimodal_config_json_serves_its_language_model(tmp_path):
+    # Gemma 3's published config.json (Gemma3Config: text_config and vision_config) resolves
+    # to its language model, as the preset does: the same 62 layers and parameters
+    from perfcounter.models.hf_presets import preset_config
+    path = tmp_path / "config.json"
+    path.write_text(preset_config("gemma-3-27b").to_json_string())
+    args, preset = resolve_model(str(path)), resolve_model("gemma-3-27b")
+    assert (args.model_type, args.n_layer) == ("gemma3_text", 62)
+    assert args.config_json == preset.config_json

@@ -35,7 +35,9 @@ def resolve_model(model) -> ModelArgs | HfArgs:
     if isinstance(resolved, ModelArgs):
         return resolved
     if resolved.model_type not in OURS and not is_gguf(model):
-        return HfArgs.of(resolved, str(model))
+        # a multimodal checkpoint's config.json (Gemma 3, Llama 4): its language model's, as
+        # its preset is (hf_presets.counted_config: get_text_config())
+        return HfArgs.of(resolved.get_text_config(), str(model))
     try:
         return model_args_from_hf(resolved.to_dict(), str(model))
     except (KeyError, ValueError) as e:
