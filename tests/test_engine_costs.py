@@ -188,3 +188,12 @@ def test_chunked_prefill_makes_the_decodes_tail():
     # the chunks' steps are the tail: the median gap is a decode alone, p90 a mixed step
     assert steps[5:].min() <= np.median(gaps) <= steps[5:].max() < min(mixed)
     assert np.percentile(gaps, 90) > np.median(gaps) and max(gaps) == pytest.approx(max(mixed))
+
+
+def test_a_result_with_a_sampler_writes_plain_json():
+    import json
+    dep = deployment(TINY, "h100-sxm", sampling="greedy", async_scheduling=True)
+    engine = json.loads(json.dumps(serve(dep, fixed([0.0], [16], [2])).to_dict()))["engine"]
+    # greedy: 10 B an entry over the 64 entries of TINY's vocabulary, in 2 kernels
+    assert engine["sampler"] == "10 B an entry x 64 entries in 2 kernels on h100-sxm"
+    assert engine["async_scheduling"] is True and engine["seq_overhead_s"] == 0.0

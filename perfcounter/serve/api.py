@@ -71,8 +71,10 @@ class ServeResult:
                 str(dep.expert_load or "balanced"),
                 "workload": self.workload.source,
                 "num_requests": len(self.workload), "memory": dep.plan.to_dict(),
-                "engine": vars(dep.engine) if hasattr(dep.engine, "__dict__") else
-                {k: getattr(dep.engine, k) for k in dep.engine.__dataclass_fields__},
+                "engine": {k: v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+                           for k, v in (vars(dep.engine) if hasattr(dep.engine, "__dict__") else
+                                        {k: getattr(dep.engine, k)
+                                         for k in dep.engine.__dataclass_fields__}).items()},
                 "usd_per_hour": dep.usd_per_hour, "usd_per_hour_source": dep.usd_source,
                 **self.metrics}
 

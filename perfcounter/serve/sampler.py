@@ -198,6 +198,11 @@ class SamplerCost:
         pj = getattr(self.spec, "mem_pj_per_bit", None)
         return self.bytes(seqs) * 8 * pj * 1e-12 if pj else 0.0
 
+    def __str__(self) -> str:
+        """What it prices, for a result's JSON (api.ServeResult.to_dict)."""
+        return (f"{sum(k.bytes_per_entry for k in self.kernels):g} B an entry x {self.vocab:,} "
+                f"entries in {sum(k.kernels for k in self.kernels)} kernels on {self.spec.name}")
+
     def cache_info(self) -> int:
         return len(self._seconds)
 
