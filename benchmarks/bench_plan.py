@@ -1,22 +1,29 @@
 """How long `perfcounter plan` takes: a deployment search of Llama-3.1-70B on 8 x H100.
 
     python benchmarks/bench_plan.py                  # the default search, on this machine's cores
-    python benchmarks/bench_plan.py --workers 1          # in one process
+    python benchmarks/bench_plan.py --check          # and the exhaustive one: the same answer?
+    python benchmarks/bench_plan.py --workers 1      # in one process
+    python benchmarks/bench_plan.py --devices h100-sxm:64 --num_requests 200 \\
+        --prompt_length 2048 --max_new_tokens 256 --no_pool_question
 
 The search is perfcounter.plan.plan's default space (weights bf16, fp8, int8, int4-128; KV
 cache bf16 or fp8; TP 1-8 x DP on the 8 GPUs of one node, and disaggregated prefill:decode
-pools; max_num_seqs 16-256) for a workload of --num_requests requests at --qps (prompt 512,
-output 128 tokens) and the SLO TTFT 1 s, TPOT 50 ms. It prints the candidates enumerated and
-simulated, the step tables counted, the wall time of the whole search (tables counted, every
-candidate served), the CPU seconds of this process and its workers together, and the
-machine's load average before and after: other work on the machine slows the wall time, the
-CPU seconds / cores are what the search takes on idle cores. Then the recommendation.
+pools; max_num_seqs 16-256) for a workload of --num_requests requests at --qps (prompt
+--prompt_length, output --max_new_tokens tokens) and the SLO TTFT 1 s, TPOT 50 ms, pruned
+(plan/prune.py) unless --exhaustive. It prints the load average before, the candidates
+enumerated, left out as unfit, pruned (by rule), taken from a run simulated for another and
+simulated, the step tables' counts made, the wall time of the whole search, the CPU seconds
+of this process and its workers together and the load average after: other work on the
+machine slows the wall time, the CPU seconds / cores are what the search takes on idle
+cores. Then the recommendation. --check also runs the exhaustive search (every candidate that
+fits simulated), prints the same lines for it, and whether the recommendation and the front
+are the same (exit code 1 if not).
 
 First it asks a bounded pool question, issue 46's (SmolLM2-135M on 4,096 H100s, 5 requests/s
 x 50 requests; --pool_devices, --pool_model): a pool of thousands of GPUs is answered, or
 refused with its bound named (plan/candidates.py MAX_CANDIDATES), before any table is
 counted; the line says which, its wall time (the question's target: within 10 s) and the
-load average around it. It prints; it asserts nothing.
+load average around it.
 """
 from __future__ import annotations
 
@@ -30,14 +37,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perfcounter.plan import PlanError, plan  # noqa: E402
-from perfcounter.plan.execute import default_workers, groups  # noqa: E402
-from perfcounter.plan.render import plan_text  # noqa: E402
+from perfcounter.plan.execute import counts_group, default_workers  # noqa: E402
+from perfcounter.plan.render import plan_text, pruned_text  # noqa: E402
 
 
 def cpu_seconds() -> float:
     """User + system CPU seconds of this process and its finished children."""
     return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def load() -> str:
+    return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
 def pool_question(model: str, devices: str, workers: int) -> None:
@@ -59,42 +70,66 @@ def pool_question(model: str, devices: str, workers: int) -> None:
     print(f"  {said}")
 
 
-def main() -> None:
+def search(a, workers: int, exhaustive: bool):
+    """One search of the question, timed; its lines printed."""
+    name = "exhaustive" if exhaustive else "pruned"
+    before, cpu_before = load(), cpu_seconds()
+    start = time.perf_counter()
+    result = plan(a.model, a.devices, slo=a.slo, qps=a.qps, num_requests=a.num_requests,
+                  prompt_length=a.prompt_length, max_new_tokens=a.max_new_tokens,
+                  workers=workers, exhaustive=exhaustive)
+    wall = time.perf_counter() - start
+    cpu = cpu_seconds() - cpu_before
+    unfit = result.fits.count(False)
+    tables = {counts_group(c) for c, f, ok in zip(result.candidates, result.figures,
+                                                   result.fits)
+              if ok and not (f and f.get("pruned_by") == "bound")}  # a table's counts a task
+    print(f"{name} search: {a.model} on {a.devices}, {a.qps:g} requests/s x {a.num_requests} "
+          f"requests (prompt {a.prompt_length}, output {a.max_new_tokens}), {workers} worker "
+          f"processes; load average (1, 5, 15 min) before: {before}; cores: {os.cpu_count()}")
+    print(f"  candidates: {len(result.candidates)} enumerated, {unfit} unfit, "
+          f"{pruned_text(result)}{result.simulated} simulated; step tables' counts made: "
+          f"{len(tables)}")
+    print(f"  wall: {wall:.1f} s; CPU: {cpu:.1f} s in all processes ({cpu / workers:.1f} s a "
+          f"core of {workers}); load average after: {load()}")
+    i = result.recommended
+    print("  recommended: " + ("none" if i is None else f"#{i} {result.commands[i]}"))
+    print(f"  front: {result.front}")
+    if a.text:
+        print(plan_text(result))
+    return result
+
+
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="llama-3.1-70b")
     p.add_argument("--devices", default="h100-sxm:8")
     p.add_argument("--qps", type=float, default=4.0)
     p.add_argument("--num_requests", type=int, default=100)
+    p.add_argument("--prompt_length", default="512")
+    p.add_argument("--max_new_tokens", default="128")
+    p.add_argument("--slo", default="ttft=1s,tpot=50ms")
     p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--exhaustive", action="store_true", help="the exhaustive search alone")
+    p.add_argument("--check", action="store_true",
+                   help="also the exhaustive search: the same recommendation and front?")
     p.add_argument("--text", action="store_true", help="also print plan's own output")
     p.add_argument("--pool_model", default="smollm2-135m")
     p.add_argument("--pool_devices", default="h100-sxm:4096",
                    help="the bounded pool question's pool (module doc)")
+    p.add_argument("--no_pool_question", action="store_true")
     a = p.parse_args()
     workers = a.workers or default_workers()
-    pool_question(a.pool_model, a.pool_devices, workers)
-    load_before, cpu_before = os.getloadavg(), cpu_seconds()
-    start = time.perf_counter()
-    result = plan(a.model, a.devices, slo="ttft=1s,tpot=50ms", qps=a.qps,
-                  num_requests=a.num_requests, prompt_length="512", max_new_tokens="128",
-                  workers=workers)
-    wall = time.perf_counter() - start
-    cpu, load_after = cpu_seconds() - cpu_before, os.getloadavg()
-    kept = [c for c, ok in zip(result.candidates, result.fits) if ok]
-    disagg = sum(c.disaggregated for c in kept)
-    print(f"search: {a.model} on {a.devices}, {a.qps:g} requests/s x {a.num_requests} "
-          f"requests, {workers} worker processes")
-    print(f"candidates: {len(result.candidates)} enumerated, {result.simulated} simulated "
-          f"({disagg} disaggregated); step tables counted: {len(groups(kept))}")
-    print(f"wall: {wall:.1f} s; CPU: {cpu:.1f} s in all processes ({cpu / workers:.1f} s "
-          f"a core of {workers})")
-    print("load average (1, 5, 15 min): before {:.2f} {:.2f} {:.2f}, after {:.2f} {:.2f} {:.2f}; "
-          "cores: {}".format(*load_before, *load_after, os.cpu_count()))
-    i = result.recommended
-    print("recommended: " + ("none" if i is None else result.commands[i]))
-    if a.text:
-        print(plan_text(result))
+    if not a.no_pool_question:
+        pool_question(a.pool_model, a.pool_devices, workers)
+    result = search(a, workers, a.exhaustive)
+    if not a.check or a.exhaustive:
+        return 0
+    every = search(a, workers, True)
+    same = (result.recommended, result.front) == (every.recommended, every.front)
+    print(f"the same recommendation and front as the exhaustive search: {'yes' if same else 'NO'}")
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -16,7 +16,8 @@ TINY = {"block_size": 1024, "vocab_size": 64, "n_layer": 2, "n_head": 4, "n_loca
         "dim": 32, "intermediate_size": 64}
 SEARCH = dict(slo="ttft=50ms,tpot=2ms", qps=50.0, num_requests=24, prompt_length="uniform:16-48",
               max_new_tokens="8", quantizations=("none", "int8"), kv_cache_dtypes=("none",),
-              max_num_seqs=(2, 8), pipeline_parallel_size=(1, 2), disaggregated=False)
+              max_num_seqs=(2, 8), pipeline_parallel_size=(1, 2), disaggregated=False,
+              exhaustive=True)  # every candidate simulated (the pruned search: test_plan_prune)
 
 
 @pytest.fixture(scope="module")

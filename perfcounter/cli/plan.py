@@ -12,7 +12,9 @@ Prints the inputs, the Pareto front, the recommended deployment, the `perfcounte
 command that reproduces it and the engine's own command that runs it (serve/launch.py);
 --save_path writes every candidate as JSON, --html a page of the front and the candidates
 (report/html_serving.py). Bad input: one line on stderr, exit code 2, before any work.
-While it searches, a bar on stderr counts the candidates simulated, with the best goodput per
+The search leaves out the candidates that can be neither on the front nor the recommendation
+(their bounds, a short run; --exhaustive simulates every one that fits) and says how many.
+While it searches, a bar on stderr counts the candidates decided, with the best goodput per
 GPU that meets the SLO so far (off with --quiet or where stderr is no terminal); Ctrl-C stops
 the search and prints the best found so far (exit code 130).
 """
@@ -101,6 +103,10 @@ def add_parser(sub) -> None:
                         "local one (needs the extra: pip install 'perfcounter[ray]')")
     g.add_argument("--workers", type=int, help="processes (default: this machine's cores; "
                                                "1: this process)")
+    g.add_argument("--exhaustive", action="store_true",
+                   help="simulate every candidate that fits (default: leave out those whose "
+                        "bounds or a short run show they can be neither on the front nor the "
+                        "recommendation; the same front and recommendation, docs/plan.md)")
     add_output(g, "--save_path", help="every candidate and its figures as JSON")
     add_output(g, "--html", needs=check_html, help=HTML_HELP)
     g.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
@@ -171,7 +177,7 @@ def _search(args, backend: str, watch: Watch):
                              "data_parallel_size")},
                 disaggregated=not args.aggregated_only,
                 slo_attainment=args.slo_attainment, backend=backend, workers=args.workers,
-                address=args.ray or None, progress=watch)
+                address=args.ray or None, exhaustive=args.exhaustive, progress=watch)
 
 
 def _main(args) -> int:
@@ -202,7 +208,8 @@ def _main(args) -> int:
                      + "\n")
     if args.html is not None:
         rows = [(i, row(i, c, f)) for i, (c, f, ok) in enumerate(
-            zip(result.candidates, result.figures, result.fits)) if ok and f and "error" not in f]
+            zip(result.candidates, result.figures, result.fits))
+            if ok and f and "error" not in f and "pruned" not in f]
         write_page(args.html, plan_page(result, f"perfcounter plan {args.model}", text, HEADER,
                                         rows, parse_slo(result.job.slo)))
     return 0

@@ -143,24 +143,53 @@ def pools_price(c: Candidate, job: Job) -> float | None:
 
 def evaluate(c: Candidate, job: Job) -> dict:
     """`c` served to the job's workload: FIGURES from serve's metrics and the per-GPU ones
-    (module doc), as plain data."""
+    (module doc), as plain data. The run behind an aggregated candidate's figures is kept
+    until the next evaluation in this process (`last_run`: dedupe.py reuses it)."""
+    figures, result = served(c, job, workload(job))
+    _LAST.clear()
+    if result is not None:
+        _LAST[(c, job)] = result
+    return figures
+
+
+_LAST: dict = {}  # (candidate, job) -> the ServeResult of the last evaluate() here
+
+
+def last_run(c: Candidate, job: Job):
+    """The ServeResult behind the last evaluate(c, job) in this process, or None (another
+    was evaluated since, or `c` is disaggregated)."""
+    return _LAST.get((c, job))
+
+
+def served(c: Candidate, job: Job, w) -> tuple[dict, object]:
+    """(figures, ServeResult or None for a disaggregated one) of `c` serving workload `w`
+    (the job's, or a prefix of it: prune.py's short runs)."""
     if c.disaggregated:
         kwargs = deployment_kwargs(c, job)
         for name in ("usd_per_hour", *parallel_kwargs(c)):
             del kwargs[name]
-        result = disaggregated(job.model, workload(job), *pools(c), slo=job.slo, **kwargs)
+        result = disaggregated(job.model, w, *pools(c), slo=job.slo, **kwargs)
         m, price = result.overall, pools_price(c, job)
         extra = {"usd_per_hour": price, "kv_transfer_bytes": m["kv_transfer_bytes"],
                  "kv_transfer_j": m["kv_transfer_j"],
                  "usd_per_1m_output_tokens": None if price is None else
                  price * m["duration"] / 3600 / m["total_output_tokens"] * 1e6}
-    else:
-        dep = deployment(job.model, c.device, **deployment_kwargs(c, job))
-        m = serve(dep, workload(job), slo=job.slo).metrics
-        extra = {"usd_per_hour": dep.usd_per_hour,  # every GPU of the deployment
-                 "kv_cache_tokens": dep.plan.kv_tokens}
-        if not getattr(dep.table, "has_energy", True):  # the device gives no energy figures
-            extra["j_per_output_token"] = extra["mean_power_w"] = None
+        return _figures(c, m, extra), None
+    dep = deployment(job.model, c.device, **deployment_kwargs(c, job))
+    result = serve(dep, w, slo=job.slo)
+    return aggregated_figures(c, dep, result.metrics), result
+
+
+def aggregated_figures(c: Candidate, dep, m: dict) -> dict:
+    """The figures of aggregated candidate `c` (deployment `dep`) from serve's metrics `m`."""
+    extra = {"usd_per_hour": dep.usd_per_hour,  # every GPU of the deployment
+             "kv_cache_tokens": dep.plan.kv_tokens}
+    if not getattr(dep.table, "has_energy", True):  # the device gives no energy figures
+        extra["j_per_output_token"] = extra["mean_power_w"] = None
+    return _figures(c, m, extra)
+
+
+def _figures(c: Candidate, m: dict, extra: dict) -> dict:
     out = {k: m.get(k) for k in FIGURES}
     gpus = c.num_gpus
     out["goodput_per_gpu"] = None if m.get("request_goodput") is None \

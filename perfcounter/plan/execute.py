@@ -15,13 +15,24 @@ the same code from the same inputs: nothing depends on which process ran it).
                         Ray is the optional extra `.[ray]`
 
 A candidate that serve refuses (one line) keeps its message as its `error` figure: nothing
-is dropped. `on_done(index, figures)` hears of each candidate as its task ends (a progress bar,
+is dropped.
+
+The pruned search (prune.py) goes in rounds, one per number of GPUs, fewest first: a
+candidate is dominated by one on no more GPUs, so those are decided before it. A round's task
+is the round's candidates of one group sharing a step table's counts (`counts_group`: the
+model, storage and shard, whatever the kind of device: a task prices its counts on each kind
+it needs); every task of a group runs in the same worker process (a process pool of one
+process per worker, or one Ray actor per worker), which counts the table once and keeps it.
+Each task decides its candidates against the incumbents of the rounds before (and its own as
+it goes); the rounds' results join the incumbents in task order. So every backend, with any
+number of workers, gives the same answer, bit for bit. `on_done(index, figures)` hears of each candidate as its task ends (a progress bar,
 the best so far); an interrupt (Ctrl-C) cancels the tasks not started, ends the pool's
 processes (they ignore the signal themselves: no traceback from each) and goes up to the
 caller, which has heard of every candidate done.
 """
 from __future__ import annotations
 
+import copy
 import os
 import signal
 from collections import defaultdict
@@ -30,6 +41,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from perfcounter.plan.candidates import Candidate
 from perfcounter.plan.evaluate import Job, evaluate
 from perfcounter.plan.pool import PlanError
+from perfcounter.plan.prune import Incumbents, run_group as run_pruned_group
 from perfcounter.serve.errors import ServeError
 
 BACKENDS = ("serial", "processes", "ray")
@@ -132,13 +144,18 @@ def _run_pool(tasks, job: Job, workers: int, done) -> None:
         for future in as_completed(futures):
             done(future.result())
     except BaseException:  # an interrupt, or a task's error: no task left running
-        for future in futures:
-            future.cancel()
-        for process in list((getattr(pool, "_processes", None) or {}).values()):
-            process.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
+        _stop(pool, futures)
         raise
     pool.shutdown()
+
+
+def _stop(pool, futures) -> None:
+    """Cancel `futures`, end the pool's processes (module doc: they ignore Ctrl-C)."""
+    for future in futures:
+        future.cancel()
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _run_ray(tasks, job: Job, address: str | None, done) -> None:
@@ -151,3 +168,106 @@ def _run_ray(tasks, job: Job, address: str | None, done) -> None:
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
         done(ray.get(ready[0]))
+
+
+
+
+def counts_group(c: Candidate) -> tuple:
+    """What a candidate's step-table counts depend on: table_group less the kinds."""
+    return table_group(c)[2:]
+
+
+def pruned_rounds(items: list) -> list[list[tuple[int, list]]]:
+    """(index, Candidate, Bounds) items in rounds (module doc): by number of GPUs, fewest
+    first; in each, (group number, its items) by group, the groups numbered most promising
+    first (their fewest GPUs, least step (bounds.py), first candidate)."""
+    by: dict = defaultdict(list)
+    for item in items:
+        by[counts_group(item[1])].append(item)
+    ordered = sorted(by.values(), key=lambda g: (min(c.num_gpus for _, c, _ in g),
+                                                 min(b.step_s for _, _, b in g), g[0][0]))
+    rounds = []
+    for gpus in sorted({c.num_gpus for _, c, _ in items}):
+        tasks = [(k, [it for it in g if it[1].num_gpus == gpus]) for k, g in enumerate(ordered)]
+        rounds.append([(k, its) for k, its in tasks if its])
+    return rounds
+
+
+def _pruned_task(job: Job, items: list, inc: Incumbents, group: int) -> list:
+    """One task of the pruned search: its candidates decided (prune.run_group)."""
+    return run_pruned_group(job, items, inc, evaluate, group=group)
+
+
+class _Worker:
+    """A worker that keeps its groups' tables: a Ray actor's class."""
+
+    def run(self, job: Job, items: list, inc: Incumbents, group: int) -> list:
+        return _pruned_task(job, items, inc, group)
+
+
+def run_pruned(rounds: list, job: Job, attainment: float, *, backend: str = "processes",
+               workers: int | None = None, address: str | None = None,
+               on_done=None) -> dict:
+    """{index: figures} of the pruned search's `rounds` (pruned_rounds) on `backend` (module
+    doc); on_done(index, figures) for each as it is decided."""
+    check_backend(backend, workers)
+    workers = default_workers() if workers is None else workers
+    groups = len({k for tasks in rounds for k, _ in tasks})
+    inc, results = Incumbents(attainment), {}
+    if backend == "serial" or (backend == "processes" and (workers == 1 or groups == 1)):
+        def run_round(tasks, snapshot):
+            return [run_pruned_group(job, items, copy.deepcopy(snapshot), evaluate, on_done,
+                                     group=k) for k, items in tasks]
+        _rounds(rounds, inc, results, run_round, None)
+    elif backend == "processes":
+        pools = [ProcessPoolExecutor(max_workers=1, initializer=_ignore_interrupt)
+                 for _ in range(min(workers, groups))]
+        try:
+            _rounds(rounds, inc, results, _pool_round(job, pools, on_done), None)
+        except BaseException:  # an interrupt, or a task's error: no task left running
+            for pool in pools:
+                _stop(pool, [])
+            raise
+        for pool in pools:
+            pool.shutdown()
+    else:
+        _rounds(rounds, inc, results, _ray_round(job, address, groups), on_done)
+    return results
+
+
+def _rounds(rounds, inc: Incumbents, results: dict, run_round, on_done) -> None:
+    """Each round run with the incumbents of those before; its figures into `results` and,
+    in task order, into `inc`."""
+    for tasks in rounds:
+        for pairs in run_round(tasks, copy.deepcopy(inc)):
+            for i, f in pairs:
+                results[i] = f
+                if on_done is not None:
+                    on_done(i, f)
+                if "pruned" not in f:
+                    inc.add(i, f)
+
+
+def _pool_round(job: Job, pools: list, on_done):
+    def run_round(tasks, snapshot):
+        futures = [pools[k % len(pools)].submit(_pruned_task, job, items, snapshot, k)
+                   for k, items in tasks]
+        for future in as_completed(futures):  # heard of as each task ends
+            for i, f in future.result() if on_done is not None else ():
+                on_done(i, f)
+        return [future.result() for future in futures]
+    return run_round
+
+
+def _ray_round(job: Job, address: str | None, groups: int):
+    ray = ray_module()
+    if not ray.is_initialized():
+        ray.init(address=address, log_to_driver=False, include_dashboard=False)
+    cpus = int(ray.available_resources().get("CPU", 1)) or 1
+    actors = [ray.remote(_Worker).remote() for _ in range(min(cpus, groups))]
+    job_ref = ray.put(job)
+
+    def run_round(tasks, snapshot):
+        return ray.get([actors[k % len(actors)].run.remote(job_ref, items, snapshot, k)
+                        for k, items in tasks])
+    return run_round

@@ -66,11 +66,13 @@ class PlanSpace:
 
 @dataclass(frozen=True)
 class PlanBackend:
-    """Where the candidates are simulated (execute.py)."""
+    """Where the candidates are simulated (execute.py), and whether every one that fits is
+    (exhaustive) or only those that can still matter (prune.py)."""
 
     backend: str = "processes"
     workers: int | None = None
     address: str | None = None
+    exhaustive: bool = False
 
 
 @dataclass(frozen=True)

@@ -50,13 +50,28 @@ def steps_text(result) -> str:
 def none_fits(result) -> str:
     """Why nothing was simulated: what did not fit the pool."""
     pool = ", ".join(f"{k.count} x {k.name}" for k in result.kinds)
-    unstored = [f["error"] for f in result.figures if f]
+    unstored = [f["error"] for f, ok in zip(result.figures, result.fits) if not ok and f]
     if len(unstored) == len(result.figures):
         return f"no candidate fits {pool}: the weight scheme cannot store a rank ({unstored[0]})"
     return (f"no candidate fits {pool}: a rank's weights and workspace leave no KV cache"
             + (f" ({len(unstored)} more: a rank the weight scheme cannot store)" if unstored
                else "") + "; give more or larger devices (--devices) or smaller weights "
             "(--quantize)")
+
+
+def pruned_text(result) -> str:
+    """'12 pruned (9 by bounds, 3 by a short run), 4 from a run simulated for another, ' (the
+    pruned search's, prune.py), or '' (an exhaustive search)."""
+    rules = result.pruned
+    out = ""
+    if rules:
+        how = {"bound": "by bounds", "halving": "by a short run"}
+        out = (f"{sum(rules.values())} pruned ("
+               + ", ".join(f"{n} {how.get(rule, rule)}" for rule, n in sorted(rules.items()))
+               + "), ")
+    if result.same_run:
+        out += f"{result.same_run} from a run simulated for another, "
+    return out
 
 
 def plan_text(result) -> str:
@@ -75,10 +90,9 @@ def plan_text(result) -> str:
              f"{job.prompt_length}, output {job.max_new_tokens} tokens; SLO {job.slo} for "
              f"{result.slo_attainment:.0%} of requests; steps {steps_text(result)}",
              f"candidates: {len(result.candidates)} enumerated, "
-             f"{len(result.candidates) - result.simulated - unstored} left out (no KV cache "
-             f"fits a rank), "
+             f"{result.fits.count(False) - unstored} left out (no KV cache fits a rank), "
              + (f"{unstored} left out (a rank the weight scheme cannot store), "
-                if unstored else "")
+                if unstored else "") + pruned_text(result)
              + f"{result.simulated} simulated {runner}"
              + (f", {errors} refused by serve (their error in the JSON)" if errors else "")]
     lines.append("")
@@ -87,7 +101,7 @@ def plan_text(result) -> str:
     lines.append(format_table(front, HEADER, rule=True) if front else "  (no candidate ran "
                  "without overload)" if result.simulated else "  (no candidate was simulated)")
     lines.append("")
-    if not result.simulated:
+    if not any(result.fits):
         lines.append(f"recommended: none; {none_fits(result)}")
     elif result.recommended is None:
         lines.append(f"recommended: none; no candidate meets {job.slo} for "

@@ -6,21 +6,27 @@
 
 Every input is checked before any table is counted (PlanError, one line). Then the
 candidates are enumerated (candidates.py), those that do not fit a rank's memory are left
-out (kept in the result, `fits` false), the others are simulated on the chosen backend
-(execute.py), and the front and the recommendation are read off their figures (front.py).
+out (kept in the result, `fits` false), each other one is bounded (bounds.py) and decided by
+the pruned search (prune.py: left out where its bounds or a short run show it cannot matter,
+its figures from a run already simulated where that run is its own, else simulated), or
+with `exhaustive` every one is simulated, on the chosen backend (execute.py); the front and
+the recommendation are read off their figures (front.py). A candidate left out keeps why
+(`pruned`, `pruned_by`: bound or halving) and its bounds in the result.
 """
 from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from perfcounter._util import atomic_write
 from perfcounter.plan import evaluate as ev
+from perfcounter.plan.bounds import bounds, step_seconds
 from perfcounter.plan.candidates import (Candidate, Space, default_quantizations,
                                          KV_CACHE_DTYPES, tensor_parallel_sizes,
                                          enumerate_candidates, memory_fit)
-from perfcounter.plan.execute import check_backend, run_candidates
+from perfcounter.plan.execute import check_backend, pruned_rounds, run_candidates, run_pruned
 from perfcounter.plan.front import pareto_front, recommend
 from perfcounter.plan.options import PlanEngine, PlanOptions, PlanSpace, PlanTarget
 from perfcounter.plan.pool import DeviceKind, PlanError, kind_named, parse_devices
@@ -41,17 +47,32 @@ class PlanResult:
     kinds: list[DeviceKind]
     candidates: list[Candidate]
     fits: list[bool]
-    figures: list[dict | None]  # None: left out (no KV cache fits); {"error": why}: refused
+    # None: left out (no KV cache fits); {"error": why}: refused; {"pruned": why,
+    # "pruned_by": rule, bounds}: not simulated (prune.py); "same_run_as": j: j's run
+    figures: list[dict | None]
     front: list[int]  # candidate indices, by ascending TPOT
     recommended: int | None
     slo_attainment: float
     backend: str
     seconds: float = 0.0  # wall time of the search (not part of its figures)
     commands: dict = field(default_factory=dict)  # index -> `perfcounter serve` command
+    exhaustive: bool = True  # every candidate that fits simulated (else pruned, prune.py)
 
     @property
     def simulated(self) -> int:
-        return sum(self.fits)
+        """Candidates served whole (serve's refusals included)."""
+        return sum(1 for f, ok in zip(self.figures, self.fits)
+                   if ok and not {"pruned", "same_run_as"} & set(f or ()))
+
+    @property
+    def pruned(self) -> dict:
+        """{rule: candidates it left out} (prune.py's bound, halving)."""
+        return dict(Counter(f["pruned_by"] for f in self.figures if f and "pruned" in f))
+
+    @property
+    def same_run(self) -> int:
+        """Candidates whose figures come from another's run (dedupe.py)."""
+        return sum(1 for f in self.figures if f and "same_run_as" in f)
 
     def to_dict(self) -> dict:
         """The JSON of --save_path: the search's inputs and every candidate."""
@@ -72,7 +93,8 @@ class PlanResult:
                              "burstiness": job.burstiness, "seed": job.seed},
                 "slo": job.slo, "slo_attainment": self.slo_attainment,
                 "engine": job.engine, "execution": job.execution, "enumerated": len(self.candidates),
-                "simulated": self.simulated, "pareto_front": self.front,
+                "simulated": self.simulated, "exhaustive": self.exhaustive,
+                "pruned": self.pruned, "same_run": self.same_run, "pareto_front": self.front,
                 "recommended": self.recommended, "candidates": rows}
 
     def save(self, path) -> None:
@@ -149,7 +171,9 @@ def plan(model, devices, *, options: PlanOptions | None = None, progress: Progre
     kv_cache_dtypes; max_num_seqs; tensor_parallel_size, pipeline_parallel_size,
     data_parallel_size: the sizes to try, None: candidates.py's powers of two;
     disaggregated: prefill and decode pools beside the aggregated ones) and the backend
-    (backend, workers, address). `progress`: told of each candidate simulated (Progress)."""
+    (backend, workers, address; exhaustive: simulate every candidate that fits, else the
+    pruned search). `progress`: told of each candidate that fits as it is decided
+    (Progress)."""
     started = time.perf_counter()
     if options is None:
         options = PlanOptions.of(**keywords)
@@ -159,16 +183,23 @@ def plan(model, devices, *, options: PlanOptions | None = None, progress: Progre
     q = _question(model, devices, options)
     candidates = enumerate_candidates(q.args, q.kinds, str(q.dtype).replace("torch.", ""),
                                       q.space)
-    fits, refused = _memory_fits(q, candidates, options.engine)
+    fits, refused, found = _memory_fits(q, candidates, options.engine)
     kept = [c for c, ok in zip(candidates, fits) if ok]
     at = [i for i, ok in enumerate(fits) if ok]  # kept's index in candidates
     progress = progress or Progress()
     progress.start(len(kept))
     b = options.backend
-    done = iter(run_candidates(kept, q.job, backend=b.backend, workers=b.workers,
-                               address=b.address, on_done=lambda k, f: progress.done(
-                                   at[k], kept[k], f)))
-    figures = [next(done) if ok else refused.get(i) for i, ok in enumerate(fits)]
+    if b.exhaustive:
+        done = iter(run_candidates(kept, q.job, backend=b.backend, workers=b.workers,
+                                   address=b.address, on_done=lambda k, f: progress.done(
+                                       at[k], kept[k], f)))
+        figures = [next(done) if ok else refused.get(i) for i, ok in enumerate(fits)]
+    else:
+        items = _bounded(q, options.target.slo_attainment, candidates, at, found)
+        decided = run_pruned(pruned_rounds(items), q.job, options.target.slo_attainment,
+                             backend=b.backend, workers=b.workers, address=b.address,
+                             on_done=lambda i, f: progress.done(i, candidates[i], f))
+        figures = [decided[i] if ok else refused.get(i) for i, ok in enumerate(fits)]
     usable = [f or {"error": "does not fit"} for f in figures]
     front = pareto_front(usable)
     attainment = options.target.slo_attainment
@@ -176,7 +207,24 @@ def plan(model, devices, *, options: PlanOptions | None = None, progress: Progre
     commands = {i: ev.serve_command(candidates[i], q.job) for i in range(len(candidates))
                 if fits[i]}
     return PlanResult(q.job, q.kinds, candidates, fits, figures, front, best, attainment,
-                      b.backend, time.perf_counter() - started, commands)
+                      b.backend, time.perf_counter() - started, commands, b.exhaustive)
+
+
+def _bounded(q: "_Question", attainment: float, candidates: list, at: list,
+             found: dict) -> list:
+    """(index, Candidate, Bounds) of each candidate that fits (bounds.py): its ranks' least
+    step from their weights (found: memory_fit's, by kind), on the search's workload."""
+    job = q.job
+    workload, slo = ev.workload(job), parse_slo(job.slo)
+    items = []
+    for i in at:
+        c = candidates[i]
+        kinds = [c.device] + ([c.decode_device] if c.disaggregated else [])
+        steps = [step_seconds(q.args, found[i][k].weight_bytes, kind_named(q.kinds, k).spec,
+                              c.pipeline_parallel_size) for k in kinds]
+        items.append((i, c, bounds(workload, slo, attainment, job.max_num_batched_tokens,
+                                   c.num_gpus, steps[0], steps[-1])))
+    return items
 
 
 @dataclass(slots=True)
@@ -264,19 +312,19 @@ def _space_values(args, dtype, sp: PlanSpace) -> tuple:
     return quants, kvs, seqs
 
 
-def _memory_fits(q: _Question, candidates: list, eng: PlanEngine) -> tuple[list, dict]:
-    """Whether each candidate fits every kind of device it uses (memory_fit), and why not
-    where a plan refused it ({index: {"error": why}})."""
+def _memory_fits(q: _Question, candidates: list, eng: PlanEngine) -> tuple[list, dict, dict]:
+    """Whether each candidate fits every kind of device it uses (memory_fit), why not where
+    a plan refused it ({index: {"error": why}}), and each one's Fit by kind."""
     cache: dict = {}
     options = {"gpu_memory_utilization": eng.gpu_memory_utilization,
                "block_size": eng.block_size, "max_num_batched_tokens": eng.max_num_batched_tokens}
-    fits, refused = [], {}
+    fits, refused, by_kind = [], {}, {}
     for i, c in enumerate(candidates):
         kinds_used = [c.device] + ([c.decode_device] if c.disaggregated else [])
-        found = [memory_fit(q.args, q.dtype, c, kind_named(q.kinds, k).spec, cache=cache,
-                            **options) for k in kinds_used]
-        fits.append(all(f.fits for f in found))
-        reasons = [f.error for f in found if f.error]
+        found = by_kind[i] = {k: memory_fit(q.args, q.dtype, c, kind_named(q.kinds, k).spec,
+                                            cache=cache, **options) for k in kinds_used}
+        fits.append(all(f.fits for f in found.values()))
+        reasons = [f.error for f in found.values() if f.error]
         if reasons:
             refused[i] = {"error": reasons[0]}
-    return fits, refused
+    return fits, refused, by_kind
