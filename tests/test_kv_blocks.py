@@ -39,3 +39,33 @@ def test_chunked_layers_and_a_model_without_windows():
     # 0.25 x 63 + 0.75 x 3 = 18
     assert cost(1000) == pytest.approx(18.0)
     assert BlockCost.of(tiny("qwen3", num_hidden_layers=2, intermediate_size=48), 16) is None
+
+
+def test_vllm_admits_more_sequences_where_windows_free_blocks():
+    import dataclasses
+
+    import numpy as np
+
+    from perfcounter.serve import deployment
+    from perfcounter.serve.hf_model import HfArgs
+    from perfcounter.serve.scheduler import simulate_engine
+    from perfcounter.serve.workload import Workload
+    config = tiny("gpt_oss", num_hidden_layers=4, intermediate_size=16, num_local_experts=4,
+                  num_experts_per_tok=2, sliding_window=32,
+                  layer_types=["sliding_attention", "full_attention"] * 2)
+    args = HfArgs.of(config, "gpt_oss")
+    vllm = deployment(args, "h100-sxm", execution="bound", engine="vllm")
+    sglang = deployment(args, "h100-sxm", execution="bound", engine="sglang")
+    assert vllm.engine.block_cost is not None and sglang.engine.block_cost is None
+    # a pool of 80 blocks, 30 prompts of 100 tokens: each holds ceil(100 / 16) = 7 blocks
+    # where every layer keeps every token (80 // 7 = 11 admitted in the first step), 0.5 x 7
+    # + 0.5 x 3 = 5 where the sliding layers free theirs (80 // 5 = 16)
+    n = 30
+    w = Workload(np.zeros(n), np.full(n, 100), np.full(n, 4), np.zeros(n, dtype=np.int64),
+                 None, "fixed")
+    first = {}
+    for name, dep in (("held", sglang), ("freed", vllm)):
+        cfg = dataclasses.replace(dep.engine, kv_blocks=80, max_num_seqs=64,
+                                  max_num_batched_tokens=8192)
+        first[name] = simulate_engine(w, dep.table, cfg).steps.seqs[0]
+    assert first == {"held": 11, "freed": 16}

@@ -36,7 +36,7 @@ def test_every_profile_figure_carries_its_source(engine, device):
     figures = profile.figures(spec)
     assert set(figures) == {"execution", "admission", "max_num_seqs", "max_num_batched_tokens",
                             "step_overhead_s", "request_overhead_s", "kv_scales",
-                            "seq_overhead_s", "async_scheduling", "sampler"}
+                            "seq_overhead_s", "async_scheduling", "sampler", "windowed_kv"}
     for name, figure in figures.items():
         assert isinstance(figure, Figure) and figure.value is not None, name
         assert len(figure.source) > 20, (name, figure.source)

@@ -23,6 +23,7 @@ from perfcounter.serve.engines import EngineProfile, check_given, engine_profile
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.hf_model import HfArgs
 from perfcounter.serve.hf_shard import shard_hf, smallest_fit
+from perfcounter.serve.kv_blocks import BlockCost
 from perfcounter.serve.memory import MemoryPlan, memory_plan
 from perfcounter.serve.metrics import check_prices
 from perfcounter.serve.options import CacheOptions, DeploymentOptions
@@ -264,7 +265,8 @@ def _deployment(model, rank: _Rank, placed: _Placed, table, options: DeploymentO
                               settings["max_num_seqs"], options.cache.block_size,
                               settings["step_overhead_s"], settings["admission"],
                               settings["request_overhead_s"], settings["seq_overhead_s"],
-                              settings["async_scheduling"], _sampler(rank, placed, options))
+                              settings["async_scheduling"], _sampler(rank, placed, options),
+                              _block_cost(rank, settings, options.cache.block_size))
     model_name = model if isinstance(model, str) else type(model).__name__
     return Deployment(name, rank.args, str(model_name), rank.dtype, placed.spec, table,
                       placed.plan, engine_cfg, usd_per_hour, source,
@@ -283,6 +285,15 @@ def _sampler(rank: _Rank, placed: _Placed, options: DeploymentOptions):
             or options.placement.mapping is not None:
         return None
     return SamplerCost(placed.spec, rank.vocab, kernels(sampling))
+
+
+def _block_cost(rank: _Rank, settings: dict, block_size: int):
+    """How many KV blocks a sequence holds (scheduler.EngineConfig.block_cost): a
+    transformers model's windowed layers' blocks before their window freed where the engine
+    frees them (its windowed_kv), else None (every layer holds every token)."""
+    if not isinstance(rank.args, HfArgs) or settings["windowed_kv"] != "freed":
+        return None
+    return BlockCost.of(rank.args.rank_config(), block_size)
 
 
 def _fit_options(settings: dict, cache: CacheOptions) -> dict:

@@ -74,6 +74,7 @@ class EngineProfile:
     seq_overhead_s: Figure  # host time a scheduled sequence a step
     async_scheduling: Figure  # bool: the host's work overlaps the previous step's GPU work
     sampler: Figure  # "torch" | "fused" (SAMPLERS)
+    windowed_kv: Figure  # "freed": a windowed layer's blocks before its window freed; "held"
 
     def regime(self, spec) -> Figure:
         """The regime the engine's steps run in on `spec` by default."""
@@ -89,7 +90,7 @@ class EngineProfile:
                 "step_overhead_s": self.step_overhead_s,
                 "request_overhead_s": self.request_overhead_s, "kv_scales": self.kv_scales,
                 "seq_overhead_s": self.seq_overhead_s, "async_scheduling": self.async_scheduling,
-                "sampler": self.sampler}
+                "sampler": self.sampler, "windowed_kv": self.windowed_kv}
 
     def settings(self, spec) -> dict:
         return {k: f.value for k, f in self.figures(spec).items()}
@@ -174,7 +175,13 @@ PROFILES = {
                        "sampler where FlashInfer is installed (requirements/cuda.txt does not "
                        "require it), else PyTorch ops; v0.11.1 runs the PyTorch ops unless "
                        "VLLM_USE_FLASHINFER_SAMPLER=1 (pull request 26859): their bytes "
-                       "(serve/sampler.py)")),
+                       "(serve/sampler.py)"),
+        windowed_kv=Figure("freed", f"{_VLLM} vllm/config.py: SchedulerConfig."
+                           "disable_hybrid_kv_cache_manager = False, so on a GPU the hybrid KV "
+                           "cache manager gives each kind of attention layer its own blocks "
+                           "and frees a sliding or chunked layer's blocks before its window "
+                           "(vllm/v1/core/single_type_kv_cache_manager.py; off with a KV "
+                           "transfer, i.e. disaggregated prefill: VllmConfig.__post_init__)")),
     "trtllm": EngineProfile(
         "trtllm", _TRT,
         admission=Figure("no_evict", f"{_TRT} docs performance-tuning-guide/useful-runtime-"
@@ -195,7 +202,10 @@ PROFILES = {
                                 "overlap scheduler, enabled by default, runs step n's CPU work "
                                 "while the GPU runs step n+1"),
         sampler=Figure("fused", f"{_TRT}: its own top-k/top-p sampling kernels; no count of "
-                       "their bytes published: not priced")),
+                       "their bytes published: not priced"),
+        windowed_kv=Figure("held", f"{_TRT} tensorrt_llm/llmapi/llm_args.py: KvCacheConfig."
+                           "max_attention_window = None by default: every layer's cache the "
+                           "sequence's whole length")),
     "sglang": EngineProfile(
         "sglang", _SGL,
         admission=Figure("recompute", f"{_SGL} python/sglang/srt/managers/scheduler.py: "
@@ -217,7 +227,11 @@ PROFILES = {
                                 "step n+1 while the GPU runs step n"),
         sampler=Figure("fused", f"{_SGL} python/sglang/srt/layers/sampler.py: FlashInfer's "
                        "fused top-k/top-p sampling kernels; no count of their bytes "
-                       "published: not priced")),
+                       "published: not priced"),
+        windowed_kv=Figure("held", f"{_SGL} server_args.py: hybrid_kvcache_ratio = None, one "
+                           "KV pool, every layer holding every token (configs/model_config.py "
+                           "is_hybrid_model: a separate sliding-window pool only with the ratio "
+                           "given, and for Llama 4 only)")),
 }
 ENGINES = tuple(PROFILES)
 

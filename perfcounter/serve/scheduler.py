@@ -11,7 +11,9 @@ four named parts:
    it still needs, the budget left) of the step's token budget
    (`max_num_batched_tokens`): a prompt longer than the budget is prefilled in chunks. A
    request needs prompt + generated tokens in its KV cache before it emits its next
-   token. The cache is paged: a request holds ceil(tokens in cache / block_size) blocks.
+   token. The cache is paged: a request holds ceil(tokens in cache / block_size) blocks
+   (`EngineConfig.blocks`; a model with windowed layers as kv_blocks.BlockCost says: their
+   blocks before the window freed, as vLLM's hybrid cache manager frees them).
    Under admission "recompute" (vLLM, SGLang), when a running request's new tokens need
    blocks that are not free, the running request admitted last (and not yet scheduled
    this step) is preempted: its blocks are freed, it goes back to the front of the
@@ -96,6 +98,14 @@ class EngineConfig:
     seq_overhead_s: float = 0.0  # host time a scheduled sequence a step
     async_scheduling: bool = False  # the host's work overlaps the GPU's previous step
     sampler: object = None  # sequences -> the sampler's GPU seconds (sampler.SamplerCost)
+    block_cost: object = None  # tokens -> blocks a sequence holds (kv_blocks.BlockCost);
+    # None: ceil(tokens / block_size), every layer holding every token
+
+    def blocks(self, tokens: int) -> float:
+        """KV blocks a sequence of `tokens` tokens in cache holds."""
+        if self.block_cost is not None:
+            return self.block_cost(tokens)
+        return (tokens + self.block_size - 1) // self.block_size
 
 
 def step_seconds(cfg: EngineConfig, gpu_s: float, seqs: int,
@@ -153,7 +163,7 @@ class _Engine:
     # -- KV blocks and running requests -----------------------------------------------------
     def schedule_running(self, budget: int) -> tuple[list, int, bool]:
         """(scheduled (request, tokens), budget left, preempted?) of step part 2."""
-        bs = self.cfg.block_size
+        blocks = self.cfg.blocks
         sched: list = []
         taken: set = set()
         preempted = False
@@ -166,7 +176,7 @@ class _Engine:
             if r.state is PREEMPTED:
                 continue
             todo = min(r.prompt + r.generated - r.computed, budget)
-            need = (r.computed + todo + bs - 1) // bs - r.blocks
+            need = blocks(r.computed + todo) - r.blocks
             while need > self.free:
                 victim = next(v for v in reversed(running)
                               if v.state is RUNNING and v.index not in taken)
@@ -199,14 +209,14 @@ class _Engine:
     # -- admission -------------------------------------------------------------------------
     def admit(self, sched: list, budget: int) -> None:
         """Step part 3: waiting requests admitted in order while they fit."""
-        cfg, bs, waiting, running = self.cfg, self.cfg.block_size, self.waiting, self.running
+        cfg, waiting, running = self.cfg, self.waiting, self.running
         no_evict = cfg.admission == "no_evict"
         while waiting and budget and len(running) < cfg.max_num_seqs:
             r = waiting[0]
             todo = min(r.prompt + r.generated - r.computed, budget)
-            need = (r.computed + todo + bs - 1) // bs - r.blocks
+            need = cfg.blocks(r.computed + todo) - r.blocks
             if no_evict:
-                whole = (r.prompt + r.output + bs - 1) // bs
+                whole = cfg.blocks(r.prompt + r.output)
                 if self.reserved + whole > cfg.kv_blocks:
                     break
                 self.reserved += whole
@@ -225,7 +235,7 @@ class _Engine:
         r.blocks = 0
         r.state = FINISHED
         if self.cfg.admission == "no_evict":
-            self.reserved -= (r.prompt + r.output + self.cfg.block_size - 1) // self.cfg.block_size
+            self.reserved -= self.cfg.blocks(r.prompt + r.output)
 
 
 def _compose(sched: list, f: np.ndarray, window, touched,
@@ -281,11 +291,12 @@ def _emit(engine: _Engine, sched: list, end: float, itl: array) -> list:
 
 def check_fits_blocks(w: Workload, cfg: EngineConfig) -> None:
     """Every request's prompt + output within the KV blocks (one line ServeError else)."""
-    bs = cfg.block_size
-    worst = int(((w.prompt + w.output + bs - 1) // bs).max())
+    bs, longest = cfg.block_size, int((w.prompt + w.output).max())
+    worst = cfg.blocks(longest)  # blocks grow with the tokens: the longest request's
     if worst > cfg.kv_blocks:
-        raise ServeError(f"a request of {int((w.prompt + w.output).max())} tokens needs {worst} "
-                         f"KV blocks of {bs}; the device holds {cfg.kv_blocks}: it can never fit")
+        need = f"{worst:,}" if isinstance(worst, int) else f"{worst:,.1f}"
+        raise ServeError(f"a request of {longest} tokens needs {need} KV blocks of {bs}; "
+                         f"the device holds {cfg.kv_blocks}: it can never fit")
 
 
 def simulate_engine(w: Workload, table, cfg: EngineConfig) -> Run:
