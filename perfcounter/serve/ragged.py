@@ -188,27 +188,39 @@ def prime_caches(counter, caches) -> None:
                 t.copy_(torch.zeros_like(t))
 
 
-def count_step(args: ModelArgs, pieces, dtype=torch.bfloat16, depth: int = 10, *,
-               weights=None, kv=None, stored=None) -> Trace:
-    """The counted trace of one engine step of `pieces` (see the module doc); weights (a
-    quantize.WeightScheme or its name) and kv ("int8", "fp8"): stored quantized, as
-    `perfcounter count --quantize --kv_dtype` counts them (bytes as stored); stored: a
-    callable that marks the fake model's weights with their bytes as stored (a llama.cpp
-    file's, gguf_types.GgufFile.annotate)."""
-    pieces = [p if isinstance(p, Piece) else Piece(*p) for p in pieces]
-    if not pieces or any(p.new_tokens < 1 or p.context < 0 for p in pieces):
-        raise ValueError(f"a step needs pieces of >= 1 new token after >= 0 cached; got {pieces}")
+def build(args: ModelArgs, dtype=torch.bfloat16, *, weights=None, kv=None,
+          stored=None) -> tuple:
+    """(fake model, its FakeTensorMode, its RoPE table) that count_step counts a step of:
+    built once, counted at many steps (steps.count_table: 9 shapes of one model). weights,
+    kv, stored: count_step's."""
     model, fake_mode = fake_model(args, dtype=dtype, weights=weights, kv=kv)
     if stored is not None:
         stored(model)
     model.forward = types.MethodType(_ragged_forward, model)
+    with fake_mode:  # the model's table: rows read by position
+        freqs = precompute_freqs_cis(args.block_size, args.head_dim, args.rope_base,
+                                     args.rope_scaling)
+    return model, fake_mode, freqs
+
+
+def count_step(args: ModelArgs, pieces, dtype=torch.bfloat16, depth: int = 10, *,
+               weights=None, kv=None, stored=None, built: tuple | None = None) -> Trace:
+    """The counted trace of one engine step of `pieces` (see the module doc); weights (a
+    quantize.WeightScheme or its name) and kv ("int8", "fp8"): stored quantized, as
+    `perfcounter count --quantize --kv_dtype` counts them (bytes as stored); stored: a
+    callable that marks the fake model's weights with their bytes as stored (a llama.cpp
+    file's, gguf_types.GgufFile.annotate); built: `build`'s of the same args, dtype, weights,
+    kv and marks, counted again (None: built here; kv is still the step's cache's)."""
+    pieces = [p if isinstance(p, Piece) else Piece(*p) for p in pieces]
+    if not pieces or any(p.new_tokens < 1 or p.context < 0 for p in pieces):
+        raise ValueError(f"a step needs pieces of >= 1 new token after >= 0 cached; got {pieces}")
+    model, fake_mode, freqs = built if built is not None else \
+        build(args, dtype, weights=weights, kv=kv, stored=stored)
     counter = TransformerPerformanceCounter(depth=depth)
     total = sum(p.new_tokens for p in pieces)
     with fake_mode:
         idx = torch.zeros(1, total, dtype=torch.int64)
         input_pos = torch.cat([torch.arange(p.context, p.kv_positions) for p in pieces])
-        freqs = precompute_freqs_cis(args.block_size, args.head_dim, args.rope_base,
-                                     args.rope_scaling)  # the model's table: rows read by position
         ends = torch.tensor([p.new_tokens for p in pieces]).cumsum(0) - 1
         one = torch.zeros(1, 1, 1, 1, dtype=dtype)
         masks = [one.expand(1, 1, p.new_tokens, p.kv_positions) for p in pieces]

@@ -68,7 +68,7 @@ from perfcounter.models.args import ModelArgs
 from perfcounter.models.layer_paths import at_layer, every_layer, in_layer, layer_of
 from perfcounter.quant.gguf_types import GgufFile
 from perfcounter.serve.errors import ServeError
-from perfcounter.serve.ragged import Piece, count_step
+from perfcounter.serve.ragged import Piece, build, count_step
 from perfcounter.trace import OpRecord, Trace
 from perfcounter.trace_args import pattern
 
@@ -325,11 +325,16 @@ def count_table(args: ModelArgs, dtype=torch.bfloat16, *, weights=None, kv=None)
         per_layer = [gguf.layer_bytes(i) for i in reps]
         extra = sum((len(k) - 1) * (b - per_layer[0]) for k, b in zip(kinds, per_layer))
 
+    built: dict = {}  # the counted models by their layers: each built once (ragged.build)
+
     def count(layers: list[int], shape) -> Trace:
         marks = None if gguf is None else functools.partial(gguf.annotate, layers=layers)
-        return count_step(dataclasses.replace(args, n_layer=len(layers)),
-                          [Piece(*p) for p in shape], dtype, weights=None if gguf else weights,
-                          kv=kv, stored=marks)
+        counted = dataclasses.replace(args, n_layer=len(layers))
+        model = built.get(tuple(layers))
+        if model is None:
+            model = built[tuple(layers)] = build(counted, dtype, kv=kv, stored=marks,
+                                                 weights=None if gguf else weights)
+        return count_step(counted, [Piece(*p) for p in shape], dtype, kv=kv, built=model)
     keys: dict = {}
     rows, sample, traces, whole_model = [], {}, [], []
     experts = (args.num_experts, args.num_activated_experts) if args.num_experts else None
