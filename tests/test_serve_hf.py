@@ -402,3 +402,19 @@ def test_a_multimodal_config_json_serves_its_language_model(tmp_path):
     args, preset = resolve_model(str(path)), resolve_model("gemma-3-27b")
     assert (args.model_type, args.n_layer) == ("gemma3_text", 62)
     assert args.config_json == preset.config_json
+
+
+def test_serve_plan_lines_of_a_transformers_model():
+    from perfcounter.serve.render import plan_text, smallest_fit_text
+    dep = deployment("qwen3-8b", "h100-sxm", execution="bound")
+    # its layouts as stored, no --quantize (which prices perfcounter's own model only)
+    assert smallest_fit_text("qwen3-8b", dep) == (
+        f"smallest fit: --tensor_parallel_size 1 ({dep.plan.weight_bytes / 1e9:.2f} GB of "
+        "weights a rank)")
+    # gpt-oss tiny under vLLM: half its layers slide over 32 tokens; at 1,000 tokens of
+    # context a sequence holds 0.5 x 63 + 0.5 x 3 = 33 blocks, not 63
+    config = tiny("gpt_oss", **TINY["gpt_oss"])
+    windowed = deployment(HfArgs.of(config, "gpt_oss"), "h100-sxm", execution="bound")
+    text = plan_text(windowed, context=1000)
+    blocks = windowed.plan.kv_blocks
+    assert f"largest batch at 1,000 tokens of context: {blocks // 33:,} (windowed" in text

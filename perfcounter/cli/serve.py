@@ -28,7 +28,7 @@ from perfcounter import console
 from perfcounter.cli.flags import (add_deprecated, add_model_flags, add_output, add_parallel_flags,
                                    config_of, given, refuse)
 from perfcounter.devices import default_device_spec
-from perfcounter.parallel import PARALLEL_SIZES, fits_text, smallest_fit
+from perfcounter.parallel import PARALLEL_SIZES
 from perfcounter.serve.disaggregated import Pool
 from perfcounter.pricing.price import REGIMES
 from perfcounter.quant.gguf_types import FILE_TYPES
@@ -40,11 +40,11 @@ from perfcounter.serve.api import (deployment, disaggregated, qps_values, resolv
 from perfcounter.serve.engines import ENGINES, engine_profile
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.launch import for_deployment
-from perfcounter.serve.memory import memory_plan
 from perfcounter.serve.metrics import check_attainment, check_prices, parse_slo
 from perfcounter.serve.outputs import check_plotting, csv_text, trace_text, write_all, write_plots
 from perfcounter.serve.placement import PlacementPricer
-from perfcounter.serve.render import SWEEP_COLUMNS, launch_text, plan_text, result_text, table
+from perfcounter.serve.render import (SWEEP_COLUMNS, launch_text, plan_text, result_text,
+                                      smallest_fit_text, table)
 from perfcounter.serve.replicas import check_sizes
 from perfcounter.serve.search import PROBE_REQUESTS, find_max_qps, scaled_trace
 from perfcounter.serve.workload import (check_burstiness, check_count, check_fits_model,
@@ -246,19 +246,6 @@ def _deployments(args) -> list:
                    for m in args.mapping]
 
 
-def _smallest_fit(model, dep) -> str:
-    """--plan's line: the smallest TP whose rank fits, at the deployment's weights, int8, int4."""
-    limits = dict(gpu_memory_utilization=dep.plan.gpu_memory_utilization,
-                  block_size=dep.plan.block_size, kv=dep.kv_dtype,
-                  max_num_batched_tokens=dep.engine.max_num_batched_tokens,
-                  max_num_seqs=dep.engine.max_num_seqs,
-                  kv_scales=dep.settings.get("kv_scales") or "token_head")
-    fits = smallest_fit(resolve_model(model), lambda rank, q: memory_plan(
-        rank, dep.dtype, dep.spec, weights=q, **limits),
-        list(dict.fromkeys([dep.weights.name if dep.weights else None, "int8", "int4"])))
-    return fits_text(fits, str(dep.dtype).replace("torch.", ""))
-
-
 def _workload_maker(args, block_size: int, trace):
     """make(qps, at_least=0): the workload at a rate, at least `at_least` requests long (the
     QPS search's probes; a trace scaled and repeated, search.scaled_trace)."""
@@ -291,7 +278,7 @@ def _main(args) -> int:
                 context = int(args.prompt_length) + int(args.max_new_tokens)
             print(plan_text(dep, context, args.plan_batch or dep.engine.max_num_seqs))
             if not dep.devices and not hasattr(dep.weights, "kinds"):  # one device, no GGUF
-                print(_smallest_fit(args.model, dep))
+                print(smallest_fit_text(args.model, dep))
         return 0
     results, rows, notes, rates = [], [], [], qps_values(args.qps) if args.qps else [None]
     run_one = console.counting(serve, console.progress(  # each run (--find_max_qps: each probe)

@@ -2,7 +2,13 @@
 from __future__ import annotations
 
 from perfcounter.format import format_table
+from perfcounter.parallel import fits_text, smallest_fit
+from perfcounter.pricing.links import gpus_per_node
+from perfcounter.serve.hf_model import HfArgs
+from perfcounter.serve.hf_shard import smallest_fit as hf_smallest_fit
 from perfcounter.serve.launch import for_deployment
+from perfcounter.serve.memory import memory_plan
+from perfcounter.serve.resolve import resolve_model
 
 GB = 1e9
 
@@ -41,13 +47,46 @@ def plan_text(dep, context: int | None = None, batch: int | None = None) -> str:
         return "\n".join(lines)
     lines.append(f"  KV cache {p.kv_capacity_bytes / GB:.2f} GB = {p.kv_tokens:,} tokens "
                  f"({p.kv_blocks:,} blocks of {p.block_size}; {p.kv_bytes_per_token:,} B a token)")
+    cost = getattr(dep.engine, "block_cost", None)
+    windows = " (windowed layers holding their window's blocks only)" if cost else ""
     if context:
-        lines.append(f"  largest batch at {context:,} tokens of context: {p.max_batch(context):,}")
+        most = int(p.kv_blocks // cost(context)) if cost else p.max_batch(context)
+        lines.append(f"  largest batch at {context:,} tokens of context: {most:,}{windows}")
     if batch:
-        lines.append(f"  longest context at batch {batch:,}: {p.max_context(batch):,} tokens "
-                     f"(the model's limit: {p.max_model_len:,})")
+        longest = _longest(cost, p.kv_blocks / batch, p.max_model_len) if cost else \
+            p.max_context(batch)
+        lines.append(f"  longest context at batch {batch:,}: {longest:,} tokens "
+                     f"(the model's limit: {p.max_model_len:,}){windows}")
     lines.append(launch_text(dep))
     return "\n".join(lines)
+
+
+def smallest_fit_text(model, dep) -> str:
+    """serve --plan's line: perfcounter's model's smallest TP whose rank fits, at the
+    deployment's weights, int8, int4 (parallel.smallest_fit); a transformers model's fewest
+    GPUs' layouts, as stored (hf_shard.smallest_fit)."""
+    p = dep.plan
+    if isinstance(dep.args, HfArgs):
+        return hf_smallest_fit(dep.args, dep.dtype, p.usable_bytes - p.workspace_bytes,
+                               gpus_per_node(dep.spec))
+    limits = dict(gpu_memory_utilization=p.gpu_memory_utilization, block_size=p.block_size,
+                  kv=dep.kv_dtype, max_num_batched_tokens=dep.engine.max_num_batched_tokens,
+                  max_num_seqs=dep.engine.max_num_seqs,
+                  kv_scales=dep.settings.get("kv_scales") or "token_head")
+    fits = smallest_fit(resolve_model(model), lambda rank, q: memory_plan(
+        rank, dep.dtype, dep.spec, weights=q, **limits),
+        list(dict.fromkeys([dep.weights.name if dep.weights else None, "int8", "int4"])))
+    return fits_text(fits, str(dep.dtype).replace("torch.", ""))
+
+
+def _longest(cost, blocks: float, limit: int) -> int:
+    """The most tokens whose blocks (`cost`, growing with the tokens) fit in `blocks`, at
+    most `limit` (bisection)."""
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if cost(mid) <= blocks else (lo, mid - 1)
+    return lo
 
 
 def result_text(result) -> str:
