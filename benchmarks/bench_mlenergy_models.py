@@ -9,9 +9,14 @@ Rows: github.com/ml-energy/leaderboard @0cd52da public/data/models/<model>__<tas
 0.11.1, NVML power over the steady state), as handed to us in
 ../shared/reference/ml-energy-v3/rows.yaml, copied below (ROWS). The rows the project holds back
 (the other rungs of the ladder) are not here. Rows run with expert parallelism (Qwen3-30B-A3B
-on 2 GPUs, Qwen3-235B, Llama 4 Scout; DeepSeek-V3.1 on B200), tensor_parallel 1 x
-expert_parallel N, are served as vLLM's attention data parallelism with the experts spread over
-the N ranks (serve/hf_model.py), max_num_seqs in flight in all.
+on 2 GPUs, Qwen3-235B, Llama 4 Scout; DeepSeek-V3.1 on B200), reported tensor_parallel 1 x
+expert_parallel N, ran as vLLM's tensor parallelism over the N GPUs with the experts spread
+over them (vLLM's EP over the TP ranks): the harness passes --tensor-parallel-size N unless
+the model's config names data-parallel-size (ml-energy/benchmark @c1d6557,
+mlenergy/benchmark/llm/benchmark.py, "If the config file mentioned DP, we're doing that;
+otherwise TP"), and these models' configs (configs/vllm/<task>/<model>/H100/
+monolithic.config.yaml) name enable-expert-parallel and no data-parallel-size. They are
+served so: tensor_parallel_size N with enable_expert_parallel, one engine of max_num_seqs.
 
 Served as bench_power.py serves the Llama rows (the harness, github.com/ml-energy/benchmark:
 every request at once, vLLM holding max_num_seqs of them: a closed loop of max_num_seqs in
@@ -71,8 +76,8 @@ ROWS = [
     ("gemma-3-27b", "lm-arena-chat", 2, 2, 1, 8, 711.2, 525.0, 15.07, 813.0, 1.5487),
     ("gemma-3-27b", "lm-arena-chat", 2, 2, 1, 32, 709.9, 1686.9, 18.40, 935.2, 0.5544),
     ("gemma-3-27b", "lm-arena-chat", 2, 2, 1, 128, 705.3, 3714.0, 32.00, 1137.1, 0.3062),
-    # expert parallelism: tensor_parallel 1 x expert_parallel N on N GPUs, served as vLLM's
-    # attention data parallelism (DP = EP = N, hf_model.py), max_num_seqs in flight in all
+    # expert parallelism: reported tensor_parallel 1 x expert_parallel N on N GPUs, run as
+    # vLLM's TP N with EP over the TP ranks (the module doc), max_num_seqs in flight in all
     # (Little's law on the rows: 388 tok/s x 20.2 ms = 7.8 in flight at max_num_seqs 8)
     ("qwen3-30b-a3b", "lm-arena-chat", 2, 1, 2, 32, 926.6, 2026.0, 15.39, 833.1, 0.4112),
     ("qwen3-30b-a3b", "lm-arena-chat", 2, 1, 2, 128, 918.6, 4546.2, 27.42, 899.7, 0.1979),
@@ -111,10 +116,9 @@ def load() -> str:
 
 def served(row, per_slot: int, engine: dict = ENGINE) -> dict:
     preset, task, gpus, tp, ep, seqs, length = row[:7]
-    parallel = dict(data_parallel_size=ep, enable_expert_parallel=True) if ep > 1 else {}
+    parallel = dict(tensor_parallel_size=tp * ep, enable_expert_parallel=ep > 1)
     dep = deployment(preset, DEVICE.get(preset, "h100-sxm"), max_num_seqs=seqs,
-                     max_num_batched_tokens=8192, tensor_parallel_size=tp, **parallel,
-                     **engine)
+                     max_num_batched_tokens=8192, **parallel, **engine)
     top = 2 * round(length) - 1
     w = synthetic(max(64, per_slot * seqs), PROMPTS[task], f"uniform:1-{top}",
                   concurrency=seqs, seed=0)
@@ -132,7 +136,7 @@ def main(*, only: str | None = None, requests_per_slot: int = 2, engine_costs: b
         preset, task, gpus, tp, ep, seqs, _, tps, itl, watts, jpt = row
         if only and only not in preset:
             continue
-        label = [preset, task, f"{gpus} (TP {tp}, EP {ep})", seqs]
+        label = [preset, task, f"{gpus} (TP {tp * ep}{' + EP' if ep > 1 else ''})", seqs]
         t0 = time.perf_counter()
         m = served(row, requests_per_slot, engine)
         took = time.perf_counter() - t0
