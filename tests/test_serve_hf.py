@@ -224,12 +224,29 @@ def test_plan_searches_a_transformers_model(tmp_path):
     result = plan(str(path), "h100-sxm:2", slo="ttft=2s,tpot=100ms", qps=2.0, num_requests=8,
                   prompt_length="64", max_new_tokens="8", max_num_seqs=(8,))
     # bfloat16 as stored, its cache at the precision; TP 1 and 2 (4 heads, 2 KV heads), DP
-    # up to the pool; no pipeline stages or expert parallelism for a transformers model
+    # up to the pool; one node: no pipeline stages (PP across nodes), a dense model: no EP
     sizes = {(c.tensor_parallel_size, c.pipeline_parallel_size, c.data_parallel_size)
              for c in result.candidates}
     assert sizes == {(1, 1, 1), (1, 1, 2), (2, 1, 1)}
     assert {(c.quantization, c.kv_cache_dtype) for c in result.candidates} == {(None, None)}
     assert result.recommended is not None
+
+
+def test_plan_searches_stages_and_experts_of_a_transformers_model(tmp_path):
+    from perfcounter.plan.search import plan
+    path = tmp_path / "config.json"
+    tiny("qwen3_moe", **TINY["qwen3_moe"]).to_json_file(str(path))
+    result = plan(str(path), "h100-sxm:4", slo="ttft=2s,tpot=100ms", qps=2.0, num_requests=4,
+                  prompt_length="64", max_new_tokens="8", max_num_seqs=(8,),
+                  pipeline_parallel_size=(1, 2), disaggregated=False, workers=1)
+    sizes = {(c.tensor_parallel_size, c.pipeline_parallel_size, c.data_parallel_size,
+              c.enable_expert_parallel) for c in result.candidates}
+    # pipeline stages asked: TP x PP within the 4 GPUs; EP where TP x DP > 1 shares the 16
+    # experts (top-2) evenly, TP and DP both above 1 included
+    assert {(1, 2, 1, False), (2, 2, 1, True), (2, 1, 2, True)} <= sizes
+    served = [c for c, f in zip(result.candidates, result.figures)
+              if f and "error" not in f and c.pipeline_parallel_size == 2]
+    assert served, "no pipeline candidate simulated"
 
 
 def test_a_llama_on_either_path_runs_the_same_matmuls_and_attention():

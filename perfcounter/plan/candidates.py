@@ -40,6 +40,7 @@ from perfcounter.models.args import ModelArgs
 from perfcounter.parallel.sharding import ParallelConfig, rank_args, valid_tensor_parallel_sizes
 from perfcounter.serve import hf_model
 from perfcounter.serve.hf_model import HfArgs
+from perfcounter.serve.hf_shard import shard_hf
 from perfcounter.plan.pool import DeviceKind, PlanError
 from perfcounter.pricing.collectives import LinkError, check_link
 from perfcounter.pricing.links import GPUS_PER_NODE
@@ -158,8 +159,6 @@ def shards(args: ModelArgs, gpus: int, parallel: bool,
             and 1 in (space.pipeline_parallel_sizes or (1,)) else []
     valid = set(tensor_parallel_sizes(args))
     tps, pps = space.tensor_parallel_sizes, space.pipeline_parallel_sizes
-    if isinstance(args, HfArgs):  # tensor and data parallelism (serve/hf_model.shard_hf)
-        pps = (1,)
     nodes = max(1, gpus // GPUS_PER_NODE)
     return [(tp, pp) for tp in _sizes(tps, gpus if tps else min(gpus, GPUS_PER_NODE))
             if tp in valid
@@ -274,11 +273,11 @@ def memory_fit(args: ModelArgs, dtype: torch.dtype, c: Candidate, spec, *, cache
     fit = cache.get(key)
     if fit is None:
         weights, kv = resolve_quantization(c.quantization, c.kv_cache_dtype)
-        rank = args.sharded(c.tensor_parallel_size, c.tensor_parallel_size * c.data_parallel_size
-                            if ep else 1) if isinstance(args, HfArgs) else \
-            rank_args(args, ParallelConfig(c.tensor_parallel_size, c.pipeline_parallel_size,
-                                           c.data_parallel_size, c.enable_expert_parallel))
-        try:
+        parallel = ParallelConfig(c.tensor_parallel_size, c.pipeline_parallel_size,
+                                  c.data_parallel_size, c.enable_expert_parallel)
+        try:  # a transformers model's rank as serve shards it (experts, stages)
+            rank = shard_hf(args, args.name, parallel)[1] if isinstance(args, HfArgs) \
+                else rank_args(args, parallel)
             plan = memory_plan(rank, dtype, spec, max_num_seqs=c.max_num_seqs, weights=weights,
                                kv=kv, **options)
         except ValueError as e:  # QuantizeError: the rank's linears refuse the scheme

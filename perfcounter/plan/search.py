@@ -133,9 +133,6 @@ def _check_sizes(args, kinds: list[DeviceKind], model: str, tp, pp, dp) -> dict:
             raise PlanError(f"--tensor_parallel_size {t} does not shard {model}; valid: "
                             f"{', '.join(map(str, tensor_parallel_sizes(args)))}")
     for p in out["pipeline_parallel_sizes"] or ():
-        if p > 1 and isinstance(args, HfArgs):
-            raise PlanError(f"--pipeline_parallel_size {p}: {model} ({args.model_type}) is "
-                            "searched with tensor and data parallelism; valid: 1")
         if p > args.n_layer:
             raise PlanError(f"--pipeline_parallel_size {p}: {model} has {args.n_layer} layers, "
                             f"at most one stage each; valid: 1..{args.n_layer}")
