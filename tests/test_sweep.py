@@ -133,3 +133,29 @@ def test_a_checkpoint_is_swept_by_its_config(tmp_path, tiny_model):
     save_checkpoint(tmp_path, tiny_args(), tiny_model.state_dict())
     rows = sweep([str(tmp_path / "model.safetensors")], [1], [8], [2], ["h100-sxm"])
     assert {r["phase"] for r in rows} == {"prefill", "decode"}
+
+
+def test_a_transformers_model_is_swept_on_its_own_modeling_code(tmp_path):
+    import transformers
+
+    from perfcounter.generation.config_only import count_config
+    from perfcounter.models import kv_layout
+    path = tmp_path / "config.json"
+    config = transformers.AutoConfig.for_model(
+        "qwen3", vocab_size=64, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, num_hidden_layers=2, intermediate_size=48, max_position_embeddings=1024)
+    config.to_json_file(str(path))
+    rows = sweep([str(path)], [2], [16], [4], ["h100-sxm"])
+    assert {r["phase"] for r in rows} == {"prefill", "decode"}
+    assert {r["weights"] for r in rows} == {"as stored"}
+    # the same counts as count_config's (transformers' Qwen3 on fake tensors)
+    direct = count_config(str(path), batch_size=2, prompt_length=16, new_tokens=4)
+    by_phase = {r["phase"]: r for r in rows}
+    for label, stats in direct.counts.items():
+        assert by_phase[label]["flops"] == stats.total_flops
+    # the KV cache of 2 sequences of 20 tokens: 2 layers x 2 x 2 heads x 8 x 2 B = 128 B a
+    # token: 2 x 20 x 128 = 5,120 B
+    assert by_phase["decode"]["kv_cache_bytes"] == 5120 == \
+        2 * kv_layout.kv_cache_bytes(config, torch.bfloat16, 20, "eager")
+    with pytest.raises(ValueError, match="is a transformers model.*drop --quantize"):
+        sweep([str(path)], [1], [16], [4], ["h100-sxm"], quantize=["int8"])

@@ -18,7 +18,9 @@ joules over its predicted time, pricing/power.py), the KV cache's size, and the 
 weights + KV cache + the largest op's activations (inputs and outputs of one
 call, the peak an eager run needs at least) — against the device's memory
 (`fits`: no when it exceeds it, n/a when the spec has no size).
-Models are presets or config.json files (ours or Hugging Face). With vLLM's parallel flags
+Models are presets or config.json files (ours or Hugging Face); a transformers model that
+perfcounter's model does not hold (a transformers preset: qwen3-8b, deepseek-v3, ...) is counted
+on transformers' own modeling code (count_config), weights as its checkpoint stores them. With vLLM's parallel flags
 (--tensor_parallel_size, ...: perfcounter/parallel) one rank of each model is counted, priced
 and fitted (a `parallel` column says its sizes). `cli/main.py` registers `add_parser`.
 """
@@ -41,8 +43,9 @@ from perfcounter.cli.flags import (PRECISIONS, add_model_flags, add_output, add_
 from perfcounter.counter import TransformerPerformanceCounter
 from perfcounter.devices import default_device_spec, get_device_spec
 from perfcounter.format import format_table, rate, scaled, si
-from perfcounter.generation.config_only import gguf_config, greedy_generate
+from perfcounter.generation.config_only import count_config, gguf_config, greedy_generate
 from perfcounter.generation.derive import count_generation
+from perfcounter.models import kv_layout
 from perfcounter.models.args import ModelArgs
 from perfcounter.models.hf_checkpoint import model_args_from_hf
 from perfcounter.models.loading import fake_model, read_config
@@ -54,6 +57,9 @@ from perfcounter.quant.quantize import kv_cache_bytes
 from perfcounter.quant.stored import STORED
 from perfcounter.report.html import HELP as HTML_HELP, check_html, sweep_page, write_page
 from perfcounter.report.plots import check_plot_dir, sweep_plots
+from perfcounter.serve.errors import ServeError
+from perfcounter.serve.hf_model import HfArgs
+from perfcounter.serve.resolve import resolve_model
 from perfcounter.simulation.placement import Mapping
 from perfcounter.simulation.run import simulate
 from perfcounter.trace import ROLES
@@ -99,6 +105,46 @@ def _model_args(name: str):
     if Path(source).is_dir():  # a model folder: its config.json
         return read_config(Path(source) / "config.json")
     return read_config(source) if str(source).endswith(".json") else ModelArgs.from_name(source)
+
+
+def _transformers(name: str):
+    """The transformers model --model `name` is (a transformers preset, a config.json or
+    folder of an architecture perfcounter's model does not hold: serve's HfArgs), else
+    None (ours: _model_args)."""
+    source = config_of(name)
+    if str(source).endswith((".gguf", ".pth", ".safetensors")):
+        return None
+    try:
+        args = resolve_model(source)
+    except ServeError:
+        return None  # _model_args names what is wrong
+    return args if isinstance(args, HfArgs) else None
+
+
+def check_transformers(hf: dict, schemes, kvs, files, sharded: bool, mapping) -> None:
+    """A transformers model is counted as its checkpoint stores it, unsharded, on one
+    device: the flags that price otherwise refused in one line."""
+    name = next((n for n, a in hf.items() if a is not None), None)
+    given = [flag for flag, on in (("--quantize", any(schemes)), ("--kv_dtype", any(kvs)),
+                                   ("--gguf_type", bool(files)), ("--mapping", mapping),
+                                   ("the parallel flags", sharded)) if on]
+    if name is not None and given:
+        raise ValueError(f"--model {name} is a transformers model, counted as its checkpoint "
+                         f"stores it on one device; drop {given[0]} (serve prices its ranks)")
+
+
+def _count_transformers(hf, batch: int, prompt: int, new: int, dtype, io_model: str,
+                        execution: str):
+    """(counter, footprint) of a transformers model (count_config: transformers' model on
+    fake tensors, one layer per kind derived): weights as stored, the KV cache as
+    transformers' eager cache holds it (windows capped), the largest op's activations."""
+    counter = count_config(hf.config, batch_size=batch, prompt_length=prompt, new_tokens=new,
+                           dtype=dtype, io_model=io_model)
+    counter.execution = execution
+    kv = batch * kv_layout.kv_cache_bytes(hf.config, dtype, prompt + new, "eager")
+    largest = max(((r.read[_ACT] + r.written[_ACT]) // max(r.calls, 1)
+                   for s in counter.counts.values() for r in s.trace.records), default=0)
+    return counter, Footprint(hf.weight_bytes(dtype), kv, largest)
 
 
 def _file(name: str, args, file_type) -> GgufFile | None:
@@ -156,6 +202,8 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
         check_gguf_type(_model_args(name), files[0])
     schemes = [(s, None) for s in schemes] + [(None, t) for t in files]
     sharded = parallel is not None and (parallel.sharded or parallel.enable_expert_parallel)
+    hf = {name: _transformers(name) for name in models}
+    check_transformers(hf, [s for s, _ in schemes], kv_dtypes, files, sharded, mapping)
     for name in models if sharded else ():  # every model and device checked before counting
         shard(_model_args(name), name, tensor_parallel_size=parallel.tensor_parallel_size,
               pipeline_parallel_size=parallel.pipeline_parallel_size,
@@ -171,20 +219,17 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
     itemsize = torch.tensor([], dtype=dtype).element_size()
     rows = []
     for name, batch, prompt, new, (scheme, file_type), kv in combos:
-        args = _model_args(name)
-        if sharded:  # one rank (checked above)
-            args = rank_args(args, parallel, name)
-        gguf = _file(name, args, file_type)
-        counter = TransformerPerformanceCounter(io_model=io_model, execution=execution)
-        make = None if scheme is None and kv is None else partial(
-            fake_model, weights=scheme, kv=kv, dtype=dtype)
-        model = count_generation(args, counter, batch_size=batch, prompt_length=prompt,
-                                 max_new_tokens=new, dtype=dtype, make_model=make,
-                                 generate=gguf.stored_as(greedy_generate) if gguf
-                                 else greedy_generate, every_layer=gguf is not None)
-        if gguf:  # the weights' footprint as the file stores them
-            gguf.annotate(model, range(args.n_layer))
-        need = footprint(args, model, counter, batch, prompt + new, itemsize, kv)
+        if hf[name] is not None:
+            counter, need = _count_transformers(hf[name], batch, prompt, new, dtype, io_model,
+                                                execution)
+            method = getattr(hf[name].stored, "method", None)
+            stored_as = "as stored" + (f" ({method})" if method else "")
+        else:
+            counter, need, gguf = _count_ours(name, batch, prompt, new, scheme, file_type, kv,
+                                              dtype, io_model, execution, sharded and parallel,
+                                              itemsize)
+            stored_as = f"{file_type} GGUF" if file_type else "as stored (GGUF)" if gguf \
+                else scheme.name if scheme else "float"
         for spec in specs:
             sim = None
             if mapping is not None:
@@ -203,9 +248,7 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
                     watts = mean_power_w(phase.energy_j, phase.time_s)
                 rows.append({
                     "model": name, "batch": batch, "prompt": prompt, "new": new,
-                    "weights": f"{file_type} GGUF" if file_type else "as stored (GGUF)"
-                    if gguf else
-                    scheme.name if scheme else "float", "kv_dtype": kv or "float",
+                    "weights": stored_as, "kv_dtype": kv or "float",
                     "device": spec.name, "phase": label, "tokens": s.num_tokens,
                     "flops": s.total_flops, "per_op_bytes": s.trace.per_op_bytes,
                     "compulsory_bytes": s.trace.compulsory_bytes, "latency_s": latency,
@@ -219,6 +262,26 @@ def sweep(models, batch_sizes, prompt_lengths, new_tokens, devices, *, mapping=N
                     "fits": None if not spec.vram else need.total <= spec.vram,
                     **({"parallel": parallel.label()} if sharded else {})})
     return rows
+
+
+def _count_ours(name, batch, prompt, new, scheme, file_type, kv, dtype, io_model, execution,
+                parallel, itemsize):
+    """(counter, footprint, GGUF file or None) of perfcounter's model (count_generation),
+    one rank of `parallel` where given (checked before)."""
+    args = _model_args(name)
+    if parallel:
+        args = rank_args(args, parallel, name)
+    gguf = _file(name, args, file_type)
+    counter = TransformerPerformanceCounter(io_model=io_model, execution=execution)
+    make = None if scheme is None and kv is None else partial(
+        fake_model, weights=scheme, kv=kv, dtype=dtype)
+    model = count_generation(args, counter, batch_size=batch, prompt_length=prompt,
+                             max_new_tokens=new, dtype=dtype, make_model=make,
+                             generate=gguf.stored_as(greedy_generate) if gguf
+                             else greedy_generate, every_layer=gguf is not None)
+    if gguf:  # the weights' footprint as the file stores them
+        gguf.annotate(model, range(args.n_layer))
+    return counter, footprint(args, model, counter, batch, prompt + new, itemsize, kv), gguf
 
 
 def _cells(row: dict) -> list[str]:
