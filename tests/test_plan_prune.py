@@ -169,7 +169,7 @@ WIDE = {"block_size": 4096, "vocab_size": 1024, "n_layer": 4, "n_head": 32, "n_l
 
 
 @pytest.mark.slow
-def test_the_pruned_search_gives_the_same_figures_on_a_process_pool(tmp_path):
+def test_the_pruned_search_gives_the_same_figures_on_a_process_pool_and_ray(tmp_path):
     wide = tmp_path / "wide.json"
     wide.write_text(json.dumps(WIDE))
     search = dict(slo="ttft=20ms,tpot=2ms", qps=100.0, num_requests=48, prompt_length="200",
@@ -179,6 +179,13 @@ def test_the_pruned_search_gives_the_same_figures_on_a_process_pool(tmp_path):
     pooled = plan(str(wide), "h100-sxm:4", backend="processes", workers=2, **search)
     assert serial.pruned and serial.figures == pooled.figures  # bit for bit, pruned alike
     assert (serial.front, serial.recommended) == (pooled.front, pooled.recommended)
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:  # a Ray actor a worker, each keeping its groups' tables
+        on_ray = plan(str(wide), "h100-sxm:4", backend="ray", **search)
+    finally:
+        ray.shutdown()
+    assert on_ray.figures == serial.figures
 
 
 def _question(rng: random.Random) -> tuple[str, dict]:
