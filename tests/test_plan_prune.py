@@ -76,6 +76,23 @@ def test_dominance_is_strict_and_the_goodput_bound_names_the_best():
     assert why_left_out(inc, 15.0, 90.0, 0.1, False) is None  # might be on the front
 
 
+def test_a_short_runs_optimistic_figures_by_hand():
+    from perfcounter.plan.prune import estimate_reason
+    inc = Incumbents(0.9)
+    inc.add(2, {"median_tpot_ms": 10.0, "output_throughput_per_gpu": 100.0,
+                "slo_met_fraction": 1.0, "goodput_per_gpu": 1.0, "overloaded": False})
+    b = Bounds(0.001, 1.0, 50.0, 0.8, True, 0.8)
+    # TPOT >= max(1 ms bound, 20 ms x (1 - 0.3) = 14 ms) at <= 50 tok/s/GPU (its bound): #2's
+    # (10 ms, 100) dominates; goodput <= min(0.8, min(1, 0.95 + 0.3) x 0.8 requests/s/GPU)
+    # = 0.8 < #2's 1.0: left out
+    assert "dominated by #2" in estimate_reason(inc, b, (20.0, 0.95), 8)
+    assert estimate_reason(inc, b, (14.0, 0.95), 8) is None  # 14 x 0.7 = 9.8 ms < 10 ms
+    rich = Bounds(0.001, 1.0, 50.0, 2.0, True, 2.0)  # might reach 2.0 > 1.0 goodput/GPU
+    assert estimate_reason(inc, rich, (20.0, 0.95), 8) is None
+    # met by half the short run's requests: 0.5 < 0.9 - 0.3, the SLO out of reach
+    assert "SLO out of reach" in estimate_reason(inc, rich, (20.0, 0.5), 8)
+
+
 def _served(tiny, c, job):
     figures = ev.evaluate(c, job)
     return figures, ev.last_run(c, job)

@@ -39,8 +39,9 @@ Why each is a bound:
 - The run ends no earlier than every request's arrival + its least E2EL, and a run's duration
   is from the first arrival to the last finish (metrics.py): duration >= D = max(arrival +
   E2EL bound) - min(arrival). So output tokens a second per GPU <= output tokens / D / GPUs,
-  and goodput per GPU <= (requests whose bounds meet every SLO target) / D / GPUs; the share
-  meeting the SLO is at most those requests / all: below --slo_attainment, never recommended.
+  and goodput per GPU <= (requests whose bounds meet every SLO target) / D / GPUs (<= requests
+  / D / GPUs); the share meeting the SLO is at most those requests / all: below
+  --slo_attainment, never recommended.
 """
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ class Bounds:
     output_throughput_per_gpu: float
     goodput_per_gpu: float
     meets_slo: bool
+    request_rate_per_gpu: float = math.inf  # requests / the least duration / GPUs
 
     def to_dict(self) -> dict:
         return {"tpot_lower_bound_ms": self.tpot_ms,
@@ -120,4 +122,4 @@ def bounds(workload, slo: dict, attainment: float, budget: int, gpus: int,
         (lambda n: math.inf if n else 0.0)
     return Bounds(decode_s, decode_s * 1e3 if (output > 1).any() else None,
                   per_s(float(output.sum())), per_s(float(good.sum())),
-                  bool(good.mean() >= attainment))
+                  bool(good.mean() >= attainment), per_s(float(len(output))))

@@ -18,17 +18,20 @@ A candidate that serve refuses (one line) keeps its message as its `error` figur
 is dropped.
 
 The pruned search (prune.py) goes in rounds, one per number of GPUs, fewest first: a
-candidate is dominated by one on no more GPUs, so those are decided before it. A round's task
-is the round's candidates of one group sharing a step table's counts (`counts_group`: the
-model, storage and shard, whatever the kind of device: a task prices its counts on each kind
-it needs); every task of a group runs in the same worker process (a process pool of one
-process per worker, or one Ray actor per worker), which counts the table once and keeps it.
-Each task decides its candidates against the incumbents of the rounds before (and its own as
-it goes); the rounds' results join the incumbents in task order. So every backend, with any
-number of workers, gives the same answer, bit for bit. `on_done(index, figures)` hears of each candidate as its task ends (a progress bar,
-the best so far); an interrupt (Ctrl-C) cancels the tasks not started, ends the pool's
-processes (they ignore the signal themselves: no traceback from each) and goes up to the
-caller, which has heard of every candidate done.
+candidate is dominated by one with at least its throughput per GPU, on about as many GPUs or
+fewer, so those are decided before it. A round's task is the round's candidates of one group
+sharing a step table's counts (`counts_group`: the model, storage and shard, whatever the
+kind of device: a task prices its counts on each kind it needs); every task of a group runs
+in the same worker process (a process pool of one process per worker, or one Ray actor per
+worker), which counts the table once and keeps it. Each task decides its candidates against
+the incumbents of the rounds before (and its own as it goes); the rounds' results join the
+incumbents in task order. So every backend, with any number of workers, gives the same
+answer, bit for bit.
+
+`on_done(index, figures)` hears of each candidate as its task ends (a progress bar, the best
+so far; the pruned search's in this process, as each is decided); an interrupt (Ctrl-C)
+cancels the tasks not started, ends the pool's processes (they ignore the signal themselves:
+no traceback from each) and goes up to the caller, which has heard of every candidate done.
 """
 from __future__ import annotations
 

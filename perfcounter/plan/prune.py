@@ -14,12 +14,16 @@ simulated so far, plain data handed from task to task:
    the front and cannot be recommended: left out, `"pruned_by": "bound"`;
 2. same run: its run is one simulated already (dedupe.py: exact): its figures from that
    run, `"same_run_as"` naming the candidate simulated;
-3. halving (successive halving, one rung): with at least MIN_HALVING requests, it first serves
-   the first 1/SHORT of them. Its optimistic figures on all of them: the short run's median
-   TPOT x (1 - MARGIN) (never below its bound), throughput and goodput per GPU x (1 + MARGIN)
-   (never above their bounds), the SLO within reach if the short run met it for
-   --slo_attainment - MARGIN of its requests. Where even those are dominated on the front by
-   a candidate simulated in full and cannot be recommended, it is left out,
+3. halving (successive halving, one rung): with at least MIN_HALVING requests, and a
+   candidate simulated with at least its throughput bound (else nothing could dominate it),
+   it first serves the first 1/SHORT of them. Its optimistic figures on all of them: the
+   short run's median TPOT x (1 - MARGIN) (never below its bound); the throughput per GPU its
+   bound (a short run's is no guide: its last requests' drain is a larger share of its
+   duration, 1.1-1.4 x below the whole run's on benchmarks/bench_plan.py's question); goodput
+   per GPU its bound with the short run's share meeting the SLO + MARGIN; the SLO within
+   reach if the short run met it for --slo_attainment - MARGIN of its requests (an
+   overloaded short run: its requests' TPOT and share). Where even those are dominated on
+   the front by a candidate simulated in full and cannot be recommended, it is left out,
    `"pruned_by": "halving"` (a heuristic: the margins are its safety; tests/test_plan_prune.py
    holds the answer equal to the exhaustive search's on random questions);
 4. else it serves the whole workload (evaluate.py) and joins the incumbents.
@@ -31,14 +35,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from perfcounter.plan import dedupe
 from perfcounter.plan import evaluate as ev
 from perfcounter.plan.front import meets_slo, usable
 from perfcounter.serve.errors import ServeError
+from perfcounter.serve.metrics import per_request
 
 MIN_HALVING = 32  # requests from which a short run is made first
 SHORT = 4  # a short run serves the first 1/SHORT of the requests (at least 8)
-MARGIN = 0.25  # how far a whole run's figures may be better than the short run's
+MARGIN = 0.3  # how far a whole run's figures may be better than the short run's
 
 
 @dataclass
@@ -87,16 +94,28 @@ def why_left_out(inc: Incumbents, tpot_ms: float | None, tput: float, goodput: f
     return None
 
 
-def estimate_reason(inc: Incumbents, b, short: dict, n: int) -> str | None:
-    """Rule 3 (module doc): why the short run's optimistic figures cannot matter, or None."""
-    if not usable(short) or short.get("goodput_per_gpu") is None:
-        return None  # refused, overloaded or without TPOT: simulated in full
-    tpot = max(b.tpot_ms or 0.0, short["median_tpot_ms"] * (1 - MARGIN))
-    tput = min(b.output_throughput_per_gpu, short["output_throughput_per_gpu"] * (1 + MARGIN))
-    goodput = min(b.goodput_per_gpu, short["goodput_per_gpu"] * (1 + MARGIN))
-    reachable = b.meets_slo and (short.get("slo_met_fraction") or 0.0) >= \
-        inc.attainment - MARGIN
-    reason = why_left_out(inc, tpot, tput, goodput, reachable)
+def short_figures(f: dict, result) -> tuple | None:
+    """(median TPOT ms, share meeting the SLO) of a short run's figures `f`, or None (refused,
+    or no TPOT). An overloaded run keeps its share (metrics.py) but not its latencies: its
+    TPOT is read off its requests where its run is here (`result`, an aggregated
+    candidate's ServeResult)."""
+    if "error" in f:
+        return None
+    tpot = f.get("median_tpot_ms")
+    if tpot is None and f.get("overloaded") and result is not None:
+        values = per_request(result.run)["tpot"]
+        values = values[~np.isnan(values)]
+        tpot = float(np.median(values * 1e3)) if len(values) else None
+    return None if tpot is None else (tpot, f.get("slo_met_fraction") or 0.0)
+
+
+def estimate_reason(inc: Incumbents, b, short: tuple, n: int) -> str | None:
+    """Rule 3 (module doc): why a candidate with Bounds `b` and a short run's figures `short`
+    (short_figures) cannot matter, or None."""
+    tpot, met = max(b.tpot_ms or 0.0, short[0] * (1 - MARGIN)), short[1]
+    goodput = min(b.goodput_per_gpu, min(1.0, met + MARGIN) * b.request_rate_per_gpu)
+    reachable = b.meets_slo and met >= inc.attainment - MARGIN
+    reason = why_left_out(inc, tpot, b.output_throughput_per_gpu, goodput, reachable)
     return None if reason is None else f"the first {n} requests' run x margins: {reason}"
 
 
@@ -170,8 +189,9 @@ class _Task:
             reuse = dedupe.reusable(c, job, {**self.alone, **self.runs}, self.most)
             if reuse is not None:
                 return dedupe.derive(c, job, *reuse)
-            if self.short is not None:
-                reason = self._halving(i, c, b)
+            if self.short is not None and b.tpot_ms is not None and any(
+                    tput >= b.output_throughput_per_gpu for _, tput, _ in self.inc.front):
+                reason = self._halving(i, c, b)  # (a short run can leave it out)
                 if reason is not None:
                     return {"pruned": reason, "pruned_by": "halving", **b.to_dict()}
             f = self.evaluate(c, job)
@@ -191,9 +211,10 @@ class _Task:
         reuse = dedupe.reusable(c, dataclasses.replace(job, num_requests=n), same,
                                 dedupe.request_blocks(self.short, job.block_size))
         if reuse is not None:
-            figures = dedupe.derive(c, job, *reuse)
+            figures, result = dedupe.derive(c, job, *reuse), reuse[1]
         else:
             figures, result = ev.served(c, job, self.short)
             if result is not None:
                 self.shorts[i] = (c, result)
-        return estimate_reason(self.inc, b, figures, n)
+        short = short_figures(figures, result)
+        return None if short is None else estimate_reason(self.inc, b, short, n)
