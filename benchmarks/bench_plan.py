@@ -3,21 +3,22 @@
     python benchmarks/bench_plan.py                  # the default search, on this machine's cores
     python benchmarks/bench_plan.py --check          # and the exhaustive one: the same answer?
     python benchmarks/bench_plan.py --workers 1      # in one process
-    python benchmarks/bench_plan.py --devices h100-sxm:64 --num_requests 200 \\
-        --prompt_length 2048 --max_new_tokens 256 --no_pool_question
+    python benchmarks/bench_plan.py --devices h100-sxm:64 --aggregated_only --no_pool_question
 
 The search is perfcounter.plan.plan's default space (weights bf16, fp8, int8, int4-128; KV
 cache bf16 or fp8; TP 1-8 x DP on the 8 GPUs of one node, and disaggregated prefill:decode
 pools; max_num_seqs 16-256) for a workload of --num_requests requests at --qps (prompt
 --prompt_length, output --max_new_tokens tokens) and the SLO TTFT 1 s, TPOT 50 ms, pruned
-(plan/prune.py) unless --exhaustive. It prints the load average before, the candidates
-enumerated, left out as unfit, pruned (by rule), taken from a run simulated for another and
-simulated, the step tables' counts made, the wall time of the whole search, the CPU seconds
-of this process and its workers together and the load average after: other work on the
-machine slows the wall time, the CPU seconds / cores are what the search takes on idle
-cores. Then the recommendation. --check also runs the exhaustive search (every candidate that
-fits simulated), prints the same lines for it, and whether the recommendation and the front
-are the same (exit code 1 if not).
+(plan/prune.py) unless --exhaustive; --aggregated_only leaves the disaggregated ones out (a
+pool of 64 GPUs enumerates more than plan's 4,096 with them). It prints the load average
+before, the candidates enumerated, left out as unfit, pruned (by rule), taken from a run
+simulated for another and simulated, the step tables' counts made, the wall time of the
+whole search, the CPU seconds of this process and its workers together and the load average
+after: other work on the machine slows the wall time, the CPU seconds / cores are what the
+search takes on idle cores. Then the recommendation, and the CPU seconds of counting one step table (the
+recommendation's) afresh in this process. --check also runs the exhaustive search
+(every candidate that fits simulated), prints the same lines for it, and whether the
+recommendation and the front are the same (exit code 1 if not).
 
 First it asks a bounded pool question, issue 46's (SmolLM2-135M on 4,096 H100s, 5 requests/s
 x 50 requests; --pool_devices, --pool_model): a pool of thousands of GPUs is answered, or
@@ -77,7 +78,7 @@ def search(a, workers: int, exhaustive: bool):
     start = time.perf_counter()
     result = plan(a.model, a.devices, slo=a.slo, qps=a.qps, num_requests=a.num_requests,
                   prompt_length=a.prompt_length, max_new_tokens=a.max_new_tokens,
-                  workers=workers, exhaustive=exhaustive)
+                  workers=workers, exhaustive=exhaustive, disaggregated=not a.aggregated_only)
     wall = time.perf_counter() - start
     cpu = cpu_seconds() - cpu_before
     unfit = result.fits.count(False)
@@ -100,6 +101,20 @@ def search(a, workers: int, exhaustive: bool):
     return result
 
 
+def one_table(result) -> None:
+    """The CPU seconds of counting and pricing one step table (the recommendation's, or the
+    first candidate's): what each of the search's `counts made` costs."""
+    from perfcounter.plan import evaluate as ev
+    from perfcounter.serve import cache_clear
+    i = result.recommended if result.recommended is not None else result.fits.index(True)
+    c = result.candidates[i]
+    cache_clear()
+    before = cpu_seconds()
+    ev.deployment(result.job.model, c.device, **ev.deployment_kwargs(c, result.job))
+    print(f"one step table (#{i}'s) counted and priced: {cpu_seconds() - before:.2f} s CPU; "
+          f"load average {load()}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="llama-3.1-70b")
@@ -109,6 +124,8 @@ def main() -> int:
     p.add_argument("--prompt_length", default="512")
     p.add_argument("--max_new_tokens", default="128")
     p.add_argument("--slo", default="ttft=1s,tpot=50ms")
+    p.add_argument("--aggregated_only", action="store_true",
+                   help="no disaggregated candidates (a pool of 64 enumerates too many)")
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--exhaustive", action="store_true", help="the exhaustive search alone")
     p.add_argument("--check", action="store_true",
@@ -123,6 +140,7 @@ def main() -> int:
     if not a.no_pool_question:
         pool_question(a.pool_model, a.pool_devices, workers)
     result = search(a, workers, a.exhaustive)
+    one_table(result)
     if not a.check or a.exhaustive:
         return 0
     every = search(a, workers, True)

@@ -33,10 +33,12 @@ every candidate that fits (execute.run_candidates).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from perfcounter._util import PerfcounterWarning
 from perfcounter.plan import dedupe
 from perfcounter.plan import evaluate as ev
 from perfcounter.plan.front import meets_slo, usable
@@ -176,7 +178,7 @@ class _Task:
     most: int  # the most KV blocks one request holds
     short: object  # the short runs' workload (None: no halving)
     runs: dict  # index -> (Candidate, ServeResult) served whole in this task
-    shorts: dict  # index -> (Candidate, ServeResult, why it was left out) of short runs
+    shorts: dict  # index -> (Candidate, ServeResult) of the short runs made in this task
     alone: dict  # the group's runs alone (_alone_runs)
 
     def decide(self, i: int, c, b) -> dict:
@@ -207,13 +209,14 @@ class _Task:
     def _halving(self, i: int, c, b) -> str | None:
         """Rule 3 on the short run (or on one of the same run, dedupe.py's first rule)."""
         job, n = self.job, len(self.short)
-        same = {k: v[:2] for k, v in self.shorts.items()}
-        reuse = dedupe.reusable(c, dataclasses.replace(job, num_requests=n), same,
+        reuse = dedupe.reusable(c, dataclasses.replace(job, num_requests=n), self.shorts,
                                 dedupe.request_blocks(self.short, job.block_size))
         if reuse is not None:
             figures, result = dedupe.derive(c, job, *reuse), reuse[1]
         else:
-            figures, result = ev.served(c, job, self.short)
+            with warnings.catch_warnings():  # replicas past its few requests: said of the whole
+                warnings.simplefilter("ignore", PerfcounterWarning)
+                figures, result = ev.served(c, job, self.short)
             if result is not None:
                 self.shorts[i] = (c, result)
         short = short_figures(figures, result)
