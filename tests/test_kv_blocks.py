@@ -69,3 +69,21 @@ def test_vllm_admits_more_sequences_where_windows_free_blocks():
                                   max_num_batched_tokens=8192)
         first[name] = simulate_engine(w, dep.table, cfg).steps.seqs[0]
     assert first == {"held": 11, "freed": 16}
+
+
+def test_disaggregated_pools_hold_every_token(monkeypatch):
+    # vLLM turns its hybrid KV cache manager off under a KV transfer: the pools' engines hold
+    # every layer's blocks (no block_cost), where one deployment frees the sliding layers'
+    import perfcounter.serve.api as api
+    from perfcounter.serve import deployment, synthetic
+    from perfcounter.serve.hf_model import HfArgs
+    config = tiny("gpt_oss", num_hidden_layers=4, intermediate_size=16, num_local_experts=4,
+                  num_experts_per_tok=2, sliding_window=32,
+                  layer_types=["sliding_attention", "full_attention"] * 2)
+    args = HfArgs.of(config, "gpt_oss")
+    assert deployment(args, "h100-sxm", execution="bound").engine.block_cost is not None
+    seen = []
+    monkeypatch.setattr(api, "simulate_pools", lambda w, *rest, **kw: seen.extend(rest[:2]))
+    api.disaggregated(args, synthetic(2, 16, 2, qps=1, seed=0), "h100-sxm", "h100-sxm",
+                      execution="bound")
+    assert len(seen) == 2 and all(d.engine.block_cost is None for d in seen)

@@ -126,6 +126,9 @@ def disaggregated(model, workload: Workload, prefill_pool, decode_pool, *, slo=N
                                 + ("--gguf_type" if kwargs.get("gguf_type") else "the .gguf"))
     check_prices(kwargs.get("usd_per_hour"), usd_per_kwh)
     deps = [deployment(model, p.device, **p.keywords(), **kwargs) for p in pools]
+    for d in deps:  # vLLM turns its hybrid KV cache manager off under a KV transfer
+        # (VllmConfig.__post_init__, engines.py windowed_kv): every layer holds every token
+        d.engine = replace(d.engine, block_cost=None)
     check_fits_model(workload, min(d.plan.max_model_len for d in deps))
     kv = kv_bytes_per_token(args, deps[0].dtype, deps[0].kv_dtype)  # all ranks'
     return simulate_pools(workload, *deps, kv, pools=pools, slo=parse_slo(slo) if slo else None,
