@@ -87,3 +87,11 @@ def test_disaggregated_pools_hold_every_token(monkeypatch):
     api.disaggregated(args, synthetic(2, 16, 2, qps=1, seed=0), "h100-sxm", "h100-sxm",
                       execution="bound")
     assert len(seen) == 2 and all(d.engine.block_cost is None for d in seen)
+
+
+def test_the_docs_gpt_oss_figure():
+    # docs/serve.md and the module doc: gpt-oss-120b (18 of 36 layers sliding over 128 tokens,
+    # 127 held before the newest) at 2,000 tokens: 0.5 x ceil(2000 / 16) + 0.5 x (ceil(127 /
+    # 16) + 1) = 0.5 x 125 + 0.5 x 9 = 67 blocks, not 125
+    from perfcounter.models.hf_presets import counted_config
+    assert BlockCost.of(counted_config("gpt-oss-120b"), 16)(2000) == pytest.approx(67.0)

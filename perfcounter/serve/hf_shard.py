@@ -6,6 +6,8 @@ HfArgs (tensor parallelism: hf_model's module doc; expert parallelism over TP x 
 """
 from __future__ import annotations
 
+import math
+
 from perfcounter.parallel.sharding import ParallelConfig
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.hf_model import (HfArgs, check_tensor_parallel, kind_params,
@@ -93,9 +95,9 @@ def smallest_fit(args: HfArgs, dtype, room_bytes: float, per_node: int,
         fits = []
         for tp, pp, dp in _layouts(g, tps, whole.n_layer, bool(whole.num_experts)):
             rank = _rank(whole, tp, pp, dp)
-            if rank is not None and rank.weight_bytes(dtype) < room_bytes:
-                fits.append(_flags(tp, pp, dp) + f" ({rank.weight_bytes(dtype) / 1e9:.2f} GB "
-                            "of weights a rank)")
+            weights = rank.weight_bytes(dtype) if rank is not None else math.inf
+            if weights < room_bytes:
+                fits.append(_flags(tp, pp, dp) + f" ({weights / 1e9:.2f} GB of weights a rank)")
         if fits:
             return "smallest fit: " + "; ".join(fits)
         g *= 2
