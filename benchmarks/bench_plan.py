@@ -12,13 +12,18 @@ pools; max_num_seqs 16-256) for a workload of --num_requests requests at --qps (
 (plan/prune.py) unless --exhaustive; --aggregated_only leaves the disaggregated ones out (a
 pool of 64 GPUs enumerates more than plan's 4,096 with them). It prints the load average
 before, the candidates enumerated, left out as unfit, pruned (by rule), taken from a run
-simulated for another and simulated, the step tables' counts made, the wall time of the
+simulated for another and simulated, the step tables used, the wall time of the
 whole search, the CPU seconds of this process and its workers together and the load average
 after: other work on the machine slows the wall time, the CPU seconds / cores are what the
 search takes on idle cores. Then the recommendation, and the CPU seconds of counting one step table (the
 recommendation's) afresh in this process. --check also runs the exhaustive search
 (every candidate that fits simulated), prints the same lines for it, and whether the
 recommendation and the front are the same (exit code 1 if not).
+
+Step tables are kept on disk between runs (perfcounter/serve/counts_cache.py); the search is
+timed cold, in a folder of its own that starts empty (each table counted and saved), and with
+--warm again as a person's next question finds it: this process's caches emptied and every
+table read back from that folder (a line for each: the tables saved and read).
 
 First it asks a bounded pool question, issue 46's (SmolLM2-135M on 4,096 H100s, 5 requests/s
 x 50 requests; --pool_devices, --pool_model): a pool of thousands of GPUs is answered, or
@@ -32,6 +37,7 @@ import argparse
 import os
 import resource
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from perfcounter.plan import PlanError, plan  # noqa: E402
 from perfcounter.plan.execute import counts_group, default_workers  # noqa: E402
 from perfcounter.plan.render import plan_text, pruned_text  # noqa: E402
+from perfcounter.serve import cache_clear, counts_cache  # noqa: E402
 
 
 def cpu_seconds() -> float:
@@ -89,10 +96,13 @@ def search(a, workers: int, exhaustive: bool):
           f"requests (prompt {a.prompt_length}, output {a.max_new_tokens}), {workers} worker "
           f"processes; load average (1, 5, 15 min) before: {before}; cores: {os.cpu_count()}")
     print(f"  candidates: {len(result.candidates)} enumerated, {unfit} unfit, "
-          f"{pruned_text(result)}{result.simulated} simulated; step tables' counts made: "
-          f"{len(tables)}")
+          f"{pruned_text(result)}{result.simulated} simulated; step tables: "
+          f"{len(tables)} (counted, or read back from the disk cache)")
     print(f"  wall: {wall:.1f} s; CPU: {cpu:.1f} s in all processes ({cpu / workers:.1f} s a "
           f"core of {workers}); load average after: {load()}")
+    saved = len(list(counts_cache.folder().glob("*.pkl"))) if counts_cache.enabled() else 0
+    print(f"  step tables in the disk cache after: {saved} ({'on' if counts_cache.enabled() else 'off'}"
+          f", {counts_cache.folder()})")
     i = result.recommended
     print("  recommended: " + ("none" if i is None else f"#{i} {result.commands[i]}"))
     print(f"  front: {result.front}")
@@ -105,12 +115,17 @@ def one_table(result) -> None:
     """The CPU seconds of counting and pricing one step table (the recommendation's, or the
     first candidate's): what each of the search's `counts made` costs."""
     from perfcounter.plan import evaluate as ev
-    from perfcounter.serve import cache_clear
     i = result.recommended if result.recommended is not None else result.fits.index(True)
     c = result.candidates[i]
     cache_clear()
+    kept = os.environ.get(counts_cache.ENV)
+    os.environ[counts_cache.ENV] = "0"  # counted, not read back
     before = cpu_seconds()
     ev.deployment(result.job.model, c.device, **ev.deployment_kwargs(c, result.job))
+    if kept is None:
+        del os.environ[counts_cache.ENV]
+    else:
+        os.environ[counts_cache.ENV] = kept
     print(f"one step table (#{i}'s) counted and priced: {cpu_seconds() - before:.2f} s CPU; "
           f"load average {load()}")
 
@@ -131,15 +146,25 @@ def main() -> int:
     p.add_argument("--check", action="store_true",
                    help="also the exhaustive search: the same recommendation and front?")
     p.add_argument("--text", action="store_true", help="also print plan's own output")
+    p.add_argument("--warm", action="store_true",
+                   help="also the search again, its step tables read back from the disk cache")
     p.add_argument("--pool_model", default="smollm2-135m")
     p.add_argument("--pool_devices", default="h100-sxm:4096",
                    help="the bounded pool question's pool (module doc)")
     p.add_argument("--no_pool_question", action="store_true")
     a = p.parse_args()
     workers = a.workers or default_workers()
+    if counts_cache.enabled():  # cold: a folder of its own, empty (the module doc)
+        os.environ["PERFCOUNTER_HOME"] = tempfile.mkdtemp(prefix="bench_plan-")
     if not a.no_pool_question:
         pool_question(a.pool_model, a.pool_devices, workers)
     result = search(a, workers, a.exhaustive)
+    if a.warm:
+        cache_clear()
+        print("again, warm (the step tables read back from the disk cache):")
+        warm = search(a, workers, a.exhaustive)
+        same = (result.recommended, result.front) == (warm.recommended, warm.front)
+        print(f"  the same recommendation and front as cold: {'yes' if same else 'NO'}")
     one_table(result)
     if not a.check or a.exhaustive:
         return 0

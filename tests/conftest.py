@@ -14,6 +14,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # a real run priced on generic-cpu, not on this machine measured first (~11 s a run:
 # devices/this_machine.py); tests/test_this_machine.py measures with it unset
 os.environ["PERFCOUNTER_MEASURE"] = "0"
+# each test counts the step tables it checks, none read back from an earlier run's
+# (serve/counts_cache.py); tests/test_counts_cache.py turns it on in a folder of its own
+os.environ["PERFCOUNTER_TABLE_CACHE"] = "0"
 
 try:  # property tests hold on a busy machine: no per-example deadline (a neighbour's load is
     # not a failure); the profile applies to every @given that does not set its own

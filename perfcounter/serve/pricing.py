@@ -14,7 +14,8 @@ charges at the placement's boundaries.
 
 `step_table(args, dtype, pricer)` builds a table once per (model, dtype, pricer: its device
 and regime) and caches it: the counts per (model, dtype), the priced table per pricer key as
-well (`cache_info()`, `cache_clear()`).
+well (`cache_info()`, `cache_clear()`); the counts are also kept on disk between runs
+(counts_cache.py: read back by a later run, or by plan's worker processes, instead of counted).
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from perfcounter.pricing.energy import record_energies
 from perfcounter.pricing.links import host_link, transfer
 from perfcounter.pricing.power import power_of
 from perfcounter.pricing.roofline import crosses_host_link, host_link_bytes
+from perfcounter.quant.gguf_types import GgufFile
+from perfcounter.serve import counts_cache
 from perfcounter.serve.steps import FEATURES, StepCounts, count_table
 from perfcounter.serve.steps_hf import count_hf_table
 from perfcounter.serve.table import StepTable
@@ -134,8 +137,14 @@ def step_table(args: ModelArgs, dtype: torch.dtype, pricer, *, weights=None,
     _STATS["misses"] += 1
     counts = _COUNTS.get(ckey)
     if counts is None:
-        count = count_table if isinstance(args, ModelArgs) else count_hf_table  # HfArgs
-        counts = _COUNTS[ckey] = count(args, dtype, weights=weights, kv=kv)
+        kept = not isinstance(weights, GgufFile)  # a file's counts follow its contents
+        counts = counts_cache.load(ckey) if kept else None
+        if counts is None:
+            count = count_table if isinstance(args, ModelArgs) else count_hf_table  # HfArgs
+            counts = count(args, dtype, weights=weights, kv=kv)
+            if kept:
+                counts_cache.save(ckey, counts)
+        _COUNTS[ckey] = counts
     if load is not None and load.shares is not None:
         counts = dataclasses.replace(counts, load=load)
     table = _TABLES[key] = pricer.make_table(counts)
