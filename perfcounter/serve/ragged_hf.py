@@ -387,7 +387,8 @@ def count_hf_step(model, fake_mode, pieces, dtype=torch.bfloat16, depth: int = 1
                       **{cache_keyword(model): step}, logits_to_keep=ends)
         finally:
             _STEP.reset(token)
-    joins = {name for name, m in model.named_modules() if m in set(attention_modules(model).values())}
+    attention = set(attention_modules(model).values())
+    joins = {name for name, m in model.named_modules() if m in attention}
     return strip_offsets(counter.counts["step"].trace, torch.zeros((), dtype=dtype).element_size(),
                          lambda r: r.op == "aten.cat.default" and r.args[-1:] == (1,)
                          and any(r.module.endswith(j) for j in joins))
