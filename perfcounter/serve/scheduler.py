@@ -330,24 +330,37 @@ def _decode_run(engine: _Engine, state: list, f: np.ndarray, seconds, energy, to
             todo = min(head.prompt + head.generated - head.computed, budget_left)
             head_need = cfg.blocks(head.computed + todo) - head.blocks
     bs = cfg.block_size
-    computed = np.fromiter((r.computed for r in running), np.int64, batch)
-    held = np.fromiter((r.blocks for r in running), np.int64, batch)
-    kv0 = int(computed.sum()) + batch
+    computed = [r.computed for r in running]
+    # blocks: the first step allocates blocks(c + 1) - held per request, in order (a
+    # preemption where a prefix of them outgrows the free blocks); step j >= 1 one block to
+    # each request whose c + j is a multiple of the block size (blocks(c + j + 1) > blocks(c + j))
+    first, prefix, most = [], 0, 0
+    for c, r in zip(computed, running):
+        first.append((c + bs) // bs - r.blocks)
+        prefix += first[-1]
+        most = max(most, prefix)
+    crossing = [0] * bs
+    for c in computed:
+        crossing[-c % bs] += 1
+    kv0 = sum(computed) + batch
     if touched is not None:
         f[EXPERTS] = touched(batch)
     f[1] = f[2] = batch
     free, ends = engine.free, []
     for j in range(steps):
-        if j and nxt < released and arrival[nxt] + late <= t:
-            break
-        blocks = (computed + (j + 1) + bs - 1) // bs
-        need = blocks - held
-        if int(np.cumsum(need).max()) > free:
-            break  # a preemption: stepped as usual
-        if head is not None and head_need <= free - int(need.sum()):
+        if j:
+            if nxt < released and arrival[nxt] + late <= t:
+                break
+            need = crossing[j % bs]
+            if need > free:
+                break  # a preemption: stepped as usual
+        else:
+            if most > free:
+                break
+            need = prefix
+        if head is not None and head_need <= free - need:
             break  # the waiting request is admitted
-        free -= int(need.sum())
-        held = blocks
+        free -= need
         kv = kv0 + j * batch
         f[3] = f[4] = f[5] = kv  # a decode's keys, dense and causal pairs: its c + 1
         dt, gpu = step_seconds(cfg, seconds(f), batch, gpu)
@@ -367,18 +380,15 @@ def _decode_run(engine: _Engine, state: list, f: np.ndarray, seconds, energy, to
     k = len(ends)
     if not k:
         return
-    last = np.fromiter((r.last_token for r in running), float, batch)
-    gaps = np.empty((k, batch))
-    gaps[0] = ends[0] - last
-    if k > 1:
-        e = np.array(ends)
-        gaps[1:] = (e[1:] - e[:-1])[:, None]
-    itl.frombytes(gaps.tobytes())
+    gaps = [ends[0] - r.last_token for r in running]
+    for j in range(1, k):
+        gaps += [ends[j] - ends[j - 1]] * batch
+    itl.extend(gaps)
     engine.free = free
-    for r, b in zip(running, held.tolist()):
+    for r, c in zip(running, computed):
         r.computed += k
         r.generated += k
-        r.blocks = b
+        r.blocks = (c + k + bs - 1) // bs  # blocks(c + k), as the steps allocated them
         r.last_token = t
     state[0], state[1] = t, gpu
 
