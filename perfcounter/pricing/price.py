@@ -104,15 +104,24 @@ def host_link_s(fig: Figures, spec, cache: dict | None = None) -> float:
     return links.host_link_s(spec, fig.to_device_bytes, fig.to_host_bytes)
 
 
-def collective_s(fig: Figures, spec) -> np.ndarray:
+def collective_s(fig: Figures, spec, cache: dict | None = None) -> np.ndarray:
     """Each group's seconds on the link: a collective's calls x one call's
-    (collectives.call_seconds, the bytes a call writes), 0 for every other group."""
+    (collectives.call_seconds, the bytes a call writes), 0 for every other group. cache: a
+    dict kept for one spec (a serving table's), holding each call's seconds by (kind, bytes,
+    ranks): a serving loop prices the same calls at every step."""
     out = np.zeros(len(fig))
     for g, c in enumerate(fig.collective):
         if c is not None and fig.calls[g]:
             kind, ranks = c
-            out[g] = fig.calls[g] * call_seconds(kind, fig.link_bytes[g] / fig.calls[g], ranks,
-                                                 spec)
+            nbytes = fig.link_bytes[g] / fig.calls[g]
+            if cache is None:
+                one = call_seconds(kind, nbytes, ranks, spec)
+            else:
+                key = ("collective", kind, float(nbytes), ranks)
+                one = cache.get(key)
+                if one is None:
+                    one = cache[key] = call_seconds(kind, nbytes, ranks, spec)
+            out[g] = fig.calls[g] * one
     return out
 
 
@@ -124,7 +133,7 @@ def price(fig: Figures, spec, execution: str, *, cache: dict | None = None,
     check_regime(execution)
     link = host_link_s(fig, spec, cache)
     shape = structure(fig, cache)
-    on_link = collective_s(fig, spec) if shape.any_linked else None
+    on_link = collective_s(fig, spec, cache) if shape.any_linked else None
     linked_s = float(on_link @ shape.ones) if on_link is not None else 0.0
     if execution == "bound":
         compute, memory = bound_parts(fig, spec, shape, lambda: streams_cold(fig, spec), cache)
