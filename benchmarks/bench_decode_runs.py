@@ -1,4 +1,4 @@
-"""How much the scheduler's decode stretches (serve/scheduler.py `_decode_run`) save: one
+"""How much the scheduler's decode stretches (serve/decode_runs.py) save: one
 deployment's workload simulated with them and stepping one request at a time, side by side,
 the CPU seconds of a run (median of --repeats, alternating), the steps, the mean batch, and
 whether the two runs are the same, bit for bit; with the machine's load.

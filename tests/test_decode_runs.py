@@ -1,4 +1,4 @@
-"""scheduler._decode_run: a stretch of decode steps taken at once gives the very run that
+"""serve/decode_runs.py: a stretch of decode steps taken at once gives the very run that
 stepping one request at a time gives, bit for bit (every request's times, every gap, every
 step's row), across open and closed loops, preemption, both admissions, chunked prefill,
 the engine's host costs and a mixture of experts; and it takes most steps of a decode-heavy
@@ -31,13 +31,13 @@ def tables():
 def _run(w, table, cfg, fast, monkeypatch):
     monkeypatch.setattr(scheduler, "DECODE_RUNS", fast)
     calls = []
-    original = scheduler._decode_run
+    original = scheduler.decode_run
 
     def counted(engine, state, *a):
         before = len(a[4].start)
         original(engine, state, *a)
         calls.append(len(a[4].start) - before)
-    monkeypatch.setattr(scheduler, "_decode_run", counted)
+    monkeypatch.setattr(scheduler, "decode_run", counted)
     return simulate_engine(w, table, cfg), sum(calls)
 
 

@@ -34,6 +34,9 @@ import pickle
 import warnings
 from pathlib import Path
 
+from perfcounter._util import atomic_write
+from perfcounter.devices.registry import perfcounter_home
+
 ENV = "PERFCOUNTER_TABLE_CACHE"
 FOLDER = "step-counts"
 MAX_BYTES = 512 << 20  # the folder's size kept (a table's counts: 0.3-1 MB)
@@ -46,7 +49,6 @@ def enabled() -> bool:
 
 
 def folder() -> Path:
-    from perfcounter.devices.registry import perfcounter_home  # deferred: the registry's import
     return perfcounter_home() / FOLDER
 
 
@@ -61,8 +63,7 @@ def _version(package: str) -> str:
 def code_digest() -> str:
     """SHA-256 of perfcounter's source and data files (their paths and bytes) and the
     versions of torch, transformers and numpy: what a table's counts follow besides its key."""
-    import perfcounter
-    root = Path(perfcounter.__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]  # the perfcounter package
     h = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         if path.suffix in (".py", ".yaml", ".json") and path.is_file():
@@ -112,7 +113,6 @@ def save(key, counts) -> None:
     """Keep `counts` under `key` (atomically), then hold the folder to MAX_BYTES."""
     if not enabled():
         return
-    from perfcounter._util import atomic_write
     try:
         atomic_write(path_of(key), pickle.dumps(counts, protocol=pickle.HIGHEST_PROTOCOL),
                      mkdir=True)

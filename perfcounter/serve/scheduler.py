@@ -42,14 +42,8 @@ four named parts:
 With nothing running or waiting, time jumps to the next arrival. A request's state is a
 `State`: waiting, running, preempted (within the step that preempted it) or finished.
 
-Most steps of a run are decodes of the same batch: every running request emits one token, no
-request arrives, finishes or is admitted, nothing is preempted. `_decode_run` takes such a
-stretch at once (a perfcounter model without a window and a paged cache of whole blocks): each
-step's features follow from the first's (KV positions grow by the batch a step), its seconds
-and joules are the table's as before, and the requests' tokens, blocks and inter-token gaps
-are written at the end. It gives the very same run, bit for bit, as stepping one request at
-a time (tests/test_serve_scheduler.py holds it to that on random workloads), in a time that
-grows with the steps, not with steps x batch.
+Most steps of a run decode the same batch; decode_runs.py takes such a stretch at once, the
+very same run bit for bit (`DECODE_RUNS`; False steps one request at a time).
 """
 from __future__ import annotations
 
@@ -61,6 +55,7 @@ from enum import Enum
 import numpy as np
 
 from perfcounter.costs.attention import window_pairs
+from perfcounter.serve.decode_runs import decode_run
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.steps import BASE, EXPERTS, FEATURES, extra_features
 from perfcounter.serve.workload import Workload
@@ -79,7 +74,7 @@ WAITING, RUNNING, PREEMPTED, FINISHED = State.WAITING, State.RUNNING, State.PREE
     State.FINISHED
 
 
-DECODE_RUNS = True  # decode stretches taken at once (_decode_run); False: step by step
+DECODE_RUNS = True  # decode stretches taken at once (decode_runs.py); False: step by step
 
 
 @dataclass(slots=True)
@@ -301,98 +296,6 @@ def _emit(engine: _Engine, sched: list, end: float, itl: array) -> list:
     return finished
 
 
-def _decode_run(engine: _Engine, state: list, f: np.ndarray, seconds, energy, touched,
-                log: Steps, itl: array) -> None:
-    """Steps of a decode stretch taken at once (the module doc); state [t, gpu, nxt,
-    released, arrival, late, in_system] updated in place (t, gpu). Nothing is done where
-    the next step is not one: the caller then steps as usual."""
-    cfg, running, waiting = engine.cfg, engine.running, engine.waiting
-    t, gpu, nxt, released, arrival, late, in_system = state
-    batch = len(running)
-    budget_left = cfg.max_num_batched_tokens - batch
-    if budget_left < 0 or (nxt < released and arrival[nxt] + late <= t):
-        return
-    for r in running:
-        if r.state is not RUNNING or r.computed < r.prompt or \
-                r.prompt + r.generated - r.computed != 1:
-            return
-    steps = min(r.output - r.generated for r in running) - 1  # none finishes in them
-    if steps < 2:
-        return
-    head = None  # the waiting request admission would look at, if it looks at all
-    if waiting and budget_left and batch < cfg.max_num_seqs:
-        head = waiting[0]
-        if cfg.admission == "no_evict":
-            if engine.reserved + cfg.blocks(head.prompt + head.output) <= cfg.kv_blocks:
-                return  # it would be admitted
-            head = None  # refused for as long as nothing finishes
-        else:
-            todo = min(head.prompt + head.generated - head.computed, budget_left)
-            head_need = cfg.blocks(head.computed + todo) - head.blocks
-    bs = cfg.block_size
-    computed = [r.computed for r in running]
-    # blocks: the first step allocates blocks(c + 1) - held per request, in order (a
-    # preemption where a prefix of them outgrows the free blocks); step j >= 1 one block to
-    # each request whose c + j is a multiple of the block size (blocks(c + j + 1) > blocks(c + j))
-    first, prefix, most = [], 0, 0
-    for c, r in zip(computed, running):
-        first.append((c + bs) // bs - r.blocks)
-        prefix += first[-1]
-        most = max(most, prefix)
-    crossing = [0] * bs
-    for c in computed:
-        crossing[-c % bs] += 1
-    kv0 = sum(computed) + batch
-    if touched is not None:
-        f[EXPERTS] = touched(batch)
-    f[1] = f[2] = batch
-    free, ends = engine.free, []
-    for j in range(steps):
-        if j:
-            if nxt < released and arrival[nxt] + late <= t:
-                break
-            need = crossing[j % bs]
-            if need > free:
-                break  # a preemption: stepped as usual
-        else:
-            if most > free:
-                break
-            need = prefix
-        if head is not None and head_need <= free - need:
-            break  # the waiting request is admitted
-        free -= need
-        kv = kv0 + j * batch
-        f[3] = f[4] = f[5] = kv  # a decode's keys, dense and causal pairs: its c + 1
-        dt, gpu = step_seconds(cfg, seconds(f), batch, gpu)
-        end = t + dt
-        log.start.append(t)
-        log.seconds.append(dt)
-        log.tokens.append(batch)
-        log.seqs.append(batch)
-        log.prefill_tokens.append(0)
-        log.decode_seqs.append(batch)
-        log.kv_blocks.append(cfg.kv_blocks - free)
-        log.in_system.append(in_system)
-        log.energy_j.append(energy(f, dt) if cfg.sampler is None else
-                            energy(f, dt, cfg.sampler.joules(batch)))
-        ends.append(end)
-        t = end
-    k = len(ends)
-    if not k:
-        return
-    gaps = [ends[0] - r.last_token for r in running]
-    for j in range(1, k):
-        gaps += [ends[j] - ends[j - 1]] * batch
-    itl.extend(gaps)
-    engine.free = free
-    for r, c in zip(running, computed):
-        r.computed += k
-        r.generated += k
-        r.blocks = (c + k + bs - 1) // bs  # blocks(c + k), as the steps allocated them
-        r.last_token = t
-    state[0], state[1] = t, gpu
-
-
 def check_fits_blocks(w: Workload, cfg: EngineConfig) -> None:
     """Every request's prompt + output within the KV blocks (one line ServeError else)."""
     bs, longest = cfg.block_size, int((w.prompt + w.output).max())
@@ -465,6 +368,6 @@ def simulate_engine(w: Workload, table, cfg: EngineConfig) -> Run:
         t = end
         if fast and engine.running:
             state = [t, gpu, nxt, released, arrival, late, nxt - finished]
-            _decode_run(engine, state, f, seconds, energy, touched, log, itl)
+            decode_run(engine, state, f, seconds, energy, touched, log, itl, step_seconds)
             t, gpu = state[0], state[1]
     return Run(reqs, itl, log, engine.preemptions, t, cfg)
