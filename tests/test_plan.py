@@ -290,3 +290,28 @@ def test_the_printed_command_says_execution_bound_and_serve_reads_it(tmp_path, t
     out = tmp_path / "served.json"
     assert main(argv=[*argv[1:], "--save_path", str(out)]) == 0
     assert json.loads(out.read_text())["execution"] == "bound"
+
+
+def test_a_model_given_as_an_object_plans_as_its_name(tmp_path, tiny):
+    # plan() takes the model as serve's deployment() does: a ModelArgs, or a transformers
+    # model's HfArgs, answers the same question as its config file, and its commands name
+    # the transformers model by its name
+    from perfcounter.serve.resolve import resolve_model
+    cfg = {"model_type": "qwen3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 8, "max_position_embeddings": 1024}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    ask = dict(slo="ttft=1s,tpot=50ms", qps=2.0, num_requests=6, prompt_length="16",
+               max_new_tokens="4", workers=1)
+    for given, name in ((str(path), str(path)), (resolve_model(str(path)), str(path)),
+                        (ModelArgs(**TINY), None), (tiny, tiny)):
+        result = plan(given, "h100-sxm:1", **ask)
+        assert result.recommended is not None
+        if name is not None:
+            assert f"--model {name} " in result.commands[result.recommended]
+    by_name = plan(tiny, "h100-sxm:1", **ask)
+    by_args = plan(ModelArgs(**TINY), "h100-sxm:1", **ask)
+    assert (by_name.recommended, by_name.front) == (by_args.recommended, by_args.front)
+    for i, (a, b) in enumerate(zip(by_name.figures, by_args.figures)):
+        assert a == b, (i, {k: (a.get(k), b.get(k)) for k in a if a.get(k) != b.get(k)})

@@ -54,7 +54,7 @@ class Job:
     """What every candidate of one search shares: the model, the engine settings, the
     workload (serve's flags) and the SLO."""
 
-    model: str
+    model: object  # --model's text (a preset, a path), or a ModelArgs or HfArgs given as one
     execution: str = "cudagraphs"
     engine: str = "vllm"  # the engine whose defaults run (serve/engines.py)
     gpu_memory_utilization: float = 0.9
@@ -68,6 +68,18 @@ class Job:
     seed: int = 0
     slo: str = "ttft=1s,tpot=50ms"
     prices: tuple = ()  # (kind, $ a GPU-hour or None): the pool's (pool.DeviceKind)
+
+    def __hash__(self) -> int:  # a ModelArgs given as the model is a mutable dataclass
+        m = self.model
+        key = m if isinstance(m, str) else repr(m) + getattr(m, "config_json", "")
+        return hash((key, *(getattr(self, f) for f in self.__dataclass_fields__ if f != "model")))
+
+    @property
+    def model_name(self) -> str:
+        """The model as --model names it: its text, a transformers model's name (HfArgs),
+        else the object's repr (a ModelArgs: no name a command line could take)."""
+        m = self.model
+        return m if isinstance(m, str) else getattr(m, "name", None) or repr(m)
 
 
 DISAGGREGATED = True  # serve serves prefill and decode on pools of their own
@@ -204,7 +216,7 @@ def _figures(c: Candidate, m: dict, extra: dict) -> dict:
 
 def serve_command(c: Candidate, job: Job) -> str:
     """The `perfcounter serve` command line that serves `c` to the job's workload."""
-    argv = ["perfcounter", "serve", "--model", job.model]
+    argv = ["perfcounter", "serve", "--model", job.model_name]
     if c.disaggregated:
         prefill, decode = pools(c)
         argv += ["--prefill_pool", prefill, "--decode_pool", decode]

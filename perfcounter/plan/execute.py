@@ -44,7 +44,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from perfcounter.plan.candidates import Candidate
 from perfcounter.plan.evaluate import Job, evaluate
 from perfcounter.plan.pool import PlanError
-from perfcounter.plan.prune import Incumbents, run_group as run_pruned_group
+from perfcounter.plan.prune import Incumbents, forget_alone_runs, run_group as run_pruned_group
 from perfcounter.serve.errors import ServeError
 
 BACKENDS = ("serial", "processes", "ray")
@@ -214,6 +214,7 @@ def run_pruned(rounds: list, job: Job, attainment: float, *, backend: str = "pro
     """{index: figures} of the pruned search's `rounds` (pruned_rounds) on `backend` (module
     doc); on_done(index, figures) for each as it is decided."""
     check_backend(backend, workers)
+    forget_alone_runs()  # the worker processes and actors below are new each search
     workers = default_workers() if workers is None else workers
     groups = len({k for tasks in rounds for k, _ in tasks})
     inc, results = Incumbents(attainment), {}

@@ -137,6 +137,12 @@ def prefix(workload, n: int):
 _ALONE: dict = {}  # (job, group) -> {index: (Candidate, ServeResult)} of runs alone (dedupe)
 
 
+def forget_alone_runs() -> None:
+    """A new search starts: no run of an earlier one is reused, even of the same job (its
+    candidates' indices would name runs of that search as this one's)."""
+    _ALONE.clear()
+
+
 def _alone_runs(job: ev.Job, group: int) -> dict:
     """This process's runs of `group` whose requests each ran alone (dedupe.py's second
     rule: a later round's candidate with more replicas reuses one): kept for one job."""

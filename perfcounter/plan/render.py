@@ -85,7 +85,7 @@ def plan_text(result) -> str:
     unstored = sum(1 for f, ok in zip(result.figures, result.fits) if not ok and f)
     runner = {"serial": "in this process", "processes": "on a process pool",
               "ray": "on Ray"}[result.backend]
-    lines = [f"plan: {job.model} on {pool}",
+    lines = [f"plan: {job.model_name} on {pool}",
              f"workload: {job.qps:g} requests/s, {job.num_requests} requests, prompt "
              f"{job.prompt_length}, output {job.max_new_tokens} tokens; SLO {job.slo} for "
              f"{result.slo_attainment:.0%} of requests; steps {steps_text(result)}",

@@ -21,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from perfcounter._util import atomic_write
+from perfcounter.models.args import ModelArgs
 from perfcounter.plan import evaluate as ev
 from perfcounter.plan.bounds import bounds, step_seconds
 from perfcounter.plan.candidates import (Candidate, Space, default_quantizations,
@@ -84,7 +85,7 @@ class PlanResult:
                          **(self.figures[i] or {}),
                          "serve_command": self.commands.get(i)})
         job = self.job
-        return {"model": job.model,
+        return {"model": job.model_name,
                 "devices": {k.name: {"count": k.count, "usd_per_hour": k.usd_per_hour,
                                      "usd_per_hour_source": k.usd_source} for k in self.kinds},
                 "workload": {"qps": job.qps, "num_requests": job.num_requests,
@@ -260,7 +261,8 @@ def _question(model, devices, o: PlanOptions) -> _Question:
     sizes = _check_sizes(args, kinds, str(model), sp.tensor_parallel_size,
                          sp.pipeline_parallel_size, sp.data_parallel_size)
     check_backend(o.backend.backend, o.backend.workers)
-    job = ev.Job(model=str(model), execution=eng.execution, engine=eng.engine,
+    given = model if isinstance(model, (ModelArgs, HfArgs)) else str(model)
+    job = ev.Job(model=given, execution=eng.execution, engine=eng.engine,
                  gpu_memory_utilization=eng.gpu_memory_utilization,
                  max_num_batched_tokens=eng.max_num_batched_tokens, block_size=eng.block_size,
                  qps=float(w.qps), num_requests=w.num_requests, prompt_length=prompt_length,

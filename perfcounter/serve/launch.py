@@ -254,7 +254,7 @@ def for_candidate(c, job, execution: str | None) -> LaunchCommand:
             "which perfcounter does not choose; no single command",))
     spec = get_device_spec(c.device)
     return launch_command(Simulated(
-        job.engine, job.model, c.dtype, c.tensor_parallel_size, c.pipeline_parallel_size,
+        job.engine, job.model_name, c.dtype, c.tensor_parallel_size, c.pipeline_parallel_size,
         c.data_parallel_size, c.enable_expert_parallel, c.max_num_seqs,
         job.max_num_batched_tokens, job.block_size, job.gpu_memory_utilization,
         c.quantization, c.kv_cache_dtype, execution,
