@@ -83,3 +83,11 @@ def test_the_folder_is_held_to_its_size(cache_on, monkeypatch):
     _table(tiny_args(n_layer=3))
     left = list(cache_on.glob("*.pkl"))
     assert len(left) == 1 and left[0] != first
+
+
+@pytest.mark.parametrize("value", ["off", "yes", "2"])
+def test_a_bad_switch_is_one_line_naming_it(cache_on, monkeypatch, value):
+    from perfcounter.serve import ServeError
+    monkeypatch.setenv(counts_cache.ENV, value)
+    with pytest.raises(ServeError, match=f"PERFCOUNTER_TABLE_CACHE='{value}' is not valid; valid: 0"):
+        _table(tiny_args())

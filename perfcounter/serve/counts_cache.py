@@ -36,6 +36,7 @@ from pathlib import Path
 
 from perfcounter._util import atomic_write
 from perfcounter.devices.registry import perfcounter_home
+from perfcounter.serve.errors import ServeError
 
 ENV = "PERFCOUNTER_TABLE_CACHE"
 FOLDER = "step-counts"
@@ -45,7 +46,13 @@ _STATS = {"read": 0, "written": 0}
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0"
+    """False where $PERFCOUNTER_TABLE_CACHE is "0"; a ServeError naming the valid values
+    where it is set to anything but "0" or "1" (as $PERFCOUNTER_MEASURE is read)."""
+    value = os.environ.get(ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise ServeError(f"{ENV}={os.environ[ENV]!r} is not valid; valid: 0 (step tables "
+                         "neither read from nor written to disk) or 1 (the default)")
+    return value == "1"
 
 
 def folder() -> Path:

@@ -30,6 +30,9 @@ def _stretch(engine) -> tuple | None:
     budget_left = cfg.max_num_batched_tokens - batch
     if budget_left < 0:
         return None
+    last = running[-1]  # admitted last: the one likeliest still prefilling (a cheap refusal)
+    if last.computed < last.prompt or last.prompt + last.generated - last.computed != 1:
+        return None
     for r in running:
         if r.state.value != "running" or r.computed < r.prompt or \
                 r.prompt + r.generated - r.computed != 1:
