@@ -91,3 +91,13 @@ def test_a_bad_switch_is_one_line_naming_it(cache_on, monkeypatch, value):
     monkeypatch.setenv(counts_cache.ENV, value)
     with pytest.raises(ServeError, match=f"PERFCOUNTER_TABLE_CACHE='{value}' is not valid; valid: 0"):
         _table(tiny_args())
+
+
+def test_plan_refuses_a_bad_switch_before_any_candidate(cache_on, monkeypatch, capsys):
+    # every candidate's run would fail on it and plan would answer "none meets the SLO"
+    from perfcounter.cli.main import main
+    monkeypatch.setenv(counts_cache.ENV, "off")
+    assert main(argv=["plan", "--model", "smollm2-135m", "--devices", "h100-sxm:1", "--slo",
+                      "ttft=1s,tpot=50ms", "--qps", "2", "--num_requests", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "PERFCOUNTER_TABLE_CACHE='off' is not valid" in err[0]

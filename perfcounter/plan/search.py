@@ -33,6 +33,7 @@ from perfcounter.plan.options import PlanEngine, PlanOptions, PlanSpace, PlanTar
 from perfcounter.plan.pool import DeviceKind, PlanError, kind_named, parse_devices
 from perfcounter.serve.api import (check_execution, resolve_model, resolve_precision,
                                    resolve_quantization)
+from perfcounter.serve import counts_cache
 from perfcounter.serve.engines import ENGINES
 from perfcounter.serve.errors import ServeError
 from perfcounter.serve.hf_model import HfArgs
@@ -240,6 +241,10 @@ class _Question:
 def _question(model, devices, o: PlanOptions) -> _Question:
     """Every input checked before any table is counted (PlanError, one line)."""
     eng, w = o.engine, o.workload
+    try:
+        counts_cache.enabled()  # a bad switch refused here, not in every candidate's run
+    except ServeError as e:
+        raise PlanError(str(e)) from None
     args = resolve_model(model)
     dtype = resolve_precision(eng.precision)
     kinds = parse_devices(devices, dtype, eng.usd_per_hour)
